@@ -1,0 +1,133 @@
+"""Compare an implementation under test against legacy ``jax.pmap``.
+
+``compare_with_legacy(program, impl)`` runs ``program(jax.pmap)`` and
+``program(impl)`` and asserts that they agree: the same pytree structure, and
+leaf by leaf the same shape, dtype and values (bit-for-bit unless ``rtol`` /
+``atol`` is given). When legacy raises, the implementation must raise an
+exception of the same type. ``program`` receives the pmap to use, so one
+program can nest pmaps, wrap them in ``jax.grad`` and so on.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+PmapLike = Callable[..., Callable[..., Any]]
+
+
+class Outcome:
+  """What a program produced: a value or an exception."""
+
+  def __init__(self, value: Any = None, error: BaseException | None = None):
+    self.value = value
+    self.error = error
+
+  def __repr__(self) -> str:
+    return f"Outcome(error={self.error!r})" if self.error else f"Outcome(value={self.value!r})"
+
+
+def run_program(program: Callable[[PmapLike], Any], pmap: PmapLike) -> Outcome:
+  """Runs ``program(pmap)`` and waits for its device work, so asynchronous errors surface here."""
+  try:
+    value = program(pmap)
+    value = jax.block_until_ready(value)
+  except Exception as e:  # pylint: disable=broad-except
+    return Outcome(error=e)
+  return Outcome(value=value)
+
+
+def _is_key(x: Any) -> bool:
+  return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _describe(path: tuple) -> str:
+  return jax.tree_util.keystr(path) or "<root>"
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+  if a.dtype.kind in "fc":
+    # NaNs may carry different payloads; everything else must match bit for bit.
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    if not np.array_equal(nan_a, nan_b):
+      return False
+    a, b = np.where(nan_a, 0, a), np.where(nan_b, 0, b)
+  return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def assert_leaf_equal(expected: Any, actual: Any, *, where: str = "<root>",
+                      rtol: float | None = None, atol: float | None = None) -> None:
+  """Asserts two leaves match in kind, shape, dtype and value."""
+  e_arr, a_arr = hasattr(expected, "shape"), hasattr(actual, "shape")
+  if not (e_arr and a_arr):
+    assert type(expected) is type(actual) and expected == actual, (
+        f"at {where}: expected {expected!r}, got {actual!r}")
+    return
+  assert expected.shape == actual.shape, (
+      f"at {where}: shape {actual.shape} differs from legacy's {expected.shape}")
+  assert expected.dtype == actual.dtype, (
+      f"at {where}: dtype {actual.dtype} differs from legacy's {expected.dtype}")
+  if _is_key(expected):
+    expected, actual = jax.random.key_data(expected), jax.random.key_data(actual)
+  if expected.dtype == jax.dtypes.float0:
+    return  # float0 carries no values
+  e, a = np.asarray(expected), np.asarray(actual)
+  if rtol is None and atol is None:
+    if not _bits_equal(e, a):
+      diff = np.argwhere(e != a)
+      raise AssertionError(
+          f"at {where}: values differ from legacy in {len(diff)} of {e.size} elements; "
+          f"first at index {tuple(diff[0]) if len(diff) else '?'}: "
+          f"legacy {e[tuple(diff[0])] if len(diff) else e!r} vs {a[tuple(diff[0])] if len(diff) else a!r}")
+  else:
+    np.testing.assert_allclose(a, e, rtol=rtol or 0, atol=atol or 0,
+                               err_msg=f"at {where}: values differ from legacy")
+
+
+def assert_trees_equal(expected: Any, actual: Any, *, rtol: float | None = None,
+                       atol: float | None = None) -> None:
+  """Asserts equal tree structure and equal leaves (see ``assert_leaf_equal``)."""
+  e_struct, a_struct = jax.tree.structure(expected), jax.tree.structure(actual)
+  assert e_struct == a_struct, (
+      f"output tree structure {a_struct} differs from legacy's {e_struct}")
+  e_leaves = jax.tree_util.tree_flatten_with_path(expected)[0]
+  a_leaves = jax.tree.leaves(actual)
+  for (path, e), a in zip(e_leaves, a_leaves):
+    assert_leaf_equal(e, a, where=_describe(path), rtol=rtol, atol=atol)
+
+
+def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
+                        rtol: float | None = None, atol: float | None = None) -> Outcome:
+  """Runs ``program`` under legacy ``jax.pmap`` and under ``impl`` and asserts they agree.
+
+  Returns legacy's outcome so a test can make further assertions.
+  """
+  legacy = run_program(program, jax.pmap)
+  ours = run_program(program, impl)
+  if legacy.error is not None:
+    if ours.error is None:
+      raise AssertionError(
+          f"legacy jax.pmap raised {type(legacy.error).__name__}: {legacy.error}; "
+          f"the implementation under test returned {ours.value!r}")
+    if not isinstance(ours.error, type(legacy.error)):
+      raise AssertionError(
+          f"legacy jax.pmap raised {type(legacy.error).__name__}: {legacy.error}; "
+          f"the implementation under test raised {type(ours.error).__name__}: {ours.error}"
+      ) from ours.error
+    return legacy
+  if ours.error is not None:
+    raise AssertionError(
+        f"the implementation under test raised {type(ours.error).__name__}: {ours.error}; "
+        f"legacy jax.pmap returned normally") from ours.error
+  assert_trees_equal(legacy.value, ours.value, rtol=rtol, atol=atol)
+  return legacy
+
+
+def compare_call(fun: Callable, args: tuple, impl: PmapLike, *, kwargs: dict | None = None,
+                 rtol: float | None = None, atol: float | None = None,
+                 **pmap_kwargs: Any) -> Outcome:
+  """``compare_with_legacy`` for the common case ``pmap(fun, **pmap_kwargs)(*args, **kwargs)``."""
+  call_kwargs = kwargs or {}
+  return compare_with_legacy(lambda pmap: pmap(fun, **pmap_kwargs)(*args, **call_kwargs),
+                             impl, rtol=rtol, atol=atol)
