@@ -1,9 +1,9 @@
 """pmap_compat: a drop-in replacement for legacy ``jax.pmap`` built on shard_map_impl + jit.
 
-Same signature, outputs and errors as ``jax.pmap`` in jax 0.6.0, including
-host-local/global conversion for multi-process jobs.
+Same signature, outputs and errors as ``jax.pmap`` in jax 0.6.0. ``patched()`` /
+``patch()`` / ``unpatch()`` make ``jax.pmap`` itself resolve to it.
 """
+from pmap_compat.api import pmap
+from pmap_compat.patching import patch, patched, unpatch
 
-
-def pmap(*args, **kwargs):
-  raise NotImplementedError("pmap_compat.pmap is provided by the pmap_compat work (issue 5)")
+__all__ = ["pmap", "patch", "patched", "unpatch"]

@@ -4,8 +4,22 @@ Our own primitive and every rule JAX needs for it (staging, replication
 checking, lowering, eager execution, batching, autodiff, remat, DCE), agreeing
 with ``jax.experimental.shard_map`` on every program and coexisting with it.
 """
+import importlib as _importlib
 
+from shard_map_impl.primitive import shard_map_p, register_trace_rule
+from shard_map_impl.api import shard_map
 
-def shard_map(*args, **kwargs):
-  raise NotImplementedError(
-      "shard_map_impl.shard_map is provided by the shard_map_impl primitive work (issue 3)")
+# Rule modules register themselves on import (order does not matter).
+for _name in ("staging", "lowering", "eager", "replication", "integration"):
+  _importlib.import_module(f"shard_map_impl.{_name}")
+
+# Transformation rules (issue 4); imported when present.
+for _name in ("batching", "autodiff", "partial_eval", "transpose", "remat",
+              "dce", "rewrite", "discharge"):
+  try:
+    _importlib.import_module(f"shard_map_impl.{_name}")
+  except ModuleNotFoundError as _e:
+    if _e.name != f"shard_map_impl.{_name}":
+      raise
+
+__all__ = ["shard_map", "shard_map_p", "register_trace_rule"]

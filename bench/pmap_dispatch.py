@@ -1,0 +1,375 @@
+"""Per-call dispatch cost of pmap implementations, interleaved in one run.
+
+Implementations (columns):
+  legacy  - jax.pmap of jax 0.6.0 (the reference, ratio 1.0)
+  ours    - pmap_compat.pmap
+  jit     - hand-written jax.jit(shard_map_impl.shard_map(...)) (what a full migration costs)
+  merge   - jax.pmap with JAX_PMAP_SHMAP_MERGE=true, in a worker process (the flag is
+            read at import), driven round by round from this one
+
+Cases (rows): steady-state cases report the median main-thread CPU time of one call
+(time.thread_time), with the devices idle at the start of each call (we wait for
+each result outside the timed region); `first call` reports process CPU time (compilation runs on other
+threads) of calling a brand-new function; `matmul` reports wall time per call with
+block_until_ready and is compared as throughput. Each round runs every case on every
+implementation in a shuffled order; the figure is the median over rounds of the
+per-round medians, and ratios are against legacy (lower is better, except matmul
+throughput, higher is better).
+
+  .venv/bin/python bench/pmap_dispatch.py            # full run (a few minutes)
+  .venv/bin/python bench/pmap_dispatch.py --quick    # fewer rounds, for a smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+N_DEVICES = 8
+if "jax" not in sys.modules:
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={N_DEVICES}").strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+CASES = ["tiny chained call", "numpy input", "psum", "64-leaf pytree", "in_axes=(0, None)",
+         "static int arg", "matmul (8,512,512)", "out[0]", "first call"]
+TARGETS = {"tiny chained call": 1.15, "64-leaf pytree": 1.15, "out[0]": 1.5, "first call": 1.3,
+           "matmul (8,512,512)": 0.95}
+WALL = {"matmul (8,512,512)"}
+PROCESS = {"first call"}
+
+
+def _pmap_cases(pmap):
+  """Case name -> (setup() -> step callable) for a pmap-like function."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  zeros = np.zeros((N_DEVICES,), np.float32)
+
+  def tiny():
+    f = pmap(lambda x: x + 1)
+    state = [f(zeros)]
+    def step():
+      state[0] = f(state[0])
+      return state[0]
+    return step
+
+  def numpy_input():
+    f = pmap(lambda x: x + 1)
+    return lambda: f(zeros)
+
+  def psum():
+    f = pmap(lambda x: jax.lax.psum(x, "i"), "i")
+    x = f(zeros)
+    return lambda: f(x)
+
+  def pytree():
+    f = pmap(lambda t: jax.tree.map(lambda a: a + 1, t))
+    state = [f({f"leaf{i:02d}": zeros for i in range(64)})]
+    def step():
+      state[0] = f(state[0])
+      return state[0]
+    return step
+
+  def in_axes_none():
+    f = pmap(lambda x, y: x + y, in_axes=(0, None))
+    y = jnp.float32(2.0)
+    state = [f(zeros, y)]
+    def step():
+      state[0] = f(state[0], y)
+      return state[0]
+    return step
+
+  def static_int():
+    f = pmap(lambda x, n: x * n, static_broadcasted_argnums=(1,))
+    x = f(zeros, 1)
+    return lambda: f(x, 3)
+
+  def matmul():
+    f = pmap(lambda a: a @ a)
+    a = f(np.full((N_DEVICES, 512, 512), 1e-3, np.float32))
+    return lambda: f(a).block_until_ready()
+
+  def out0():
+    out = pmap(lambda x: x + 1)(zeros)
+    return lambda: out[0]
+
+  def first_call():
+    counter = [0]
+    def step():
+      counter[0] += 1
+      k = float(counter[0])
+      return pmap(lambda x: x * 2 + k)(zeros).block_until_ready()  # a new function: cold caches
+    return step
+
+  return dict(zip(CASES, [tiny, numpy_input, psum, pytree, in_axes_none, static_int, matmul,
+                          out0, first_call]))
+
+
+def _jit_cases(shard_map):
+  """The same programs written by hand as jax.jit(shard_map(...)) over one mesh."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()[:N_DEVICES]), ("i",))
+  zeros = np.zeros((N_DEVICES,), np.float32)
+
+  def smap(fun, in_specs=P("i"), out_specs=P("i"), **jit_kwargs):
+    return jax.jit(shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
+                   **jit_kwargs)
+
+  def tiny():
+    f = smap(lambda x: x + 1)
+    state = [f(zeros)]
+    def step():
+      state[0] = f(state[0])
+      return state[0]
+    return step
+
+  def numpy_input():
+    f = smap(lambda x: x + 1)
+    return lambda: f(zeros)
+
+  def psum():
+    f = smap(lambda x: jax.lax.psum(x, "i"))
+    x = f(zeros)
+    return lambda: f(x)
+
+  def pytree():
+    f = smap(lambda t: jax.tree.map(lambda a: a + 1, t))
+    state = [f({f"leaf{i:02d}": zeros for i in range(64)})]
+    def step():
+      state[0] = f(state[0])
+      return state[0]
+    return step
+
+  def in_axes_none():
+    f = smap(lambda x, y: x + y, in_specs=(P("i"), P()))
+    y = jnp.float32(2.0)
+    state = [f(zeros, y)]
+    def step():
+      state[0] = f(state[0], y)
+      return state[0]
+    return step
+
+  def static_int():
+    f = jax.jit(lambda x, n: shard_map(lambda a: a * n, mesh=mesh, in_specs=P("i"),
+                                       out_specs=P("i"))(x), static_argnums=1)
+    x = f(zeros, 1)
+    return lambda: f(x, 3)
+
+  def matmul():
+    f = smap(lambda a: a @ a)
+    a = f(np.full((N_DEVICES, 512, 512), 1e-3, np.float32))
+    return lambda: f(a).block_until_ready()
+
+  def out0():
+    out = smap(lambda x: x + 1)(zeros)
+    return lambda: out[0]
+
+  def first_call():
+    counter = [0]
+    def step():
+      counter[0] += 1
+      k = float(counter[0])
+      return smap(lambda x: x * 2 + k)(zeros).block_until_ready()
+    return step
+
+  return dict(zip(CASES, [tiny, numpy_input, psum, pytree, in_axes_none, static_int, matmul,
+                          out0, first_call]))
+
+
+def _clock(case):
+  if case in WALL:
+    return time.perf_counter
+  if case in PROCESS:
+    return time.process_time
+  return time.thread_time
+
+
+def _calls_per_round(case, quick):
+  if case in PROCESS:
+    return 2 if quick else 4
+  if case in WALL:
+    return 3 if quick else 6
+  return 100 if quick else 400
+
+
+class LocalImpl:
+  """An implementation timed in this process."""
+
+  def __init__(self, name, cases):
+    self.name, self._setup, self._steps = name, cases, {}
+
+  def prepare(self, case):
+    self._steps[case] = self._setup[case]()
+    for _ in range(3):
+      self._steps[case]()  # warm: compile, fill the C++ caches
+
+  def round(self, case, n):
+    import jax
+    step, clock, times = self._steps[case], _clock(case), []
+    for _ in range(n):
+      t0 = clock()
+      out = step()
+      times.append(clock() - t0)
+      # Untimed: let the devices finish, so no queue builds up (on few cores,
+      # hundreds of in-flight collectives can starve XLA:CPU's thread pool).
+      jax.block_until_ready(out)
+    return statistics.median(times)
+
+
+class RemoteImpl:
+  """An implementation timed in a worker process (for settings read at import)."""
+
+  def __init__(self, name, env, quick):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name]
+    if quick:
+      cmd.append("--quick")
+    self.name = name
+    self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  env={**os.environ, **env}, text=True)
+
+  def _ask(self, **msg):
+    self._proc.stdin.write(json.dumps(msg) + "\n")
+    self._proc.stdin.flush()
+    line = self._proc.stdout.readline()
+    if not line:
+      raise RuntimeError(f"{self.name} worker exited (rc={self._proc.poll()})")
+    reply = json.loads(line)
+    if "error" in reply:
+      raise RuntimeError(reply["error"])
+    return reply["value"]
+
+  def prepare(self, case):
+    self._ask(op="prepare", case=case)
+
+  def round(self, case, n):
+    return self._ask(op="round", case=case, n=n)
+
+  def close(self):
+    if self._proc.poll() is None:
+      self._proc.stdin.close()
+      try:
+        self._proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        self._proc.kill()
+
+
+def _worker(name):
+  """Serves prepare/round requests for one implementation over stdin/stdout."""
+  import jax
+  impl = LocalImpl(name, _pmap_cases(jax.pmap))
+  out = sys.stdout
+  sys.stdout = sys.stderr  # keep the protocol channel clean
+  for line in sys.stdin:
+    msg = json.loads(line)
+    try:
+      value = (impl.prepare(msg["case"]) if msg["op"] == "prepare"
+               else impl.round(msg["case"], msg["n"]))
+      out.write(json.dumps({"value": value}) + "\n")
+    except Exception as e:  # pylint: disable=broad-except
+      out.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
+    out.flush()
+
+
+def _resolve_ours(spec):
+  """The object named by `module:attr`."""
+  import importlib
+  module, _, attr = spec.partition(":")
+  return getattr(importlib.import_module(module), attr or "pmap")
+
+
+def _fmt(case, seconds):
+  return f"{seconds * 1e3:.2f} ms" if case in WALL | PROCESS else f"{seconds * 1e6:.1f} µs"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--quick", action="store_true", help="fewer rounds and calls")
+  parser.add_argument("--rounds", type=int, default=None)
+  parser.add_argument("--ours", default="pmap_compat:pmap", help="module:attr of the pmap under test")
+  parser.add_argument("--no-merge", action="store_true", help="skip the merge-mode worker")
+  parser.add_argument("--cases", default=None, help="comma-separated subset of case numbers (1-based)")
+  parser.add_argument("--shard-map", default="shard_map_impl:shard_map",
+                      help="module:attr of the shard_map used for the hand-written jit column")
+  parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.worker:
+    return _worker(args.worker)
+
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+  shard_map = _resolve_ours(args.shard_map)
+  rounds = args.rounds or (3 if args.quick else 9)
+  cases = CASES if not args.cases else [CASES[int(i) - 1] for i in args.cases.split(",")]
+
+  impls, failed = [LocalImpl("legacy", _pmap_cases(jax.pmap))], {}
+  try:
+    impls.append(LocalImpl("ours", _pmap_cases(_resolve_ours(args.ours))))
+  except Exception as e:  # pylint: disable=broad-except
+    failed["ours"] = f"{type(e).__name__}: {e}"
+  impls.append(LocalImpl("jit", _jit_cases(shard_map)))
+  remote = None if args.no_merge else RemoteImpl("merge", {"JAX_PMAP_SHMAP_MERGE": "true"},
+                                                 args.quick)
+  if remote is not None:
+    impls.append(remote)
+
+  results = {}  # (impl, case) -> list of round medians
+  broken = {}   # (impl, case) -> error
+  try:
+    for case in cases:
+      for impl in impls:
+        try:
+          impl.prepare(case)
+        except Exception as e:  # pylint: disable=broad-except
+          broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
+    for _ in range(rounds):
+      for case in cases:
+        order = list(impls)
+        random.shuffle(order)
+        for impl in order:
+          if (impl.name, case) in broken:
+            continue
+          try:
+            results.setdefault((impl.name, case), []).append(
+                impl.round(case, _calls_per_round(case, args.quick)))
+          except Exception as e:  # pylint: disable=broad-except
+            broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
+  finally:
+    if remote is not None:
+      remote.close()
+
+  names = [i.name for i in impls]
+  print(f"\npmap dispatch benchmark: jax {jax.__version__}, {jax.device_count()} CPU devices, "
+        f"{rounds} rounds, medians; ratio = impl/legacy (matmul: legacy/impl, throughput)\n")
+  header = "| case | " + " | ".join(names) + " | " + " | ".join(
+      f"{n}/legacy" for n in names[1:]) + " | target (ours) |"
+  print(header)
+  print("|" + "---|" * (header.count("|") - 1))
+  for case in cases:
+    med = {n: statistics.median(results[(n, case)]) for n in names if (n, case) in results}
+    cells = [(_fmt(case, med[n]) if n in med else "error") for n in names]
+    ratios = []
+    for n in names[1:]:
+      if n in med and "legacy" in med:
+        r = med["legacy"] / med[n] if case in WALL else med[n] / med["legacy"]
+        ratios.append(f"{r:.2f}×")
+      else:
+        ratios.append("–")
+    target = TARGETS.get(case)
+    tgt = "" if target is None else (f"≥ {target}×" if case in WALL else f"≤ {target}×")
+    print(f"| {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {tgt} |")
+  for key, err in sorted({**{(k, ""): v for k, v in failed.items()}, **broken}.items()):
+    print(f"note: {key[0]} {key[1]}: {err}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

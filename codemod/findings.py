@@ -1,0 +1,61 @@
+"""Report entries: one ``file:line:col SEVERITY message`` line per finding, plus totals."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Severity(str, enum.Enum):
+  INFO = "INFO"        # converted, or a pattern that keeps working as it is
+  WARNING = "WARNING"  # works, but needs a look (removed APIs, multi-process code)
+  ERROR = "ERROR"      # left unchanged: not convertible exactly, or the file failed
+
+
+@dataclass(frozen=True)
+class Finding:
+  line: int
+  column: int
+  severity: Severity
+  message: str
+
+  def format(self, path: str) -> str:
+    return f"{path}:{self.line}:{self.column} {self.severity.value} {self.message}"
+
+
+@dataclass
+class FileResult:
+  """What the codemod did to one file."""
+  path: str
+  findings: list[Finding] = field(default_factory=list)
+  sites_found: int = 0
+  sites_converted: int = 0
+  changed: bool = False
+  new_source: bytes | None = None
+  diff: str = ""
+  internal_error: bool = False
+
+
+@dataclass
+class Totals:
+  files_scanned: int = 0
+  files_changed: int = 0
+  sites_found: int = 0
+  sites_converted: int = 0
+  errors: int = 0
+  warnings: int = 0
+  internal_errors: int = 0
+
+  def add(self, result: FileResult) -> None:
+    self.files_scanned += 1
+    self.files_changed += int(result.changed)
+    self.sites_found += result.sites_found
+    self.sites_converted += result.sites_converted
+    self.errors += sum(f.severity is Severity.ERROR for f in result.findings)
+    self.warnings += sum(f.severity is Severity.WARNING for f in result.findings)
+    self.internal_errors += int(result.internal_error)
+
+  def format(self) -> str:
+    reported = self.sites_found - self.sites_converted
+    return (f"{self.files_scanned} files scanned, {self.files_changed} changed; "
+            f"{self.sites_found} pmap sites found, {self.sites_converted} converted, "
+            f"{reported} reported; {self.errors} errors, {self.warnings} warnings")

@@ -1,0 +1,173 @@
+"""Running the codemod over files: discovery, per-file transform, diffs, atomic writes.
+
+``transform_file`` never raises: a file that cannot be parsed becomes an ERROR
+entry and is skipped; a crash inside the transform is an internal error (exit 2).
+Files are written through a temporary file in the same directory and renamed over
+the original, so an interrupted run never leaves a half-written file; the bytes
+libcst writes back keep the file's encoding and newline style.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import stat
+import tempfile
+import traceback
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+
+from codemod import notebook
+from codemod.findings import FileResult, Finding, Severity
+
+_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "venv", "build",
+                        "dist"})
+
+
+@dataclass(frozen=True)
+class Options:
+  target: str = "experimental"
+  strategy: str = "shard_map"
+  multihost: bool = False
+
+
+def discover(paths: Sequence[str]) -> Iterator[str]:
+  """The .py and .ipynb files under ``paths`` (files named directly are always included)."""
+  for path in paths:
+    if os.path.isfile(path):
+      yield path
+      continue
+    for root, dirs, files in os.walk(path):
+      dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
+      for name in sorted(files):
+        if name.endswith((".py", ".ipynb")):
+          yield os.path.join(root, name)
+
+
+def make_command(options: Options, context: CodemodContext, source: str | None = None):
+  if options.strategy == "shim":
+    from codemod.shim import PmapToShimCommand
+    return PmapToShimCommand(context)
+  from codemod.convert_pmap import ConvertPmapCommand
+  return ConvertPmapCommand(context, target=options.target, multihost=options.multihost,
+                            source=source)
+
+
+def transform_module(module: cst.Module, options: Options, filename: str = "<string>",
+                     source: str | None = None):
+  """Runs the command on a parsed module: (new module, command with its findings).
+
+  ``source`` is the module's text when the caller has it (it must be ``module.code``).
+  """
+  command = make_command(options, CodemodContext(filename=filename), source)
+  return command.transform_module(module), command
+
+
+def transform_file(path: str, options: Options) -> FileResult:
+  result = FileResult(path)
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    result.findings.append(Finding(1, 1, Severity.ERROR, f"cannot read the file: {e}"))
+    return result
+  try:
+    if path.endswith(".ipynb"):
+      _transform_notebook(raw, result, options)
+    else:
+      _transform_python(raw, result, options)
+  except Exception:  # pylint: disable=broad-except
+    # A bug in the codemod must not stop the run, but it must not pass silently either.
+    result.internal_error = True
+    last = traceback.format_exc().strip().splitlines()[-1]
+    result.findings.append(Finding(1, 1, Severity.ERROR, f"internal error, file skipped: {last}"))
+    result.changed, result.new_source, result.diff = False, None, ""
+  return result
+
+
+def _parse_error(result: FileResult, e: cst.ParserSyntaxError) -> None:
+  message = str(e).strip().splitlines()[0]
+  result.findings.append(Finding(e.raw_line, e.raw_column + 1, Severity.ERROR,
+                                 f"cannot parse the file, skipped: {message}"))
+
+
+# A file none of whose text matches these has nothing to convert or report; it is
+# still parsed (unparsable files are reported) but needs no metadata or rewrite.
+_KEYWORDS = re.compile(r"pmap|device_put_(?:replicated|sharded)|process_(?:count|index)"
+                       r"|host_(?:count|id)|jax_utils")
+
+
+def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
+  try:
+    module = cst.parse_module(raw)
+  except cst.ParserSyntaxError as e:
+    _parse_error(result, e)
+    return
+  text = raw.decode(module.encoding)
+  if not _KEYWORDS.search(text):
+    return
+  new, command = transform_module(module, options, result.path, source=text)
+  _collect(result, command)
+  if not result.sites_converted:
+    return  # nothing was rewritten (report entries only)
+  new_text = new.code
+  if new_text != text:
+    result.changed, result.new_source = True, new_text.encode(module.encoding)
+    result.diff = _diff(text, new_text, result.path)
+
+
+def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> None:
+  try:
+    code = notebook.read_notebook(raw)
+  except ValueError as e:
+    result.findings.append(Finding(1, 1, Severity.ERROR, f"not a readable notebook: {e}"))
+    return
+  try:
+    module = cst.parse_module(code.source)
+  except cst.ParserSyntaxError as e:
+    _parse_error(result, e)
+    return
+  if not _KEYWORDS.search(code.source):
+    return
+  new, command = transform_module(module, options, result.path, source=code.source)
+  _collect(result, command)
+  for i, f in enumerate(result.findings):
+    cell, line = notebook.cell_of(code, f.line)
+    result.findings[i] = Finding(line, f.column, f.severity, f"cell {cell + 1}: {f.message}")
+  new_raw = notebook.write_notebook(code, new.code)
+  if new_raw is not None:
+    result.changed, result.new_source = True, new_raw
+    result.diff = _diff(code.source, new.code, result.path + " (code cells)")
+
+
+def _collect(result: FileResult, command) -> None:
+  result.findings.extend(sorted(command.findings, key=lambda f: (f.line, f.column)))
+  result.sites_found = command.sites_found
+  result.sites_converted = command.sites_converted
+
+
+def _diff(old: str, new: str, path: str) -> str:
+  return "".join(difflib.unified_diff(old.splitlines(keepends=True),
+                                      new.splitlines(keepends=True),
+                                      fromfile=f"a/{path}", tofile=f"b/{path}"))
+
+
+def write_atomically(path: str, data: bytes) -> None:
+  """Replaces ``path`` with ``data`` via a temporary file and a rename, keeping its mode."""
+  directory = os.path.dirname(os.path.abspath(path))
+  mode = stat.S_IMODE(os.stat(path).st_mode)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".pmap-to-shmap-", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise

@@ -1,0 +1,82 @@
+"""The executable cache: one ``jax.jit`` object per (function, pmap parameters).
+
+Keyed weakly on the function, so every ``pmap(f, ...)`` wrapper of the same ``f`` with
+the same parameters shares one jit (and so one trace/compile cache), as legacy pmap's
+C++ cache does. jit itself keys on tree structure, avals, shardings and static args.
+The staged program holds ``f`` weakly, so dropping the last wrapper frees the entry.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import jax
+
+from pmap_compat import program
+from pmap_compat.config import PmapConfig
+
+
+class Entry:
+  """The jit objects for one (function, config): top-level calls and calls under a trace.
+
+  ``holders`` are (weak) references to the functions of the live wrappers: equal but
+  distinct callables (e.g. two ``obj.method`` bound methods) share an entry, and any
+  live one of them can be traced.
+  """
+
+  __slots__ = ("cfg", "holders", "name", "top", "_spread", "__weakref__")
+
+  def __init__(self, holder: Callable[[], Callable | None], cfg: PmapConfig, name: str):
+    self.cfg, self.holders, self.name = cfg, [holder], name
+    self.top = self._make(spread=False)
+    self._spread = None
+
+  def fun_ref(self) -> Callable:
+    for holder in self.holders:
+      fun = holder()
+      if fun is not None:
+        return fun
+    raise RuntimeError("pmap_compat: the mapped function was garbage collected")
+
+  def add_holder(self, fun: Callable) -> None:
+    self.holders = [h for h in self.holders if h() is not None]
+    if not any(h() is fun for h in self.holders):
+      self.holders.append(weakref.ref(fun))
+
+  def _make(self, spread: bool) -> Any:
+    staged = program.make_staged(self.fun_ref, self.cfg, spread, self.name)
+    return jax.jit(staged, static_argnums=self.cfg.static, donate_argnums=self.cfg.donate,
+                   keep_unused=True)
+
+  def spread(self) -> Any:
+    """The variant used inside a user's jit: k-device maps may span all devices."""
+    if self._spread is None:
+      self._spread = self._make(spread=True)
+    return self._spread
+
+  def jits(self) -> list:
+    return [j for j in (self.top, self._spread) if j is not None]
+
+
+_BY_FUN: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _fun_name(fun: Callable) -> str:
+  return getattr(fun, "__name__", None) or type(fun).__name__
+
+
+def entry_for(fun: Callable, cfg: PmapConfig) -> Entry:
+  key = cfg.key()
+  try:
+    per_fun = _BY_FUN.get(fun)
+    if per_fun is None:
+      per_fun = _BY_FUN[fun] = {}
+    ref = weakref.ref(fun)
+  except TypeError:  # unhashable or not weak-referenceable: a private, unshared entry
+    return Entry(lambda: fun, cfg, _fun_name(fun))
+  entry = per_fun.get(key)
+  if entry is None:
+    entry = per_fun[key] = Entry(ref, cfg, _fun_name(fun))
+  else:
+    entry.add_holder(fun)
+  return entry

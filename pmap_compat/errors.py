@@ -1,0 +1,152 @@
+"""Error messages worded like legacy ``jax.pmap``'s, plus the checks of pmap's own arguments."""
+from __future__ import annotations
+
+import collections
+import inspect
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.tree_util import keystr, tree_flatten_with_path, tree_leaves
+
+
+def check_axes_spec(spec: Any, which: str) -> None:
+  """``in_axes``/``out_axes`` must be ints / None in a container (legacy TypeError)."""
+  bad = [leaf for leaf in tree_leaves(spec) if type(leaf) is not int]
+  if bad:
+    raise TypeError(f"pmap {which} must be an int, None, or (nested) container "
+                    f"with those types as leaves, but got {spec}.")
+
+
+def check_devices(devices: Sequence[Any] | None) -> tuple | None:
+  """Legacy rejects an empty list; duplicates would silently break the device mapping."""
+  if devices is None:
+    return None
+  devices = tuple(devices)
+  if not devices:
+    raise ValueError("'devices' argument to pmap must be non-empty, or None.")
+  seen: dict[int, Any] = {}
+  repeated = []
+  for d in devices:
+    if d.id in seen and d not in repeated:
+      repeated.append(d)
+    seen[d.id] = d
+  if repeated:
+    raise ValueError(
+        f"'devices' argument to pmap lists the same device more than once: "
+        f"{', '.join(str(d) for d in repeated)}. Each mapped position needs its own device; "
+        f"pass {len(seen)} distinct devices.")
+  return devices
+
+
+def global_arg_shapes_removed() -> ValueError:
+  return ValueError(
+      "global_arg_shapes only worked with sharded_jit which has long been"
+      " removed from JAX. Please migrate to pjit and remove global_arg_shapes"
+      " from pmap.")
+
+
+def no_arguments(args: tuple, kwargs: dict) -> ValueError:
+  return ValueError(
+      "pmap wrapped function must be passed at least one argument "
+      f"containing an array, got empty *args={args} and **kwargs={kwargs}")
+
+
+def rank_too_small(axis: int, shape: tuple) -> ValueError:
+  need = axis + 1 if axis >= 0 else -axis
+  return ValueError(
+      f"pmap was requested to map its argument along axis {axis}, "
+      f"which implies that its rank should be at least {need}, "
+      f"but is only {len(shape)} (its shape is {shape})")
+
+
+def nothing_mapped() -> ValueError:
+  return ValueError("pmap must have at least one non-None value in in_axes")
+
+
+def axis_size_mismatch(given: int, found: int) -> ValueError:
+  return ValueError(f"Specified axis_size {given} doesn't match received axis_size {found}.")
+
+
+def devices_mismatch(size: int, devices: Sequence[Any]) -> ValueError:
+  names = ", ".join(str(d) for d in devices)
+  return ValueError(
+      "Leading axis size of input to pmapped function must equal the number of local "
+      f"devices passed to pmap. Got axis_size={size}, num_local_devices={len(devices)}.\n"
+      f"(Local devices available to pmap: {names})")
+
+
+def too_many_devices(needed: int, available: int) -> ValueError:
+  return ValueError(
+      f"compiling computation that requires {needed} logical devices, but only "
+      f"{available} XLA devices are available (num_replicas={needed})")
+
+
+def static_args_missing(static: tuple, nargs: int) -> ValueError:
+  plural = "s" if nargs > 1 else ""
+  return ValueError(
+      f"pmapped function has static_broadcasted_argnums={static} but was called with only "
+      f"{nargs} positional argument{plural}. All static broadcasted arguments must be "
+      "passed positionally.")
+
+
+def in_axes_not_prefix(has_kwargs: bool, detail: str) -> ValueError:
+  msg = (f"pmap in_axes is not a tree prefix of the arguments: {detail}\n\n"
+         "The 'full pytree' here is the tuple of arguments passed positionally to the "
+         "pmapped function, and the value of `in_axes` must be a tree prefix of that tuple.")
+  if has_kwargs:
+    msg += ("\n\nArguments passed by keyword are not compared with `in_axes`: each one is "
+            "mapped over its leading axis.")
+  return ValueError(msg)
+
+
+def _arg_label(fun: Callable, path: tuple, n_positional: int) -> str:
+  """'argument x[0]' when fun's signature names the argument, else 'args[0][0]'."""
+  try:
+    params = list(inspect.signature(fun).parameters)
+  except (TypeError, ValueError):
+    params = None
+  head, rest = path[0], path[1:]
+  idx = getattr(head, "idx", None)
+  if params is None or idx is None or idx >= len(params) or idx >= n_positional:
+    return f"args{keystr(path)}"
+  label = f"argument {params[idx]}"
+  return label + keystr(rest) if rest else label
+
+
+def _type_str(x: Any) -> str:
+  try:
+    return jax.core.get_aval(x).str_short()
+  except TypeError:
+    return "unknown"
+
+
+def inconsistent_sizes(fun: Callable, args: tuple, kwargs: dict,
+                       axes: Sequence[int | None]) -> ValueError:
+  """Lists which arguments disagree on the mapped size, like legacy pmap does."""
+  labelled = [(_arg_label(fun, p, len(args)), x)
+              for p, x in tree_flatten_with_path(args)[0]]
+  labelled += [(f"kwargs{keystr(p)}", x) for p, x in tree_flatten_with_path(kwargs)[0]]
+  sizes = [None if d is None else np.shape(x)[d] for (_, x), d in zip(labelled, axes)]
+  first_at = {}
+  for i, s in enumerate(sizes):
+    if s is not None:
+      first_at.setdefault(s, i)
+  counts = collections.Counter(s for s in sizes if s is not None).most_common()
+  lines = ["pmap got inconsistent sizes for array axes to be mapped:"]
+  for rank, (size, count) in enumerate(counts):
+    i = first_at[size]
+    where = f"axis {axes[i]} of {labelled[i][0]} of type {_type_str(labelled[i][1])}"
+    if count == 1:
+      lines.append(f"  * one axis had size {size}: {where}")
+    else:
+      many = "most" if rank == 0 else "some"
+      lines.append(f"  * {many} axes ({count} of them) had size {size}, e.g. {where}")
+  return ValueError(lines[0] + "\n" + ";\n".join(lines[1:]))
+
+
+def replicated_output_varies(paths: Sequence[str]) -> ValueError:
+  return ValueError(
+      "pmap out_axes=None promises a value that is the same on every device, but these "
+      f"outputs differ between devices: {', '.join(paths)}. Use out_axes=0 to keep the "
+      "per-device values, or reduce them (e.g. lax.pmean) before returning.")

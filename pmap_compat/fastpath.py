@@ -1,0 +1,176 @@
+"""Steady-state dispatch at legacy speed: the C++ pmap dispatcher driving our
+compiled jit(shard_map) executable.
+
+``jax._src.lib.pmap_lib.pmap`` is only a C++ call cache: on a signature it has
+seen it flattens the arguments, passes ``PmapSharding`` arrays whose blocks match
+straight to an executable, hands every other leaf to a Python fallback, runs the
+executable and builds ``PmapSharding`` results; on anything new it calls back
+into Python (``cache_miss``), which returns the results and, optionally, the data
+to serve that signature from C++ next time. We feed it executables compiled by
+``jax.jit`` from ``shard_map_impl.shard_map`` programs; none of legacy pmap's
+tracing or lowering is involved. An SPMD executable over mesh devices
+``d0..dn`` reads and writes exactly the per-device ``(1, ...)`` blocks that the
+equivalent ``PmapSharding`` describes, which is what makes this sound; every
+sharding we hand to C++ is checked block by block first (outputs.same_blocks).
+
+``run`` is the slow path (first call per signature, and every call that is not
+eligible for C++): place inputs on device, compile (cached), execute, convert the
+results, and describe the fast path when it applies.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from jax._src import api as _jax_api
+from jax._src import config
+from jax._src import core
+from jax._src import dtypes
+from jax._src import mesh as mesh_lib
+from jax._src import sharding_impls
+from jax._src import tree_util
+from jax._src.array import ArrayImpl
+from jax._src.interpreters import pxla
+from jax._src.lib import pmap_lib
+from jax._src.mesh import Mesh
+
+from pmap_compat import inputs, multihost, outputs
+
+__all__ = ["Plan", "make_dispatcher", "run", "compiled_for"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the wrapper knows at a cache miss.
+
+  ``in_shardings_flat`` has one NamedSharding per leaf of
+  ``tree_flatten((dynamic_args, kwargs))`` (static positional args removed), over
+  ``mesh`` (the GLOBAL mesh in a multi-process job).
+  """
+  mesh: Mesh
+  in_shardings_flat: tuple
+  static_argnums: tuple = ()
+  donate_argnums: tuple = ()  # informational: donation is compiled into ``jitted``
+
+
+def make_dispatcher(fun: Callable, cache_miss: Callable, static_argnums: Sequence[int]) -> Any:
+  """The C++ dispatcher; ``cache_miss(*args, **kwargs) -> (outs, fastpath_or_None)``."""
+  return pmap_lib.pmap(fun, cache_miss, tuple(static_argnums), inputs.shard_arg_fallback,
+                       pytree_registry=tree_util.default_registry)
+
+
+def _split_static(args: tuple, static_argnums: Sequence[int]) -> tuple[list, dict]:
+  static = {i: args[i] for i in static_argnums if i < len(args)}
+  dynamic = [a for i, a in enumerate(args) if i not in static]
+  return dynamic, static
+
+
+def _merge_static(dynamic: list, static: dict) -> tuple:
+  it = iter(dynamic)
+  total = len(dynamic) + len(static)
+  return tuple(static[i] if i in static else next(it) for i in range(total))
+
+
+_compiled: dict = {}
+
+
+def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
+                 static: dict) -> Any:
+  """``jitted.lower(*args, **kwargs).compile()``, cached on what determines it:
+  the placed leaves' types and shardings, the tree, the static arguments and
+  the tracing context (x64, mesh contexts, ...)."""
+  leaves, tree = tree_util.tree_flatten(
+      ([a for i, a in enumerate(args) if i not in static], kwargs))
+  sig = tuple((x.shape, x.dtype, x.aval.weak_type, x.sharding) for x in leaves)
+  key = (id(jitted), tree, tuple(sorted(static.items())), sig, config.trace_context())
+  hit = _compiled.get(key)
+  if hit is None or hit[0] is not jitted:
+    hit = (jitted, jitted.lower(*args, **kwargs).compile())
+    _compiled[key] = hit
+  return hit[1]
+
+
+def _is_extended(x: Any) -> bool:
+  return dtypes.issubdtype(getattr(x, "dtype", None), dtypes.extended)
+
+
+def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
+                   outs: list, out_tree: Any) -> Any:
+  """The C++ dispatcher's description of this call, or None when it cannot be
+  served from C++ (effects, callbacks, typed keys, pruned inputs, layouts)."""
+  call = executable.unsafe_call
+  if not (isinstance(call, pxla.ExecuteReplicated) and not call.ordered_effects
+          and not call.has_unordered_effects and not call.has_host_callbacks):
+    return None
+  if len(executable._kept_var_idx) != len(leaves):
+    return None
+  if any(l is not None for l in executable._dispatch_in_layouts):
+    return None
+  if any(map(_is_extended, leaves)) or any(map(_is_extended, outs)):
+    return None
+  if config.debug_nans.value or config.debug_infs.value:
+    return None
+  in_pmap = [outputs.named_to_pmap(s, x.ndim) for s, x in zip(in_shardings, leaves)]
+  if any(p is None for p in in_pmap) or not all(type(o) is ArrayImpl for o in outs):
+    return None
+  out_pmap = [o.sharding for o in outs]
+  if not all(isinstance(s, outputs.PmapSharding) for s in out_pmap):
+    return None
+  for p, s in zip(in_pmap, in_shardings):
+    inputs.remember_target(p, s)
+  devices = list(in_shardings[0]._device_assignment) if in_shardings else list(
+      outs[0].sharding._device_assignment)
+  return _jax_api._PmapFastpathData(
+      version=1,
+      xla_executable=executable.xla_executable,
+      in_handler=call.in_handler,
+      out_handler=call.out_handler,
+      out_pytree_def=out_tree,
+      input_devices=devices,
+      input_indices=[tuple(p.devices_indices_map(x.shape).values())
+                     for p, x in zip(in_pmap, leaves)],
+      input_array_shardings=in_pmap,
+      out_avals=[o.aval for o in outs],
+      out_array_shardings=out_pmap,
+      out_committed=[True] * len(outs),
+  )
+
+
+@contextlib.contextmanager
+def _no_ambient_mesh():
+  """Legacy pmap ignores ``use_mesh`` / ``set_mesh`` contexts: its program only
+  depends on its own devices. Ours is traced with those contexts cleared so an
+  ambient mesh can neither break tracing nor split the compile cache."""
+  with mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh), \
+       sharding_impls._internal_use_concrete_mesh(None):
+    yield
+
+
+def run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, Any]:
+  """Slow path of one call: returns ``(outputs, fastpath_data_or_None)``."""
+  with _no_ambient_mesh():
+    return _run(jitted, args, kwargs, plan)
+
+
+def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, Any]:
+  dynamic, static = _split_static(args, plan.static_argnums)
+  leaves, in_tree = tree_util.tree_flatten((tuple(dynamic), kwargs))
+  targets = plan.in_shardings_flat
+  multiprocess = multihost.is_multiprocess()
+  if multiprocess:
+    placed = multihost.local_to_global(leaves, targets)
+  else:
+    placed = inputs.place_leaves(leaves, targets) or leaves
+  dyn_placed, kw_placed = tree_util.tree_unflatten(in_tree, placed)
+  call_args = _merge_static(list(dyn_placed), static)
+  compiled = compiled_for(jitted, call_args, kw_placed, static)
+  executable = compiled._executable
+  out_flat = list(executable.unsafe_call(*placed))
+  if multiprocess:
+    result = multihost.global_to_local(out_flat)
+    fast = None
+  else:
+    result = outputs.wrap_outputs(out_flat)
+    fast = _fastpath_data(executable, placed, targets, result, compiled.out_tree)
+  return tree_util.tree_unflatten(compiled.out_tree, result), fast

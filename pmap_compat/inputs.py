@@ -1,0 +1,127 @@
+"""Input placement: turn anything legacy ``jax.pmap`` accepts into an array with
+exactly the sharding the compiled program expects, moving data only on device.
+
+Cases, cheapest first (each leaf independently):
+
+* already placed (our outputs, legacy pmap outputs and ``device_put_replicated``/
+  ``device_put_sharded`` results whose blocks sit on the right devices): the same
+  buffers under the target sharding object, no copy;
+* host values (numpy, Python and numpy scalars): one host-to-device transfer,
+  exactly what legacy does;
+* a single-device array (committed or not): sliced on its device, blocks copied
+  device to device;
+* a multi-device array on the target's devices but laid out differently (another
+  mesh, other device order, replicated vs mapped): one XLA reshard program
+  (collectives), never a host round trip;
+* a multi-device array on other devices: gathered on its own devices, then
+  handled as a single-device array.
+
+``shard_arg_fallback`` is what the C++ dispatcher calls for a leaf it cannot pass
+through as is; ``place`` is the general entry point for the slow path.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+from jax._src import dtypes
+from jax._src.array import ArrayImpl
+from jax._src.interpreters import pxla
+from jax._src.sharding_impls import GSPMDSharding, NamedSharding, PmapSharding
+
+from pmap_compat import outputs
+
+__all__ = ["place", "place_leaves", "shard_arg_fallback", "remember_target"]
+
+_identity_jits: dict = {}
+_named_for_pmap: dict = {}
+
+
+def remember_target(pmap_sharding: PmapSharding, named: NamedSharding) -> None:
+  """Records the NamedSharding a dispatcher's PmapSharding stands for."""
+  _named_for_pmap[pmap_sharding] = named
+
+
+def _reshard_program(target: Any):
+  """A cached jit that reshards its input to ``target`` on device."""
+  fn = _identity_jits.get(target)
+  if fn is None:
+    fn = jax.jit(lambda a: a, out_shardings=target)
+    _identity_jits[target] = fn
+  return fn
+
+
+def _rewrap(x: ArrayImpl, target: Any) -> ArrayImpl:
+  """``x``'s buffers under ``target`` (caller checked the blocks coincide)."""
+  return ArrayImpl(x.aval, target, x._arrays, committed=True)
+
+
+def _jit_visible(x: ArrayImpl) -> ArrayImpl:
+  """``x`` with a sharding jit takes as it is (jit reshards PmapSharding inputs
+  through the host); same buffers."""
+  if not isinstance(x.sharding, PmapSharding):
+    return x
+  named = outputs.named_of_pmap(x.sharding, x.shape)
+  if named is None:
+    raise NotImplementedError(f"pmap_compat: cannot reshard an input with {x.sharding}")
+  return _rewrap(x, named)
+
+
+def _one_device_copy(x: ArrayImpl) -> ArrayImpl:
+  """A single-device array holding all of ``x``, computed on ``x``'s devices."""
+  if x.is_fully_replicated:
+    return x._arrays[0]
+  src = _jit_visible(x)
+  devices = tuple(src.sharding._device_assignment)
+  replicated = GSPMDSharding.get_replicated(devices)
+  return _reshard_program(replicated)(src)._arrays[0]
+
+
+def _single_device(x: Any) -> bool:
+  return (type(x) is ArrayImpl and len(x.sharding.device_set) == 1
+          and not dtypes.issubdtype(x.dtype, dtypes.extended))
+
+
+def place(x: Any, target: Any) -> Any:
+  """``x`` as a committed array with sharding ``target``; data moves only on device
+  (host values are transferred once, as legacy does)."""
+  if isinstance(target, PmapSharding):
+    if not isinstance(x, jax.Array) or _single_device(x):
+      # JAX's own sharding of host values / one-device arrays (what legacy pmap
+      # does here): a host transfer for host values, on-device slices otherwise.
+      return pxla.shard_args([target], [None], [None], [x])[0]
+    if target in _named_for_pmap:
+      return outputs.as_pmap_array(place(x, _named_for_pmap[target]))
+  if not isinstance(x, jax.Array):
+    return jax.device_put(x, target)
+  sharding = x.sharding
+  if sharding == target and not isinstance(sharding, PmapSharding):
+    return x
+  if type(x) is not ArrayImpl or dtypes.issubdtype(x.dtype, dtypes.extended):
+    return jax.device_put(x, target)  # typed keys: jax handles their physical layout
+  x._check_if_deleted()
+  if outputs.same_blocks(sharding, target, x.shape, ordered=False):
+    return _rewrap(x, target)
+  if len(sharding.device_set) == 1:
+    return jax.device_put(x, target)  # slices on x's device, copies device to device
+  if sharding.device_set == target.device_set and not isinstance(target, PmapSharding):
+    src = _jit_visible(x)
+    if list(src.sharding._device_assignment) == list(target._device_assignment):
+      return _reshard_program(target)(src)
+    if isinstance(src.sharding, NamedSharding) and isinstance(target, NamedSharding):
+      return jax.device_put(src, target)  # permutes shards, then reshards, on device
+  return jax.device_put(_one_device_copy(x), target)
+
+
+def place_leaves(leaves: Sequence[Any], targets: Sequence[Any]) -> list | None:
+  """``place`` for each leaf (``targets`` aligned with ``leaves``); None when every
+  leaf was already in place, so callers can keep their original arguments."""
+  if len(leaves) != len(targets):
+    raise ValueError(f"internal: {len(leaves)} arguments but {len(targets)} shardings")
+  placed = [place(x, s) for x, s in zip(leaves, targets)]
+  return None if all(p is x for p, x in zip(placed, leaves)) else placed
+
+
+def shard_arg_fallback(x: Any, target: PmapSharding) -> Any:
+  """Called by the C++ dispatcher for a leaf it cannot pass through unchanged."""
+  return place(x, target)

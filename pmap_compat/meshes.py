@@ -1,0 +1,57 @@
+"""Which devices a call runs on, and the (cached) Mesh over them.
+
+Top-level calls of size k use the first k devices of the backend (or ``devices=``),
+exactly like legacy pmap. Calls made under an ambient trace (a user's ``jit``, ``vmap``
+or ``grad``) may "spread" onto every device of the backend with an extra replicated
+mesh axis, so that pmaps of different sizes can live in one ``jit`` (one device
+assignment per computation).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from pmap_compat import errors
+
+SPREAD_AXIS = "_pmap_compat_replica"
+
+_MESHES: dict[tuple, Mesh] = {}
+
+
+def backend_devices(backend: str | None, devices: tuple | None) -> tuple:
+  """``devices``, else every device of the job (multi-process) or of this process."""
+  if devices is not None:
+    return devices
+  if jax.process_count() > 1:
+    return tuple(jax.devices(backend))  # process-major order: process p's slice is contiguous
+  return tuple(jax.local_devices(backend=backend))
+
+
+def build_mesh(axes: Sequence[tuple[Any, int]], backend: str | None, devices: tuple | None,
+               spread: bool) -> Mesh:
+  """A mesh with one axis per (name, size) in ``axes`` (outermost pmap first)."""
+  names = tuple(n for n, _ in axes)
+  shape = tuple(s for _, s in axes)
+  total = math.prod(shape)
+  pool = backend_devices(backend, devices)
+  if devices is not None:
+    if len(devices) != total:
+      raise errors.devices_mismatch(shape[0] if len(shape) == 1 else total, devices)
+    chosen = devices
+  else:
+    if total > len(pool):
+      raise errors.too_many_devices(total, len(pool))
+    if spread and total < len(pool) and len(pool) % total == 0:
+      names += (SPREAD_AXIS,)
+      shape += (len(pool) // total,)
+      total = len(pool)
+    chosen = pool[:total]
+  key = (names, shape, tuple(d.id for d in chosen), chosen[0].platform)
+  mesh = _MESHES.get(key)
+  if mesh is None:
+    mesh = _MESHES[key] = Mesh(np.array(chosen, dtype=object).reshape(shape), names)
+  return mesh

@@ -1,0 +1,146 @@
+"""Output representation: pmap results as ``PmapSharding`` arrays, built without copies.
+
+Why ``PmapSharding`` (see the migration guide): ``ArrayImpl.__getitem__`` has a
+no-communication path only for ``PmapSharding`` arrays, so ``out[0]`` and Flax's
+``unreplicate`` cost what they cost on legacy outputs (a view of one device's
+buffer). A jit(shard_map) program's per-device buffers are exactly the rank-kept
+``(1, ...)`` blocks a ``PmapSharding`` describes (``jax_pmap_no_rank_reduction``
+is on by default), so the conversion only swaps the sharding object: no data
+moves. Everything that works on legacy outputs (``np.asarray``, reductions,
+``jax.jit`` over them, feeding legacy ``jax.pmap``) therefore works identically.
+
+This module converts shardings both ways and rewraps arrays on the slow path;
+on the fast path the C++ dispatcher builds these arrays itself (fastpath.py).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from jax._src import core
+from jax._src import dtypes
+from jax._src.array import ArrayImpl
+from jax._src.mesh import Mesh
+from jax._src.partition_spec import PartitionSpec
+from jax._src.sharding_impls import NamedSharding, PmapSharding
+from jax._src.sharding_specs import (Chunked, NoSharding, Replicated, ShardedAxis,
+                                     ShardingSpec)
+
+__all__ = ["pmap_sharding_of", "named_to_pmap", "as_pmap_array", "wrap_outputs",
+           "same_blocks"]
+
+
+def _names_of(entry: Any) -> tuple:
+  """The mesh axes a PartitionSpec entry splits one array dimension over."""
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def pmap_sharding_of(sharding: NamedSharding, ndim: int) -> PmapSharding | None:
+  """The PmapSharding that puts the same block on the same device as ``sharding``.
+
+  Returns None when there is none (partial/unreduced specs, a mesh axis used for
+  nothing but not describable, or a layout a ShardingSpec cannot express); the
+  result is checked block by block, so a returned sharding is always exact.
+  """
+  mesh = sharding.mesh
+  spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+  if len(spec) != ndim:
+    return None
+  dims, order = [], {}  # mesh axis -> position among all chunked mesh axes
+  for entry in spec:
+    names = _names_of(entry)
+    if not names:
+      dims.append(NoSharding())
+      continue
+    for name in names:
+      order[name] = len(order)
+    dims.append(Chunked([mesh.shape[n] for n in names]))
+  mapping = tuple(ShardedAxis(order[name]) if name in order else Replicated(mesh.shape[name])
+                  for name in mesh.axis_names)
+  candidate = PmapSharding(np.asarray(mesh.devices).reshape(-1),
+                           ShardingSpec(tuple(dims), mapping))
+  # The smallest shape both describe: PmapSharding wants mapped dims of exactly
+  # the chunk count.
+  shape = tuple(math.prod(d.chunks) if isinstance(d, Chunked) else 2 for d in dims)
+  return candidate if same_blocks(sharding, candidate, shape) else None
+
+
+def named_of_pmap(sharding: PmapSharding, shape: tuple) -> NamedSharding | None:
+  """A NamedSharding with the same blocks on the same devices as ``sharding``
+  (jit accepts it as is, unlike PmapSharding); None if a spec has no such form."""
+  spec = sharding.sharding_spec
+  chunk_dims = []  # chunk number -> (array dim, chunk size)
+  for d, dim in enumerate(spec.sharding):
+    if isinstance(dim, Chunked):
+      chunk_dims += [(d, c) for c in dim.chunks]
+    elif not isinstance(dim, NoSharding):
+      return None  # Unstacked: rank-reducing layouts have no NamedSharding twin
+  sizes, names, per_dim = [], [], [[] for _ in spec.sharding]
+  for m, entry in enumerate(spec.mesh_mapping):
+    name = f"_pmap_compat_m{m}"
+    names.append(name)
+    if isinstance(entry, ShardedAxis):
+      d, size = chunk_dims[entry.axis]
+      per_dim[d].append((entry.axis, name))
+    else:
+      size = entry.replicas
+    sizes.append(size)
+  devices = np.asarray(sharding.devices).reshape(-1).reshape(sizes)
+  parts = [tuple(n for _, n in sorted(axes)) or None for axes in per_dim]
+  parts = [p[0] if p and len(p) == 1 else p for p in parts]
+  named = NamedSharding(Mesh(devices, tuple(names)), PartitionSpec(*parts))
+  return named if same_blocks(sharding, named, shape) else None
+
+
+def _block_map(sharding: Any, shape: tuple) -> dict:
+  return {d: tuple((s.start, s.stop, s.step) for s in idx)
+          for d, idx in sharding.devices_indices_map(shape).items()}
+
+
+def same_blocks(a: Any, b: Any, shape: tuple, ordered: bool = True) -> bool:
+  """True when ``a`` and ``b`` place the same block of a ``shape`` array on each
+  device (and, if ``ordered``, list the devices in the same order, so per-device
+  buffers can be handed over as they are)."""
+  if ordered and list(a._device_assignment) != list(b._device_assignment):
+    return False
+  try:
+    return _block_map(a, shape) == _block_map(b, shape)
+  except Exception:  # pylint: disable=broad-except  # not expressible for this rank
+    return False
+
+
+_pmap_cache: dict = {}
+
+
+def named_to_pmap(sharding: Any, ndim: int) -> PmapSharding | None:
+  """Cached ``pmap_sharding_of`` (slow path only; shardings are hashable)."""
+  if isinstance(sharding, PmapSharding):
+    return sharding
+  if not isinstance(sharding, NamedSharding):
+    return None
+  key = (sharding, ndim)
+  if key not in _pmap_cache:
+    _pmap_cache[key] = pmap_sharding_of(sharding, ndim)
+  return _pmap_cache[key]
+
+
+def as_pmap_array(x: Any) -> Any:
+  """``x`` with the equivalent PmapSharding, same buffers; ``x`` itself when it
+  has none (typed keys, float0, non-arrays, layouts a ShardingSpec cannot say)."""
+  if type(x) is not ArrayImpl or isinstance(x.sharding, PmapSharding):
+    return x
+  if dtypes.issubdtype(x.dtype, dtypes.extended) or not x.is_fully_addressable:
+    return x
+  target = named_to_pmap(x.sharding, x.ndim)
+  if target is None:
+    return x
+  return ArrayImpl(core.ShapedArray(x.shape, x.dtype, weak_type=x.aval.weak_type), target,
+                   x._arrays, committed=True, _skip_checks=True)
+
+
+def wrap_outputs(outs: Sequence[Any]) -> list:
+  """Slow-path conversion of a flat list of jit outputs to the pmap representation."""
+  return [as_pmap_array(o) for o in outs]

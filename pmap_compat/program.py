@@ -1,0 +1,197 @@
+"""The program a pmap call stages: one ``shard_map`` over the mesh, run under ``jax.jit``.
+
+``make_staged`` returns the function ``jax.jit`` traces. At trace time it matches the
+arguments to ``in_axes`` (legacy's checks and messages), picks the devices, and calls
+``shard_map`` with each mapped leaf split along its own mapped axis (block size 1 there).
+The body removes that axis before calling ``fun`` and adds a leading one to each mapped
+output; outside the shard_map the axis is moved to its ``out_axes`` position. Nested
+pmaps met while tracing the body become extra mesh axes (see ``nesting``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.tree_util import tree_flatten, tree_unflatten
+
+from pmap_compat import axes as axes_lib
+from pmap_compat import errors, keys, meshes, multihost, nesting
+from pmap_compat._backend import shard_map
+from pmap_compat.config import PmapConfig
+
+
+class CallArgs(NamedTuple):
+  """One call's arguments matched against the config (trace time or slow path only)."""
+  static_values: dict[int, Any]   # position -> value of each static argument
+  n_args: int
+  in_tree: Any                    # treedef of (dynamic positional args, kwargs)
+  leaves: list
+  in_axes: tuple                  # normalised, one per leaf
+  size: int
+
+
+def match_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict) -> CallArgs:
+  n = len(args)
+  static = cfg.static  # legacy does not normalise negative positions here, nor do we
+  if static and max(static) >= n:
+    raise errors.static_args_missing(cfg.static, n)
+  dyn_pos = [i for i in range(n) if i not in static]
+  dyn = tuple(args[i] for i in dyn_pos)
+  in_axes = cfg.in_axes
+  if static and isinstance(in_axes, tuple):
+    in_axes = tuple(in_axes[i] for i in dyn_pos)
+  leaves, in_tree = tree_flatten((dyn, kwargs))
+  flat_axes = axes_lib.in_axes_per_leaf(in_axes, dyn, kwargs)
+  flat_axes = tuple(axes_lib.normalise_in_axis(d, np.shape(x)) for x, d in zip(leaves, flat_axes))
+  # In a multi-process job axis_size is the GLOBAL size; the local size is not checked
+  # against it (as legacy).
+  check_size = cfg.axis_size if local_size_is_global() else None
+  size = axes_lib.mapped_size(fun, dyn, kwargs, leaves, flat_axes, check_size)
+  return CallArgs({i: args[i] for i in static}, n, in_tree, leaves, flat_axes, size)
+
+
+def local_size_is_global() -> bool:
+  return jax.process_count() == 1
+
+
+def call_fun(fun: Callable, call: CallArgs, leaves: list) -> Any:
+  dyn, kwargs = tree_unflatten(call.in_tree, leaves)
+  dyn = iter(dyn)
+  args = [call.static_values[i] if i in call.static_values else next(dyn)
+          for i in range(call.n_args)]
+  return fun(*args, **kwargs)
+
+
+def axis_name_of(cfg: PmapConfig, depth: int, size: int) -> Any:
+  return nesting.default_axis_name(depth, size) if cfg.axis_name is None else cfg.axis_name
+
+
+def in_spec(axis: int | None, name: Any) -> P:
+  return P() if axis is None else P(*([None] * axis), name)
+
+
+def out_axes_normalised(cfg: PmapConfig, out: Any) -> tuple:
+  flat = axes_lib.out_axes_per_leaf(cfg.out_axes, out)
+  return tuple(axes_lib.normalise_out_axis(d, np.ndim(y))
+               for y, d in zip(tree_flatten(out)[0], flat))
+
+
+def _move_leading_axis(y: Any, dest: int) -> Any:
+  if dest == 0:
+    return y
+  perm = list(range(1, y.ndim))
+  perm.insert(dest, 0)
+  return lax.transpose(y, perm)
+
+
+def _varies(y: Any, names: tuple) -> Any:
+  """On-device flag: does ``y`` differ between devices along ``names``? (bitwise, NaN-safe)."""
+  if jax.dtypes.issubdtype(y.dtype, jax.dtypes.prng_key):
+    y = jax.random.key_data(y)
+  y = jax.numpy.asarray(y)
+  if y.dtype == jax.dtypes.float0:
+    return jax.numpy.zeros((), bool)
+  if jax.numpy.iscomplexobj(y):
+    y = jax.numpy.stack([y.real, y.imag])
+  # Compare bit patterns: NaN == NaN, and -0.0 != +0.0 (what "identical values" means).
+  bits = y.view(f"uint{y.dtype.itemsize * 8}") if jax.numpy.issubdtype(y.dtype, np.floating) else y
+  first = lax.all_gather(bits, names, axis=0, tiled=False)[0]
+  return lax.psum((bits != first).any().astype(np.int32), names) > 0
+
+
+def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name: Any,
+               strict: bool) -> Any:
+  """``fun`` mapped over ``mesh`` axis ``name`` (other mesh axes: nested pmaps / spread)."""
+  axis_sizes = {n: s for n, s in mesh.shape.items() if n != meshes.SPREAD_AXIS}
+  manual = tuple(axis_sizes)
+  found: dict[str, Any] = {}
+
+  def body(*blocks):
+    leaves = [b if d is None else lax.squeeze(b, (d,)) for b, d in zip(blocks, call.in_axes)]
+    with nesting.outer_body(dict(axis_sizes)):
+      out = keys.call_with_key_collectives(lambda xs: call_fun(fun, call, xs), leaves)
+    out_axes = out_axes_normalised(cfg, out)
+    outs, found["tree"] = tree_flatten(out)
+    found["axes"] = out_axes
+    mapped = [lax.expand_dims(y, (0,)) for y, d in zip(outs, out_axes) if d is not None]
+    unmapped = [y for y, d in zip(outs, out_axes) if d is None]
+    flags = [_varies(y, manual) for y in unmapped] if strict else []
+    return mapped, unmapped, flags
+
+  in_specs = tuple(in_spec(d, name) for d in call.in_axes)
+  mapped, unmapped, flags = shard_map(body, mesh, in_specs=in_specs,
+                                      out_specs=(P(name), P(), P()), check_rep=False)(*call.leaves)
+  mapped, unmapped = iter(mapped), iter(unmapped)
+  outs = [next(unmapped) if d is None else _move_leading_axis(next(mapped), d)
+          for d in found["axes"]]
+  result = tree_unflatten(found["tree"], outs)
+  return (result, tuple(flags)) if strict else result
+
+
+def stage_top(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread: bool,
+              meshes_used: dict) -> Any:
+  """The outermost pmap: retrace with one more mesh axis per nested pmap discovered.
+
+  Records the mesh per mapped size in ``meshes_used`` for the input slow path.
+  """
+  call = match_args(cfg, fun, args, kwargs)
+  name = axis_name_of(cfg, 0, call.size)
+  mesh_axes = [(name, call.size)]
+  while True:
+    mesh = meshes.build_mesh(mesh_axes, cfg.backend, cfg.devices, spread)
+    if spread:
+      multihost.check_traced_use(mesh)
+    try:
+      out = stage_over(mesh, cfg, fun, call, name, cfg.strict_replication)
+      meshes_used[call.size] = mesh
+      return out
+    except nesting.NeedAxis as need:
+      if any(need.name == n for n, _ in mesh_axes):
+        raise  # cannot happen: require_axis reports size conflicts itself
+      mesh_axes.append((need.name, need.size))
+
+
+def run_nested(cfg: PmapConfig, fun: Callable, frame: nesting.Frame, args: tuple,
+               kwargs: dict) -> Any:
+  """An inner pmap called while an outer pmap's body is traced."""
+  call = match_args(cfg, fun, args, kwargs)
+  name = axis_name_of(cfg, frame.depth, call.size)
+  nesting.require_axis(frame, name, call.size)
+  return nesting.run_nested(name, call.leaves, call.in_axes,
+                            lambda picked: keys.call_with_key_collectives(
+                                lambda xs: call_fun(fun, call, xs), picked),
+                            lambda out: out_axes_normalised(cfg, out))
+
+
+def make_staged(fun_ref: Callable[[], Callable], cfg: PmapConfig, spread: bool,
+                name: str) -> Callable:
+  """The function handed to ``jax.jit`` for this config; ``.meshes_used`` maps size -> mesh."""
+  meshes_used: dict[int, Mesh] = {}
+
+  def staged(*args, **kwargs):
+    return stage_top(cfg, fun_ref(), args, kwargs, spread, meshes_used)
+  staged.__name__ = staged.__qualname__ = name
+  staged.meshes_used = meshes_used
+  return staged
+
+
+def input_shardings(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread: bool,
+                    meshes_used: dict) -> tuple[CallArgs, Mesh, list[NamedSharding]]:
+  """Where each dynamic leaf must live for the staged program (slow path only).
+
+  In a multi-process job the arguments are host-local, the mesh global: its size is
+  ``axis_size`` or local size x process count (as legacy).
+  """
+  call = match_args(cfg, fun, args, kwargs)
+  size = call.size
+  if not local_size_is_global():
+    size = cfg.axis_size or (len(cfg.devices) if cfg.devices else size * jax.process_count())
+  mesh = meshes_used.get(size)
+  if mesh is None:
+    name = axis_name_of(cfg, 0, size)
+    mesh = meshes.build_mesh([(name, size)], cfg.backend, cfg.devices, spread)
+  name = mesh.axis_names[0]
+  return call, mesh, [NamedSharding(mesh, in_spec(d, name)) for d in call.in_axes]

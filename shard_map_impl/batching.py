@@ -1,0 +1,71 @@
+"""Batching (BatchTrace): ``vmap`` of a shard_map.
+
+The batched shard_map maps the same mesh; each input's and output's spec is
+re-indexed so the inserted batch dimension is skipped (dimensions at or after
+it move up by one).  With ``vmap(..., spmd_axis_name=axes)`` the batch
+dimension is itself split over ``axes``: it gets those axes in the spec, and
+inside the body the batch is correspondingly smaller.  Naming the spmd axes
+in a spec is an error, as in JAX (unless ``jax_disable_vmap_shmap_error``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from math import prod
+
+from jax._src import config
+from jax._src import core
+from jax._src import source_info_util
+from jax._src.interpreters import batching
+
+from shard_map_impl import residuals as rs
+from shard_map_impl.primitive import register_trace_rule
+from shard_map_impl.specs import AxisNames, spec_axes
+
+
+def batched_names(names: AxisNames, dim, spmd_axes) -> AxisNames:
+  """``names`` of a value whose batch dimension sits at ``dim`` (None: unbatched)."""
+  if dim is batching.not_mapped:
+    return dict(names)
+  moved = {d + (d >= dim): axes for d, axes in names.items()}
+  if spmd_axes is not None:
+    moved[dim] = tuple(spmd_axes)
+  return moved
+
+
+def _reject_spmd_axes_in(kind: str, all_names, spmd_axes) -> None:
+  if spmd_axes is None or config.disable_vmap_shmap_error.value:
+    return
+  used = set().union(*map(spec_axes, all_names)) if all_names else set()
+  if used & set(spmd_axes):
+    raise ValueError(f"vmap spmd_axis_name cannot appear in shard_map {kind}")
+
+
+@register_trace_rule(batching.BatchTrace)
+def batch_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
+               check_rep, rewrite, auto) -> list:
+  vals, dims = zip(*map(trace.to_batch_info, tracers)) if tracers else ((), ())
+  if any(isinstance(d, batching.RaggedAxis) for d in dims):
+    raise NotImplementedError("vmap with ragged batch dimensions of shard_map_impl.shard_map")
+  spmd_axes = trace.axis_data.spmd_name
+  _reject_spmd_axes_in("in_specs", in_names, spmd_axes)
+  axis_data = trace.axis_data
+  if spmd_axes is not None:
+    per_device = axis_data.size // prod(mesh.shape[a] for a in spmd_axes)
+    axis_data = dataclasses.replace(axis_data, size=per_device, explicit_mesh_axis=None)
+  body, out_dims = batching.batch_subtrace(fun, trace.tag, axis_data, tuple(dims))
+
+  def out_names():
+    names = out_names_thunk()
+    _reject_spmd_axes_in("out_specs", names, spmd_axes)
+    return [batched_names(n, d, spmd_axes) for n, d in zip(names, out_dims())]
+
+  params = dict(
+      mesh=mesh,
+      in_names=tuple(batched_names(n, d, spmd_axes) for n, d in zip(in_names, dims)),
+      out_names_thunk=rs.DerivedNames(out_names, ("vmap", out_names_thunk, dims, spmd_axes)),
+      check_rep=check_rep, rewrite=rewrite, auto=auto)
+  with core.set_current_trace(trace.parent_trace):
+    outs = prim.bind(body, *vals, **params)
+  source_info = source_info_util.current()
+  return [batching.BatchTracer(trace, v, d, source_info) if d is not batching.not_mapped
+          else v for v, d in zip(outs, out_dims())]

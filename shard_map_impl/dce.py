@@ -1,0 +1,41 @@
+"""Dead-code elimination of a staged shard_map equation.
+
+Unused outputs are dropped from the equation and its body, then inputs the
+pruned body no longer reads.  An equation whose body has effects (callbacks,
+ordered IO, ...) is kept even when none of its outputs is used.
+"""
+from __future__ import annotations
+
+from jax._src import core
+from jax._src.interpreters import partial_eval as pe
+
+from shard_map_impl.manual import axis_env
+from shard_map_impl.primitive import shard_map_p
+
+
+def _keep(seq, mask):
+  return [x for x, m in zip(seq, mask) if m]
+
+
+def dce_rule(used_outputs: list[bool], eqn: core.JaxprEqn
+             ) -> tuple[list[bool], core.JaxprEqn | None]:
+  if not any(used_outputs) and not pe.has_effects(eqn):
+    return [False] * len(eqn.invars), None
+  params = eqn.params
+  mesh, auto = params["mesh"], params["auto"]
+  with axis_env(mesh, auto):
+    body, used_inputs = pe.dce_jaxpr(params["jaxpr"], used_outputs)
+  if not body.effects and not any(used_outputs):
+    return used_inputs, None
+  new_params = dict(params, jaxpr=body,
+                    in_names=tuple(_keep(params["in_names"], used_inputs)),
+                    out_names=tuple(_keep(params["out_names"], used_outputs)))
+  new_eqn = pe.new_jaxpr_eqn(
+      _keep(eqn.invars, used_inputs), _keep(eqn.outvars, used_outputs),
+      eqn.primitive, new_params,
+      core.filter_named_axis_effects(body.effects, mesh.axis_names),
+      eqn.source_info, eqn.ctx)
+  return used_inputs, new_eqn
+
+
+pe.dce_rules[shard_map_p] = dce_rule

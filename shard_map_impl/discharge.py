@@ -1,0 +1,42 @@
+"""State discharge of a shard_map equation whose body takes refs.
+
+``run_state`` / ``discharge_state`` turn ref effects into value passing.  A
+shard_map with ref inputs is discharged into one taking the refs' current
+values and returning, after its own outputs, each ref's final value under the
+ref's spec; the caller writes those back.  (JAX 0.6.0's own shard_map has no
+such rule.)
+"""
+from __future__ import annotations
+
+from jax._src import core
+from jax._src import linear_util as lu
+from jax._src.state import discharge as state_discharge
+from jax._src.state.types import AbstractRef
+
+from shard_map_impl.manual import body_context
+from shard_map_impl.primitive import ConstThunk, shard_map_p
+
+
+def discharge_rule(in_avals, out_avals, *args, jaxpr: core.Jaxpr, mesh, in_names,
+                   out_names, check_rep, rewrite, auto, **_hidden) -> tuple[list, list]:
+  del out_avals
+  is_ref = [isinstance(a, AbstractRef) for a in in_avals]
+  with body_context(mesh, auto, check_rep):
+    body, consts = state_discharge.discharge_state(jaxpr, ())
+  ref_names = [n for n, r in zip(in_names, is_ref) if r]
+  n_consts = len(consts)
+
+  def run(*vals):
+    return core.eval_jaxpr(body, vals[:n_consts], *vals[n_consts:])
+
+  outs = shard_map_p.bind(
+      lu.wrap_init(run, debug_info=jaxpr.debug_info), *consts, *args,
+      mesh=mesh, in_names=(*({} for _ in consts), *in_names),
+      out_names_thunk=ConstThunk((*out_names, *ref_names)),
+      check_rep=check_rep, rewrite=rewrite, auto=auto)
+  n_out = len(out_names)
+  finals = iter(outs[n_out:])
+  return [next(finals) if r else None for r in is_ref], outs[:n_out]
+
+
+state_discharge.register_discharge_rule(shard_map_p)(discharge_rule)

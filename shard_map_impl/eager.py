@@ -1,0 +1,346 @@
+"""Eager execution: a shard_map called outside ``jit`` runs its body
+primitive by primitive, with per-device values, like JAX's.
+
+Each body value is held as one global "stacked" array of shape
+``(n, *local_shape)``, ``n`` the number of devices along the manual axes, its
+leading dimension split over those axes so device ``i`` holds its own block.
+Every primitive is applied by a small jitted shard_map (of ours) that unstacks
+the blocks, binds the primitive per device and restacks.  Replication types
+travel with values so that outputs can be checked against ``out_specs`` and
+fully replicated values can be used concretely (``bool(x)``, printing).
+
+``debug_callback`` runs the callback once per device in mesh order; explicit
+devices in ``device_put`` are rejected, as inside JAX's shard_map.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from jax._src import config
+from jax._src import core
+from jax._src import debugging
+from jax._src import dispatch
+from jax._src import linear_util as lu
+from jax._src.mesh import AbstractMesh, Mesh, get_abstract_mesh, use_abstract_mesh
+from jax.sharding import NamedSharding, PartitionSpec
+
+from shard_map_impl import errors, replication
+from shard_map_impl.manual import body_context, manual_axes_of, manual_mesh, vma_enabled
+from shard_map_impl.primitive import register_trace_rule
+from shard_map_impl.specs import names_to_pspec
+from shard_map_impl.staging import output_rank_failures
+
+
+# --- converting between global arrays and stacked per-device blocks ------------
+
+_converters: dict = {}
+
+
+def _converter(kind: str, mesh, spec: PartitionSpec, stacked: PartitionSpec,
+               check: bool):
+  """Jitted global<->stacked conversion (a shard_map of ours, cached)."""
+  key = (kind, mesh, spec, stacked, check)
+  fn = _converters.get(key)
+  if fn is None:
+    import jax
+    from shard_map_impl.api import shard_map
+    if kind == "stack":
+      fn = jax.jit(shard_map(lambda b: b[None], mesh, in_specs=(spec,),
+                             out_specs=stacked, check_rep=check))
+    else:
+      fn = jax.jit(shard_map(lambda b: b[0], mesh, in_specs=(stacked,),
+                             out_specs=spec, check_rep=check),
+                   out_shardings=NamedSharding(mesh, spec))
+    _converters[key] = fn
+  return fn
+
+
+@contextlib.contextmanager
+def _outside(context_mesh):
+  """Leave the body: evaluate with jit enabled under the caller's mesh."""
+  import jax
+  with core.eval_context(), jax.disable_jit(False), use_abstract_mesh(context_mesh):
+    yield
+
+
+class _PrimApplier:
+  """Hashable per-device application of one primitive (a jit cache key)."""
+
+  def __init__(self, prim, params: dict):
+    self.prim, self.params = prim, params
+    try:
+      self.key = (prim, tuple(sorted(params.items())))
+      hash(self.key)
+    except TypeError:  # unhashable params: no caching across calls
+      self.key = None
+
+  def __hash__(self):
+    return hash(self.key) if self.key is not None else id(self)
+
+  def __eq__(self, other):
+    if self.key is None:
+      return self is other
+    return isinstance(other, _PrimApplier) and self.key == other.key
+
+  def __call__(self, *blocks):
+    outs = self.prim.bind(*(b[0] for b in blocks), **self.params)
+    outs = outs if self.prim.multiple_results else [outs]
+    return [o[None] for o in outs]
+
+
+_appliers: dict = {}
+
+
+def _apply(trace: "EagerTrace", prim, params, stacked, in_specs: tuple, out_specs):
+  """Run ``prim`` on every device's blocks; ``out_specs`` a P or list of P."""
+  import jax
+  from shard_map_impl.api import shard_map
+  applier = _PrimApplier(prim, params)
+  out_key = tuple(out_specs) if isinstance(out_specs, list) else out_specs
+  key = (applier, trace.mesh, in_specs, out_key, trace.inner_check)
+  fn = _appliers.get(key) if applier.key is not None else None
+  if fn is None:
+    fn = jax.jit(shard_map(applier, trace.mesh, in_specs=in_specs,
+                           out_specs=out_specs, check_rep=trace.inner_check))
+    if applier.key is not None:
+      _appliers[key] = fn
+  with _outside(trace.context_mesh):
+    return fn(*stacked)
+
+
+# --- the trace ---------------------------------------------------------------
+
+class EagerTracer(core.Tracer):
+  """A body value: its distinct per-device blocks stacked, plus its rep.
+
+  The leading dimension of ``stacked`` runs over the mesh axes the value
+  varies along (``trace.stack_axes(rep)``): with varying-axes types on that
+  is just its vma, otherwise every manual axis.
+  """
+  __slots__ = ("stacked", "rep")
+
+  def __init__(self, trace: "EagerTrace", rep, stacked):
+    self._trace = trace
+    self.rep = rep
+    self.stacked = stacked
+
+  @property
+  def aval(self):
+    trace = self._trace
+    glob = core.get_aval(self.stacked)
+    local = core.mapped_aval(glob.shape[0], 0, glob)
+    vma = (replication.rep_to_vma(trace.mesh, trace.auto, self.rep)
+           if vma_enabled(trace.check) and config._check_rep.value else frozenset())
+    return local.update(
+        sharding=NamedSharding(manual_mesh(trace.mesh, trace.auto),
+                               PartitionSpec(*[None] * local.ndim)),
+        vma=vma)
+
+  def to_concrete_value(self):
+    if self.rep is not None and self.rep >= frozenset(self._trace.mesh.axis_names):
+      with _outside(self._trace.context_mesh):
+        return core.to_concrete_value(self.stacked[0])
+    return None
+
+  def __str__(self) -> str:
+    trace = self._trace
+    mesh = trace.mesh
+    axes = trace.stack_axes(self.rep)
+    with _outside(trace.context_mesh):
+      blocks = list(self.stacked)
+    names = "(" + ", ".join(map(str, mesh.axis_names)) + ",)"
+    lines = []
+    for coords, dev in np.ndenumerate(mesh.devices):
+      at = dict(zip(mesh.axis_names, coords))
+      flat = 0
+      for a in axes:  # row-major position among the varying axes
+        flat = flat * mesh.shape[a] + at[a]
+      lines.append(f"On {dev} at mesh coordinates {names} = {coords}:\n{blocks[flat]}\n")
+    return "\n".join(lines)
+
+  __repr__ = __str__
+
+
+class EagerTrace(core.Trace):
+  """Trace of an eagerly executing shard_map body."""
+
+  def __init__(self, mesh: Mesh, auto: frozenset, check: bool, context_mesh):
+    super().__init__()
+    self.mesh, self.auto, self.check = mesh, auto, check
+    self.context_mesh = context_mesh
+    self.typed = vma_enabled(check)  # fixed at entry, like JAX
+    self.inner_check = self.typed
+
+  def stack_axes(self, rep) -> tuple:
+    manual = manual_axes_of(self.mesh, self.auto)
+    if not self.typed:
+      return manual
+    return tuple(a for a in manual if rep is None or a not in rep)
+
+  def stack_spec(self, rep) -> PartitionSpec:
+    return PartitionSpec(self.stack_axes(rep))
+
+  def constant_rep(self):
+    return frozenset(self.mesh.axis_names) if self.typed else None
+
+  def lift(self, value) -> tuple[Any, Any]:
+    """(stacked value, rep) for a tracer of ours or a constant."""
+    if isinstance(value, EagerTracer) and value._trace is self:
+      return value.stacked, value.rep
+    if isinstance(value, core.Tracer):
+      raise TypeError(f"shard_map body received a tracer from another "
+                      f"transformation: {value}")
+    rep = self.constant_rep()
+    with _outside(self.context_mesh):
+      stacked = _converter("stack", self.mesh, PartitionSpec(),
+                           self.stack_spec(rep), self.inner_check)(value)
+    return stacked, rep
+
+  def _out_reps(self, prim, tracers, in_reps, params):
+    if not self.check:
+      return None
+    if self.typed:
+      avals, _ = prim.abstract_eval(*(core.typeof(t) for t in tracers), **params)
+      avals = avals if prim.multiple_results else [avals]
+      return [replication.vma_to_rep(self.mesh, self.auto, a.vma) for a in avals]
+    rule = replication.rep_rules.get(prim)
+    if rule is None:
+      raise replication.missing_rule(prim)
+    return rule(self.mesh, *in_reps, **params)
+
+  def process_primitive(self, prim, tracers, params):
+    pairs = [self.lift(t) for t in tracers]
+    stacked = [s for s, _ in pairs]
+    in_reps = [r for _, r in pairs]
+    reps = self._out_reps(prim, tracers, in_reps, params)
+    eager_rule = _eager_rules.get(prim)
+    if eager_rule is not None:
+      outs = eager_rule(self, *stacked, **params)
+    else:
+      in_specs = tuple(self.stack_spec(r) for r in in_reps)
+      if self.typed:  # blocks stacked over exactly the outputs' vma
+        out_specs = [self.stack_spec(r) for r in reps]
+      else:
+        out_specs = self.stack_spec(None)
+      outs = _apply(self, prim, params, stacked, in_specs, out_specs)
+    if not self.typed:
+      reps = _broadcast_reps(prim, reps, len(outs))
+    results = [EagerTracer(self, r, o) for r, o in zip(reps, outs)]
+    return results if prim.multiple_results else results[0]
+
+  def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
+    del prim, jvp, symbolic_zeros  # eager: just run the primal function
+    with core.set_current_trace(self):
+      return fun.call_wrapped(*tracers)
+
+  def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, out_trees,
+                              symbolic_zeros):
+    del prim, fwd, bwd, out_trees, symbolic_zeros
+    with core.set_current_trace(self):
+      return fun.call_wrapped(*tracers)
+
+  def process_call(self, call_primitive, fun, tracers, params):
+    raise NotImplementedError(
+        f"Eager evaluation of `{call_primitive}` inside a `shard_map` isn't "
+        "supported. Put a `jax.jit` around the `shard_map`-decorated function.")
+
+  def process_map(self, map_primitive, fun, tracers, params):
+    raise NotImplementedError(
+        "Eager evaluation of `pmap` inside a `shard_map` isn't supported. Put a "
+        "`jax.jit` around the `shard_map`-decorated function.")
+
+
+def _broadcast_reps(prim, reps, n_out: int) -> list:
+  if reps is None:
+    return [frozenset()] * n_out
+  if not prim.multiple_results:
+    return [reps]
+  return list(reps) if isinstance(reps, (list, tuple)) else [reps] * n_out
+
+
+# --- primitives with their own eager behaviour ----------------------------------
+
+def _debug_callback_eager(trace: EagerTrace, *stacked, callback, effect, partitioned):
+  """One callback per stacked block, blocks of all operands zipped (as JAX)."""
+  del effect, partitioned
+  with _outside(trace.context_mesh):
+    per_arg = [list(s) for s in stacked]
+  for blocks in zip(*per_arg):
+    callback(*blocks)
+  return []
+
+
+def _device_put_eager(trace: EagerTrace, *stacked, devices, srcs, copy_semantics):
+  del trace, srcs, copy_semantics
+  for d in devices:
+    if d is not None:
+      raise ValueError("device_put with explicit device not allowed within "
+                       f"shard_map-decorated functions, but got device {d}")
+  return list(stacked)
+
+
+_eager_rules = {
+    debugging.debug_callback_p: _debug_callback_eager,
+    dispatch.device_put_p: _device_put_eager,
+}
+
+
+# --- entry: binding shard_map_p outside any transformation ----------------------
+
+def _concrete_mesh(mesh, args) -> Mesh:
+  """An AbstractMesh is resolved from the arguments' NamedShardings."""
+  found = mesh
+  for x in args:
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+      if sharding.mesh.shape_tuple != mesh.shape_tuple:
+        raise ValueError(
+            f"Mesh shape of the input {sharding.mesh.shape_tuple} does not match "
+            f"the mesh shape passed to shard_map {mesh.shape_tuple} for shape "
+            f"{core.shaped_abstractify(x).str_short()}")
+      found = sharding.mesh
+  if isinstance(found, AbstractMesh):
+    raise ValueError(
+        "Please pass `jax.Array`s with a `NamedSharding` as input to "
+        "`shard_map` when passing `AbstractMesh` to the mesh argument.")
+  return found
+
+
+@register_trace_rule(core.EvalTrace)
+def _eager(trace, prim, fun: lu.WrappedFun, args, *, mesh, in_names,
+           out_names_thunk, check_rep, rewrite, auto):
+  del trace, prim, rewrite
+  if auto:  # as in JAX: partially-auto shard_maps need an enclosing jit
+    raise NotImplementedError(
+        "Eager evaluation of a shard_map with auto axes isn't supported; put a "
+        "`jax.jit` around the `shard_map`-decorated function.")
+  if isinstance(mesh, AbstractMesh):
+    mesh = _concrete_mesh(mesh, args)
+  context = get_abstract_mesh()
+  etrace = EagerTrace(mesh, auto, check_rep, context)
+  in_reps = [replication.in_names_to_rep(mesh, n) for n in in_names]
+  with _outside(context):
+    stacked = [_converter("stack", mesh, names_to_pspec(n), etrace.stack_spec(r),
+                          etrace.inner_check)(x)
+               for n, r, x in zip(in_names, in_reps, args)]
+  tracers = [EagerTracer(etrace, r, s) for r, s in zip(in_reps, stacked)]
+  with core.set_current_trace(etrace), body_context(mesh, auto, check_rep):
+    outs = fun.call_wrapped(*tracers)
+    out_pairs = [etrace.lift(o) for o in outs]
+  out_names = tuple(out_names_thunk())
+  local_avals = [core.mapped_aval(s.shape[0], 0, core.get_aval(s)) for s, _ in out_pairs]
+  fails = output_rank_failures(out_names, local_avals)
+  if any(f is not None for f in fails):
+    raise errors.OutputRankError(fails)
+  if check_rep:
+    fails = [None if replication.rep_is_sufficient(mesh, auto, r, n) else r
+             for (_, r), n in zip(out_pairs, out_names)]
+    if any(f is not None for f in fails):
+      raise errors.OutputReplicationError(fails)
+  with _outside(context):
+    return [_converter("unstack", mesh, names_to_pspec(n), etrace.stack_spec(r),
+                       etrace.inner_check)(s)
+            for n, (s, r) in zip(out_names, out_pairs)]

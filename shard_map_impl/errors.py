@@ -1,0 +1,206 @@
+"""Error reporting for shard_map: exception types and message builders.
+
+Staging and eager execution detect bad outputs (spec too long for the value's
+rank, replication that cannot be proven) and raise the internal exceptions
+below with one entry per flat output (``None`` where that output is fine);
+``api`` turns them into user-facing ``ValueError``s naming the offending
+``out_specs`` entry.  Input-side problems are reported directly.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
+from jax.tree_util import tree_structure, tree_unflatten
+
+from shard_map_impl.specs import canonicalize_spec, entry_axes, unmentioned_axes
+
+P_HINT = "where `P = jax.sharding.PartitionSpec`"
+
+
+class OutputRankError(Exception):
+  """An out_specs entry is longer than the rank of its output."""
+  def __init__(self, failures: Sequence[Any]):
+    super().__init__(failures)
+    self.failures = list(failures)
+
+
+class OutputReplicationError(Exception):
+  """An output is not provably replicated over axes its out_specs omits."""
+  def __init__(self, failures: Sequence[Any]):
+    super().__init__(failures)
+    self.failures = list(failures)
+
+
+def _fun_name(f: Callable) -> str:
+  return getattr(f, "__name__", str(f))
+
+
+class _Tag:
+  """Leaf wrapper so (path, spec) pairs broadcast as single leaves."""
+  __slots__ = ("path", "spec")
+
+  def __init__(self, path, spec):
+    self.path, self.spec = path, spec
+
+
+def failing_entries(tree, specs, failures: Sequence[Any]) -> list[tuple]:
+  """[(spec_path, spec, value_path, failure)] for each failing flat value."""
+  tagged = tree_unflatten(tree_structure(specs, is_leaf=lambda x: x is None),
+                          [_Tag(p, s) for p, s in generate_key_paths(
+                              specs, is_leaf=lambda x: x is None)])
+  values = tree_unflatten(tree, list(range(tree.num_leaves)))
+  per_leaf = broadcast_prefix(tagged, values, is_leaf=lambda x: isinstance(x, _Tag))
+  value_paths = [p for p, _ in generate_key_paths(values)]
+  out = []
+  for tag, vpath, fail in zip(per_leaf, value_paths, failures):
+    if fail is not None and tag.spec is not None:
+      out.append((tag.path, tag.spec, vpath, fail))
+  return out
+
+
+def _bullets(lines: list[str]) -> str:
+  if len(lines) == 1:
+    return lines[0]
+  return "\n\n".join("* " + l for l in lines)
+
+
+def _param_note(f: Callable, tree, value_path) -> str:
+  """", where args[i] is bound to f's parameter 'name'," when inferable."""
+  try:
+    bound = inspect.signature(f).bind(*tree_unflatten(tree, [0] * tree.num_leaves))
+  except (TypeError, ValueError):
+    return ""
+  idx = value_path[0].idx
+  names = list(bound.arguments)
+  name = _fun_name(f)
+  if idx < len(names) and idx < len(bound.signature.parameters) and \
+      list(bound.signature.parameters.values())[idx].kind != inspect.Parameter.VAR_POSITIONAL:
+    return f", where args[{idx}] is bound to {name}'s parameter '{names[idx]}',"
+  var = list(bound.signature.parameters.values())[-1]
+  pos = idx - len(bound.signature.parameters) + 1
+  return (f", where args[{idx}] is the index {pos} component of {name}'s "
+          f"varargs parameter '{var.name}',")
+
+
+def in_specs_none() -> TypeError:
+  return TypeError(
+      "shard_map in_specs argument must be a pytree of "
+      "`jax.sharding.PartitionSpec` instances, but it was None.\n"
+      f"Instead of `in_specs=None`, did you mean `in_specs=P()`, {P_HINT}?")
+
+
+def bad_spec_leaves(kind: str, bad_type: list, bad_auto: list, auto) -> Exception:
+  """TypeError for non-PartitionSpec leaves, else ValueError for auto axes."""
+  arg = f"{kind}_specs"
+  if bad_type:
+    lines = [f"  {arg}{keystr(p)} is {x} of type {type(x).__name__}, "
+             for p, x in bad_type]
+    return TypeError(
+        f"shard_map {arg} argument must be a pytree of "
+        "`jax.sharding.PartitionSpec` instances, but:\n\n" + "\n\n".join(lines)
+        + f"\n\nCheck the {arg} values passed to shard_map.")
+  lines = [f"  {arg}{keystr(p)} refers to {a!r}" for p, a in bad_auto]
+  return ValueError(
+      f"shard_map {arg} argument cannot refer to an axis marked auto ({auto}), "
+      "but:\n\n" + "\n\n".join(lines)
+      + f"\n\nCheck the {arg} values passed to shard_map.")
+
+
+def rank_error(kind: str, f: Callable, tree, specs, failures) -> ValueError:
+  """Spec longer than the rank of the value it describes (in or out)."""
+  name = _fun_name(f)
+  arg = f"{kind}_specs"
+  base = "args" if kind == "in" else f"{name}(*args)"
+  entries = failing_entries(tree, specs, failures)
+  lines = []
+  for spath, spec, vpath, aval in entries:
+    note = _param_note(f, tree, vpath) if kind == "in" else ""
+    lines.append(
+        f"{arg}{keystr(spath)} is {spec} which has length {len(spec)}, but "
+        f"{base}{keystr(vpath)}{note} has shape {aval.str_short()}, which has "
+        f"rank {aval.ndim} (and {aval.ndim} < {len(spec)})")
+  io = "input" if kind == "in" else "output"
+  msg = (f"shard_map applied to the function '{name}' was given an {arg} entry "
+         f"which is too long to be compatible with the corresponding {io} "
+         f"value from the function:\n\n{_bullets(lines)}\n\n"
+         f"Entries in {arg} must be of length no greater than the number of "
+         f"axes in the corresponding {io} value.\n\nEither revise the spec to "
+         f"be shorter, or modify '{name}' so that its {io}s have sufficient rank.")
+  if any(aval.ndim == 0 for *_, aval in entries):
+    msg += (f"\n\nFor scalar values (rank 0), consider using an {arg} entry of "
+            f"`P()`, {P_HINT}.")
+  if kind == "out" and any(aval.ndim == 0 for *_, aval in entries):
+    msg += (" In particular, for rank 0 outputs which are not constant over "
+            "the mesh, add at least one (singleton) axis to them so that they "
+            "can be concatenated using out_specs.")
+  return ValueError(msg)
+
+
+def _mesh_line(mesh) -> str:
+  return (f"The mesh given has shape {tuple(mesh.shape.values())} with "
+          f"corresponding axis names {mesh.axis_names}.")
+
+
+def divisibility_error(f: Callable, mesh, tree, specs, failures) -> ValueError:
+  name = _fun_name(f)
+  lines = []
+  for spath, spec, vpath, aval in failing_entries(tree, specs, failures):
+    note = _param_note(f, tree, vpath)
+    for dim, axes in canonicalize_spec(spec).items():
+      size = 1
+      for a in axes:
+        size *= mesh.shape[a]
+      if aval.shape[dim] % size == 0:
+        continue
+      what = f"axes {axes}" if len(axes) > 1 else f"axis '{axes[0]}'"
+      total = "total " if len(axes) > 1 else ""
+      lines.append(
+          f"args{keystr(vpath)} of shape {aval.str_short()}{note} corresponds "
+          f"to in_specs{keystr(spath)} of value {spec}, which maps array axis "
+          f"{dim} (of size {aval.shape[dim]}) to mesh {what} (of {total}size "
+          f"{size}), but {size} does not evenly divide {aval.shape[dim]}")
+  return ValueError(
+      f"shard_map applied to the function '{name}' was given argument arrays "
+      "with axis sizes that are not evenly divisible by the corresponding mesh "
+      f"axis sizes:\n\n{_mesh_line(mesh)}\n\n{_bullets(lines)}\n\n"
+      "Array arguments' axis sizes must be evenly divisible by the mesh axis or "
+      "axes indicated by the corresponding elements of the argument's in_specs "
+      "entry. Consider checking that in_specs are correct, and if so consider "
+      f"changing the mesh axis sizes or else padding the input and adapting "
+      f"'{name}' appropriately.")
+
+
+def replication_error(f: Callable, mesh, auto, tree, specs, failures) -> ValueError:
+  """Outputs whose inferred replication misses axes out_specs leave out."""
+  name = _fun_name(f)
+  lines = []
+  for spath, spec, _, rep in failing_entries(tree, specs, failures):
+    need = [a for a in unmentioned_axes(mesh, canonicalize_spec(spec)) if a not in auto]
+    got = [a for a in mesh.axis_names if a in rep]
+    missing = [a for a in need if a not in rep]
+    if len(need) > 1:
+      lines.append(
+          f"out_specs{keystr(spath)} is {spec} which implies that the "
+          f"corresponding output value is replicated across mesh axes "
+          f"{{{','.join(map(str, need))}}}, but could only infer replication "
+          f"over {{{','.join(map(str, got))}}}, which is missing the required "
+          f"axes {','.join(map(str, missing))}")
+    else:
+      lines.append(
+          f"out_specs{keystr(spath)} is {spec} which implies that the "
+          f"corresponding output value is replicated across mesh axis "
+          f"'{need[0]}', but could not infer replication over any axes")
+  return ValueError(
+      f"shard_map applied to the function '{name}' was given out_specs which "
+      "require replication which can't be statically inferred given the mesh:"
+      f"\n\n{_mesh_line(mesh)}\n\n{_bullets(lines)}\n\n"
+      "Check if these output values are meant to be replicated over those mesh "
+      "axes. If not, consider revising the corresponding out_specs entries. If "
+      "so, consider disabling the check by passing the check_rep=False "
+      "argument to shard_map.")
+
+
+def entry_axes_of(spec) -> set:
+  return {a for e in spec for a in entry_axes(e)}

@@ -1,0 +1,121 @@
+"""Partial evaluation (JaxprTrace): split a shard_map into known and unknown halves.
+
+This is the path ``jax.grad`` / ``jax.vjp`` / ``jax.linearize`` take in jax
+0.6.0 (JVP followed by partial evaluation).  The body is partially evaluated
+per device with the known inputs as constants: the known half runs now as its
+own shard_map (bound on the parent trace) and returns the known outputs plus
+the residuals; the unknown half is recorded as a ``shard_map_p`` equation
+whose inputs are the residuals, any closed-over unknown values (``env``) and
+the unknown inputs.  Residual specs and rank-0 promotion come from
+``residuals``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jax._src import core
+from jax._src import linear_util as lu
+from jax._src import source_info_util
+from jax._src.interpreters import partial_eval as pe
+from jax._src.util import merge_lists, partition_list, split_list
+
+from shard_map_impl import residuals as rs
+from shard_map_impl.manual import shard_aval, unshard_aval
+from shard_map_impl.primitive import make_eqn_params, register_trace_rule
+
+
+@dataclasses.dataclass
+class _Split:
+  """What tracing the known half learned about the unknown half."""
+  jaxpr: core.Jaxpr        # constvars: residuals; invars: env, unknown inputs
+  out_knowns: list[bool]
+  in_fwd: list             # per residual: index of the known input it is, or None
+  out_fwd: list            # per residual: index of the known output it is, or None
+  fresh_avals: list        # per-device avals of the non-forwarded residuals
+  env: list
+
+  @property
+  def fresh(self) -> list[bool]:
+    return [i is None and o is None for i, o in zip(self.in_fwd, self.out_fwd)]
+
+
+@lu.transformation_with_aux2
+def _known_half(f, store, in_knowns: tuple, unknown_avals: tuple, *known_vals):
+  """Known inputs -> [*known outputs, *fresh residuals (rank 0 promoted)]."""
+  known_iter, unknown_iter = iter(known_vals), iter(unknown_avals)
+  pvals = [pe.PartialVal.known(next(known_iter)) if k
+           else pe.PartialVal.unknown(next(unknown_iter)) for k in in_knowns]
+  jaxpr, (in_fwd, out_fwd, out_pvals, fresh_res, env) = f(pvals)
+  out_knowns = [pv.is_known() for pv in out_pvals]
+  store.store(_Split(jaxpr, out_knowns, in_fwd, out_fwd,
+                     [core.typeof(r) for r in fresh_res], env))
+  known_outs = [pv.get_known() for pv in out_pvals if pv.is_known()]
+  return [*known_outs,
+          *(rs.promote(r) if rs.is_scalar(core.typeof(r)) else r for r in fresh_res)]
+
+
+@register_trace_rule(pe.JaxprTrace)
+def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_names,
+                      out_names_thunk, check_rep, rewrite, auto) -> list:
+  tracers = [trace.to_jaxpr_tracer(t) for t in tracers]
+  in_knowns = tuple(t.is_known() for t in tracers)
+  unknown_in_names, known_in_names = partition_list(in_knowns, in_names)
+  unknown_tracers, known_tracers = partition_list(in_knowns, tracers)
+  unknown_avals = tuple(shard_aval(mesh, auto, check_rep, n, t.aval)
+                        for n, t in zip(unknown_in_names, unknown_tracers))
+  fresh_axes = rs.newly_manual_axes(mesh, auto)
+
+  traced = pe.trace_to_subjaxpr_nounits_fwd2(fun, trace.tag, fun.debug_info, False)
+  known_fun, split_thunk = _known_half(traced, in_knowns, unknown_avals)
+
+  def fresh_names() -> list:
+    return [rs.residual_names(mesh, check_rep, fresh_axes, a)
+            for a in split_thunk().fresh_avals]
+
+  def known_out_names() -> list:
+    _, known_names = partition_list(split_thunk().out_knowns, out_names_thunk())
+    return [*known_names, *fresh_names()]
+
+  known_params = dict(
+      mesh=mesh, in_names=tuple(known_in_names),
+      out_names_thunk=rs.DerivedNames(known_out_names, ("pe", out_names_thunk, in_knowns)),
+      check_rep=rs.staged_check_rep(check_rep), rewrite=rewrite, auto=auto)
+  known_vals = [t.pval.get_known() for t in known_tracers]
+  outs = prim.bind_with_trace(trace.parent_trace, (known_fun, *known_vals), known_params)
+
+  split = split_thunk()
+  known_outs, fresh_res = split_list(outs, [sum(split.out_knowns)])
+  unknown_out_names, known_names = partition_list(split.out_knowns, out_names_thunk())
+  residuals = rs.resolve_forwarding(split.in_fwd, split.out_fwd, known_vals,
+                                    known_outs, fresh_res)
+  res_names = rs.resolve_forwarding(split.in_fwd, split.out_fwd, known_in_names,
+                                    known_names, fresh_names())
+  demote = [f and rs.is_scalar(a) for f, a in
+            zip(split.fresh, _fresh_slots(split))]
+  body = rs.retrace_jaxpr(pe.convert_constvars_jaxpr(split.jaxpr), mesh=mesh,
+                          auto=auto, check_rep=check_rep, demote_inputs=demote)
+
+  in_tracers = [*(trace.new_instantiated_const(r) for r in residuals),
+                *(trace.to_jaxpr_tracer(e) for e in split.env),
+                *unknown_tracers]
+  params = make_eqn_params(
+      jaxpr=body, mesh=mesh,
+      in_names=(*res_names, *({} for _ in split.env), *unknown_in_names),
+      out_names=tuple(unknown_out_names), check_rep=rs.staged_check_rep(check_rep),
+      rewrite=rewrite, auto=auto)
+  out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(
+                     unshard_aval(mesh, check_rep, n, v.aval)), None)
+                 for n, v in zip(unknown_out_names, body.outvars)]
+  effects = core.filter_named_axis_effects(body.effects, mesh.axis_names)
+  recipe = pe.new_eqn_recipe(in_tracers, out_tracers, prim, params, effects,
+                             source_info_util.current())
+  for t in out_tracers:
+    t.recipe = recipe
+  return merge_lists(split.out_knowns, out_tracers, known_outs)
+
+
+def _fresh_slots(split: _Split) -> list[Any]:
+  """Per residual: its fresh per-device aval, or None when it is forwarded."""
+  fresh_iter = iter(split.fresh_avals)
+  return [next(fresh_iter) if f else None for f in split.fresh]

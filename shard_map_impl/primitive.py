@@ -1,0 +1,116 @@
+"""The ``shard_map`` primitive itself: its class, binding and trace dispatch.
+
+``shard_map_p`` is our own ``core.Primitive`` subclass.  Binding it hands the
+body (an ``lu.WrappedFun``) and its arguments to a *trace rule* looked up in a
+registry owned by this module, keyed by trace type and resolved along the MRO.
+Rule modules (staging, eager, and the transformation modules) register
+themselves here; nothing is added to JAX's trace classes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from jax._src import core
+from jax._src import linear_util as lu
+
+TraceRule = Callable[..., Sequence[Any]]
+
+# trace type -> rule(trace, prim, fun, tracers, *, mesh, in_names,
+#                    out_names_thunk, check_rep, rewrite, auto)
+_trace_rules: dict[type, TraceRule] = {}
+
+# Names of the parameters a staged equation carries (besides the hidden
+# device witness, see ``make_eqn_params``).
+EQN_PARAM_NAMES = ("jaxpr", "mesh", "in_names", "out_names", "check_rep",
+                   "rewrite", "auto")
+WITNESS_PARAM = "device_witness"
+
+
+def register_trace_rule(trace_type: type) -> Callable[[TraceRule], TraceRule]:
+  """Decorator: use ``rule`` when ``shard_map_p`` is bound on ``trace_type``."""
+  def register(rule: TraceRule) -> TraceRule:
+    _trace_rules[trace_type] = rule
+    return rule
+  return register
+
+
+def lookup_trace_rule(trace_type: type) -> TraceRule:
+  """The rule for ``trace_type`` or its nearest registered base class."""
+  for klass in trace_type.__mro__:
+    rule = _trace_rules.get(klass)
+    if rule is not None:
+      return rule
+  raise NotImplementedError(
+      f"shard_map_impl.shard_map has no rule for the trace type "
+      f"{trace_type.__module__}.{trace_type.__qualname__}; this transformation "
+      f"of shard_map is not supported.")
+
+
+class ConstThunk:
+  """A hashable zero-argument callable returning a fixed value.
+
+  Used as ``out_names_thunk`` when re-binding from equation params, so that
+  caches keyed on bind params (e.g. ``lu.cache``) see equal keys.
+  """
+  __slots__ = ("value",)
+
+  def __init__(self, value: Any):
+    self.value = value
+
+  def __call__(self) -> Any:
+    return self.value
+
+  def _key(self):
+    return tuple(tuple(sorted(d.items())) for d in self.value)
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, ConstThunk) and self._key() == other._key()
+
+
+class ShardMapPrimitive(core.Primitive):
+  """Primitive class for ``shard_map_impl.shard_map_p`` (multiple results)."""
+  multiple_results = True
+
+  def bind(self, fun: lu.WrappedFun, *args, **params):
+    # The first operand is a function: skip value canonicalisation.
+    return self._true_bind(fun, *args, **params)
+
+  def bind_with_trace(self, trace, fun_and_args, params):
+    fun, *args = fun_and_args
+    rule = lookup_trace_rule(type(trace))
+    return rule(trace, self, fun, args, **params)
+
+  def get_bind_params(self, params: dict) -> tuple[list, dict]:
+    """Equation params -> ([body fun], bind params) for jaxpr interpreters."""
+    bind_params = {k: v for k, v in params.items()
+                   if k not in ("jaxpr", "out_names", WITNESS_PARAM)}
+    jaxpr: core.Jaxpr = params["jaxpr"]
+    body = lu.hashable_partial(
+        lu.wrap_init(core.eval_jaxpr, debug_info=jaxpr.debug_info), jaxpr, ())
+    bind_params["out_names_thunk"] = ConstThunk(tuple(params["out_names"]))
+    return [body], bind_params
+
+
+shard_map_p = ShardMapPrimitive("shard_map")
+
+
+def make_eqn_params(*, jaxpr: core.Jaxpr, mesh, in_names, out_names,
+                    check_rep: bool, rewrite: bool, auto: frozenset) -> dict:
+  """Params for a staged ``shard_map_p`` equation.
+
+  Always build equation params with this function (or copy an existing
+  equation's params with ``dict(eqn.params, ...)``): besides the documented
+  params it attaches a hidden device witness, a one-equation jaxpr that
+  tells ``jit``'s device assignment which devices a concrete mesh uses.
+  """
+  from shard_map_impl import integration  # local: integration imports us
+  params = dict(jaxpr=jaxpr, mesh=mesh, in_names=tuple(in_names),
+                out_names=tuple(out_names), check_rep=check_rep,
+                rewrite=rewrite, auto=frozenset(auto))
+  witness = integration.device_witness(mesh)
+  if witness is not None:
+    params[WITNESS_PARAM] = witness
+  return params

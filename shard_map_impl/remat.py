@@ -1,0 +1,97 @@
+"""Remat: the ``partial_eval_jaxpr_custom`` rule for a staged shard_map equation.
+
+``jax.checkpoint`` (and scan / cond / pjit partial evaluation under a policy)
+splits jaxprs equation by equation with ``pe.partial_eval_jaxpr_custom``.
+For a shard_map equation the body is split the same way, per device, under
+the same saveable policy; the equation becomes a known shard_map (known
+outputs + saved residuals) and a staged one (residuals + instantiated inputs
+-> staged outputs).  Residuals that are simply known inputs or known outputs
+are not emitted twice; the others get specs and rank-0 promotion from
+``residuals``.
+"""
+from __future__ import annotations
+
+from jax._src import core
+from jax._src.interpreters import partial_eval as pe
+from jax._src.util import partition_list
+
+from shard_map_impl import residuals as rs
+from shard_map_impl.manual import body_context, unshard_aval
+from shard_map_impl.primitive import shard_map_p
+
+
+def _forwarding(known: core.Jaxpr, n_outs: int):
+  """Per residual of ``known``: (known input index | None, known output index | None)."""
+  in_index = {v: i for i, v in enumerate(known.invars)}
+  out_index = {}
+  for i, v in enumerate(known.outvars[:n_outs]):
+    if type(v) is core.Var:
+      out_index.setdefault(v, i)
+  in_fwd, out_fwd = [], []
+  for v in known.outvars[n_outs:]:
+    i = in_index.get(v) if type(v) is core.Var else None
+    in_fwd.append(i)
+    out_fwd.append(out_index.get(v) if i is None and type(v) is core.Var else None)
+  return in_fwd, out_fwd
+
+
+def remat_rule(saveable, unks_in, inst_in, eqn: core.JaxprEqn) -> tuple:
+  params = eqn.params
+  mesh, auto, check_rep = params["mesh"], params["auto"], params["check_rep"]
+  fresh_axes = rs.newly_manual_axes(mesh, auto)
+  with body_context(mesh, auto, check_rep):
+    known, staged, unks_out, inst_out, num_res = pe.partial_eval_jaxpr_custom(
+        params["jaxpr"], unks_in, inst_in, False, False, saveable)
+  n_outs = len(known.outvars) - num_res
+  in_fwd, out_fwd = _forwarding(known, n_outs)
+  fresh = [i is None and o is None for i, o in zip(in_fwd, out_fwd)]
+  res_avals = [v.aval for v in staged.invars[:num_res]]
+  scalar = [f and rs.is_scalar(a) for f, a in zip(fresh, res_avals)]
+
+  # Known body: drop forwarded residual outputs, promote rank-0 fresh ones.
+  kept = known.replace(outvars=[*known.outvars[:n_outs],
+                                *(v for v, f in zip(known.outvars[n_outs:], fresh) if f)])
+  kept = rs.retrace_jaxpr(kept, mesh=mesh, auto=auto, check_rep=check_rep,
+                          promote_outputs=[s for s, f in zip(scalar, fresh) if f])
+  staged = rs.retrace_jaxpr(staged, mesh=mesh, auto=auto, check_rep=check_rep,
+                            demote_inputs=scalar)
+
+  fresh_names = [rs.residual_names(mesh, check_rep, fresh_axes, a)
+                 for a, f in zip(res_avals, fresh) if f]
+  fresh_avals = [rs.promoted_aval(a) if rs.is_scalar(a) else a
+                 for a, f in zip(res_avals, fresh) if f]
+  gensym = core.gensym()
+  fresh_vars = [gensym(unshard_aval(mesh, check_rep, n, a))
+                for n, a in zip(fresh_names, fresh_avals)]
+
+  ins_known, _ = partition_list(unks_in, eqn.invars)
+  names_known_in, _ = partition_list(unks_in, params["in_names"])
+  outs_known, _ = partition_list(unks_out, eqn.outvars)
+  names_known_out, _ = partition_list(unks_out, params["out_names"])
+  _, ins_staged = partition_list(inst_in, eqn.invars)
+  _, names_staged_in = partition_list(inst_in, params["in_names"])
+  _, outs_staged = partition_list(inst_out, eqn.outvars)
+  _, names_staged_out = partition_list(inst_out, params["out_names"])
+
+  res_vars = rs.resolve_forwarding(in_fwd, out_fwd, ins_known, outs_known, fresh_vars)
+  res_names = rs.resolve_forwarding(in_fwd, out_fwd, names_known_in, names_known_out,
+                                    fresh_names)
+  effects = lambda j: core.filter_named_axis_effects(j.effects, mesh.axis_names)
+  known_params = dict(params, jaxpr=kept, in_names=tuple(names_known_in),
+                      out_names=(*names_known_out, *fresh_names))
+  eqn_known = pe.new_jaxpr_eqn(ins_known, [*outs_known, *fresh_vars], shard_map_p,
+                               known_params, effects(kept), eqn.source_info, eqn.ctx)
+  staged_params = dict(params, jaxpr=staged,
+                       in_names=(*res_names, *names_staged_in),
+                       out_names=tuple(names_staged_out),
+                       check_rep=rs.staged_check_rep(check_rep))
+  eqn_staged = pe.new_jaxpr_eqn([*res_vars, *ins_staged], outs_staged, shard_map_p,
+                                staged_params, effects(staged), eqn.source_info, eqn.ctx)
+
+  # Vars the enclosing split must make available to the staged side.
+  to_save = [x for x, inst in zip(eqn.invars, inst_in) if type(x) is core.Var and not inst]
+  to_save += [outs_known[o] for o in sorted({o for o in out_fwd if o is not None})]
+  return eqn_known, eqn_staged, unks_out, inst_out, to_save + fresh_vars
+
+
+pe.partial_eval_jaxpr_custom_rules[shard_map_p] = remat_rule

@@ -1,0 +1,260 @@
+"""The efficient-transpose rewrite (``check_rep=True`` without varying-axes types).
+
+With ``jax_varying_axes_in_types`` off, body values carry no record of which
+mesh axes they vary along, so transposition alone cannot tell where a
+replicated value was combined with a varying one (its cotangent must then be
+summed) or where a ``psum`` produced a replicated result (its transpose must
+not sum again).  This module re-traces the body while tracking, per value, the
+set of mesh axes it is replicated along ("rep"), and makes the conversions
+explicit as it goes:
+
+* where operands of different replication meet, the more replicated ones are
+  ``pvary``-ed down to the common rep (transpose: ``psum``);
+* ``psum`` becomes ``psum_invariant`` (transpose: ``pvary``), its operands
+  first ``pvary``-ed along the reduced axes they are replicated on;
+* outputs more replicated than their ``out_specs`` require are ``pvary``-ed.
+
+Sub-jaxprs (pjit, remat, scan, while, cond, custom_jvp / custom_vjp) are
+rewritten recursively; per-primitive rules live in ``rewrite_rules``.  The
+rewritten body transposes correctly with ``rewrite=True`` and no extra
+collectives.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from jax._src import core
+from jax._src import custom_derivatives as cd
+from jax._src import linear_util as lu
+from jax._src.interpreters import partial_eval as pe
+
+from shard_map_impl.primitive import register_trace_rule
+from shard_map_impl.replication import in_names_to_rep
+from shard_map_impl.specs import AxisNames, unmentioned_axes
+
+Rep = frozenset
+
+
+def full_rep(mesh) -> Rep:
+  return frozenset(mesh.axis_names)
+
+
+def vary(mesh, x, have: Rep, want: Rep):
+  """``x`` (replicated along ``have``) made varying along ``have - want``.
+
+  Only axes bound in the current axis environment can be named by ``pvary``;
+  others (auto axes of an enclosing mesh) are left alone.
+  """
+  bound = core.get_axis_env().axis_sizes
+  axes = tuple(a for a in mesh.axis_names if a in have and a not in want and a in bound)
+  return core.pvary(x, axes) if axes else x
+
+
+class RewriteTracer(core.Tracer):
+  """A body value during the rewrite: ``payload`` is (value, axes it is replicated on)."""
+  __slots__ = ("payload",)
+
+  def __init__(self, trace: "RewriteTrace", val: Any, rep: Rep):
+    self._trace, self.payload = trace, (val, rep)
+
+  val = property(lambda self: self.payload[0])
+  rep = property(lambda self: self.payload[1])
+  aval = property(lambda self: core.get_aval(self.payload[0]))
+
+  def to_concrete_value(self):
+    return core.to_concrete_value(self.payload[0])
+
+  def __repr__(self) -> str:
+    value, rep = self.payload
+    return f"{value} (replicated along {sorted(map(str, rep))})"
+
+
+class RewriteTrace(core.Trace):
+  """Forwards every operation to its parent trace, rewritten per its rule."""
+
+  def __init__(self, parent_trace: core.Trace, tag: core.TraceTag, mesh):
+    super().__init__()
+    self.parent_trace = parent_trace
+    self.tag = tag
+    self.mesh = mesh
+
+  def lift(self, x) -> tuple[Any, Rep]:
+    if isinstance(x, RewriteTracer) and x._trace.tag is self.tag:
+      return x.payload
+    return x, full_rep(self.mesh)  # constants are the same on every device
+
+  def _wrap(self, vals, reps) -> list:
+    return [RewriteTracer(self, v, r) for v, r in zip(vals, reps)]
+
+  def _forward(self, tracers, emit: Callable) -> list:
+    """Lift ``tracers``; ``emit(vals, reps)`` binds on the parent -> (outs, out reps)."""
+    vals, reps = _unzip(map(self.lift, tracers))
+    with core.set_current_trace(self.parent_trace):
+      outs, out_reps = emit(vals, reps)
+    return self._wrap(outs, out_reps() if callable(out_reps) else out_reps)
+
+  def process_primitive(self, prim, tracers, params):
+    from shard_map_impl.rewrite_rules import rule_for
+    rule = rule_for(prim)
+    results = self._forward(tracers, lambda v, r: rule(self.mesh, r, *v, **params))
+    return results if prim.multiple_results else results[0]
+
+  def process_call(self, prim, fun, tracers, params):
+    def emit(vals, reps):
+      body, out_reps = rewrite_subtrace(fun, self.tag, self.mesh, tuple(reps))
+      return prim.bind(body, *vals, **params), out_reps
+    return self._forward(tracers, emit)
+
+  def process_map(self, prim, fun, tracers, params):
+    raise NotImplementedError(
+        "pmap inside shard_map_impl.shard_map with check_rep=True is not supported; "
+        "pass check_rep=False")
+
+  def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
+    def emit(vals, reps):
+      new_fun, fun_reps = rewrite_subtrace(fun, self.tag, self.mesh, tuple(reps))
+      new_jvp, jvp_reps = _rewrite_jvp(jvp, self.tag, self.mesh, tuple(reps) * 2)
+      outs = prim.bind(new_fun, new_jvp, *vals, symbolic_zeros=symbolic_zeros)
+      return outs, lambda: lu.merge_linear_aux(fun_reps, jvp_reps)[1]
+    return self._forward(tracers, emit)
+
+  def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, out_trees,
+                              symbolic_zeros):
+    if symbolic_zeros:
+      raise NotImplementedError(
+          "custom_vjp with symbolic_zeros=True inside shard_map_impl.shard_map with "
+          "check_rep=True and jax_varying_axes_in_types off; pass check_rep=False")
+    mesh = self.mesh
+
+    def emit(vals, reps):
+      new_fun, fun_reps = rewrite_subtrace(fun, self.tag, mesh, tuple(reps))
+      # fwd takes (primal, is-nonzero flag) pairs; the flags are static bools.
+      paired = tuple(r2 for r in reps for r2 in (r, full_rep(mesh)))
+      new_fwd, fwd_reps = rewrite_subtrace(fwd, self.tag, mesh, paired)
+      outs = prim.bind(new_fun, new_fwd, rewrite_bwd(bwd, mesh, fwd_reps, reps), *vals,
+                       out_trees=out_trees, symbolic_zeros=symbolic_zeros)
+
+      def out_reps():
+        fun_ran, got = lu.merge_linear_aux(fun_reps, fwd_reps)
+        # When fwd ran, its outputs were the residuals followed by the primals.
+        return got if fun_ran else got[out_trees()[1].num_leaves:]
+      return outs, out_reps
+    return self._forward(tracers, emit)
+
+
+def _unzip(pairs) -> tuple[list, list]:
+  pairs = list(pairs)
+  return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _run(f: Callable, tag: core.TraceTag, mesh, in_reps: Sequence[Rep], args):
+  """Call ``f`` on rewrite tracers; returns (output values, output reps)."""
+  with core.take_current_trace() as parent:
+    trace = RewriteTrace(parent, tag, mesh)
+    tracers = [RewriteTracer(trace, x, frozenset(r)) for x, r in zip(args, in_reps)]
+    with core.set_current_trace(trace):
+      outs = f(*tracers)
+    vals, reps = _unzip(map(trace.lift, outs))
+  return vals, reps
+
+
+@lu.transformation_with_aux2
+def rewrite_subtrace(f, store, tag, mesh, in_reps, *args):
+  vals, reps = _run(f, tag, mesh, in_reps, args)
+  store.store(reps)
+  return vals
+
+
+@lu.transformation_with_aux2
+def _rewrite_jvp(f, store, tag, mesh, in_reps, *args):
+  """custom_jvp rule: tangents adopt (at most) their primal's replication."""
+  live = [not isinstance(x, cd.SymbolicZero) for x in args]
+
+  def call(*live_args):
+    it = iter(live_args)
+    return f(*(next(it) if keep else x for x, keep in zip(args, live)))
+
+  vals, reps = _run(call, tag, mesh, [r for r, k in zip(in_reps, live) if k],
+                    [x for x, k in zip(args, live) if k])
+  n = len(vals) // 2
+  primal_reps, tangent_reps = reps[:n], reps[n:]
+  for p_rep, t_rep, t in zip(primal_reps, tangent_reps, vals[n:]):
+    if p_rep - t_rep and not isinstance(t, cd.SymbolicZero):
+      raise ValueError("custom_jvp primal output is more replicated than its "
+                       f"corresponding tangent of type {core.typeof(t).str_short()}")
+  tangents = [t if isinstance(t, cd.SymbolicZero) else match(mesh, t, t_rep, p_rep)
+              for t, t_rep, p_rep in zip(vals[n:], tangent_reps, primal_reps)]
+  store.store(primal_reps)
+  return [*vals[:n], *tangents]
+
+
+def match(mesh, x, have: Rep, want: Rep):
+  """Convert ``x`` from replication ``have`` to ``want`` (psum up, pvary down)."""
+  from jax._src.lax import parallel as lax_parallel
+  bound = core.get_axis_env().axis_sizes
+  up = tuple(a for a in mesh.axis_names if a in want and a not in have and a in bound)
+  if up:
+    x, = lax_parallel.psum_invariant_p.bind(x, axes=up, axis_index_groups=None)
+  return vary(mesh, x, have, want)
+
+
+def rewrite_bwd(bwd: lu.WrappedFun, mesh, in_reps_thunk: Callable,
+                out_reps: Sequence[Rep]) -> lu.WrappedFun:
+  """custom_vjp bwd rewritten; its cotangents made exactly as replicated as the primals."""
+  def new_bwd(*args):
+    fun, reps = rewrite_subtrace(bwd, core.TraceTag(), mesh, tuple(in_reps_thunk()))
+    cts = fun.call_wrapped(*args)
+    return [ct if ct is None else match(mesh, ct, r, want)
+            for ct, r, want in zip(cts, reps(), out_reps)]
+  return lu.wrap_init(new_bwd, debug_info=bwd.debug_info)
+
+
+def rewrite_jaxpr(mesh, jaxpr: core.ClosedJaxpr, in_reps: Sequence[Rep],
+                  out_reps: Sequence[Rep] | None = None
+                  ) -> tuple[core.ClosedJaxpr, list[Rep]]:
+  """``jaxpr`` rewritten for inputs replicated along ``in_reps``.
+
+  With ``out_reps``, outputs are additionally ``pvary``-ed down to them (they
+  must not ask for more replication than the body provides).
+  """
+  seen: list = []
+
+  def body(*args):
+    vals, reps = _run(lambda *a: core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *a),
+                      core.TraceTag(), mesh, in_reps, args)
+    seen.append(reps)
+    if out_reps is None:
+      return vals
+    return [vary(mesh, v, r, want) for v, r, want in zip(vals, reps, out_reps)]
+
+  new, _, consts, attrs = pe.trace_to_jaxpr_dynamic(
+      lu.wrap_init(body, debug_info=jaxpr.jaxpr.debug_info), jaxpr.in_avals)
+  assert not attrs
+  final = seen[-1] if out_reps is None else list(out_reps)
+  return core.ClosedJaxpr(new, consts), final
+
+
+def efficient_transpose_rewrite(fun: lu.WrappedFun, mesh, in_names: Sequence[AxisNames],
+                                out_names_thunk: Callable) -> lu.WrappedFun:
+  """The api's hook: ``fun`` (a flat body) rewritten for efficient transposition."""
+  in_reps = tuple(in_names_to_rep(mesh, n) for n in in_names)
+  return _rewritten_body(fun, mesh, in_reps, out_names_thunk)
+
+
+@lu.transformation2
+def _rewritten_body(f, mesh, in_reps, out_names_thunk, *args):
+  vals, reps = _run(f, core.TraceTag(), mesh, in_reps, args)
+  wanted = [frozenset(unmentioned_axes(mesh, n)) for n in out_names_thunk()]
+  # Outputs less replicated than promised are left for the replication check
+  # to report; more replicated ones are made varying as the spec says.
+  return [vary(mesh, v, r, want) if want <= r else v
+          for v, r, want in zip(vals, reps, wanted)]
+
+
+@register_trace_rule(RewriteTrace)
+def _nested_shard_map_rule(trace, prim, fun, tracers, **params):
+  from shard_map_impl.rewrite_rules import nested_shard_map
+  vals, reps = _unzip(map(trace.lift, tracers))
+  with core.set_current_trace(trace.parent_trace):
+    outs, out_reps = nested_shard_map(trace.mesh, reps, fun, vals, params)
+  return trace._wrap(outs, out_reps)

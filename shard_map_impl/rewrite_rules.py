@@ -1,0 +1,260 @@
+"""Per-primitive rules of the efficient-transpose rewrite (see ``rewrite``).
+
+A rule is ``rule(mesh, in_reps, *args, **params) -> (outs, out_reps)``; it
+binds the (possibly replaced) primitive on the current trace after inserting
+``pvary`` conversions, and reports each output's replication.
+
+Lookup order: a rule registered here; else, for primitives whose replication
+rule is the elementwise one (operands meet), the standard rule (``pvary``
+every operand down to the common replication); else the primitive is bound
+unchanged and its replication comes from ``replication.rep_rules``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from jax._src import ad_checkpoint, core, ffi, pjit
+from jax._src import custom_derivatives as cd
+from jax._src import linear_util as lu
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax import control_flow
+from jax._src.lax import parallel as lax_parallel
+
+from shard_map_impl import replication
+from shard_map_impl.rewrite import full_rep, rewrite_bwd, rewrite_jaxpr, vary
+
+RewriteRule = Callable[..., tuple[list, list]]
+rewrite_rules: dict[core.Primitive, RewriteRule] = {}
+
+
+def _register(*prims):
+  def register(rule):
+    for p in prims:
+      rewrite_rules[p] = rule
+    return rule
+  return register
+
+
+def _as_list(prim, out) -> list:
+  return list(out) if prim.multiple_results else [out]
+
+
+def _common(mesh, reps) -> frozenset:
+  out = full_rep(mesh)
+  for r in reps:
+    out = out & r
+  return out
+
+
+def _standard(prim) -> RewriteRule:
+  def rule(mesh, in_reps, *args, **params):
+    target = _common(mesh, in_reps)
+    args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps)]
+    outs = _as_list(prim, prim.bind(*args, **params))
+    return outs, [target] * len(outs)
+  return rule
+
+
+def _unchanged(prim) -> RewriteRule:
+  rep_rule = replication.rep_rules[prim]
+
+  def rule(mesh, in_reps, *args, **params):
+    outs = _as_list(prim, prim.bind(*args, **params))
+    reps = rep_rule(mesh, *in_reps, **params)
+    reps = list(reps) if isinstance(reps, (list, tuple)) else [reps] * len(outs)
+    return outs, [full_rep(mesh) if r is None else frozenset(r) for r in reps]
+  return rule
+
+
+def rule_for(prim: core.Primitive) -> RewriteRule:
+  rule = rewrite_rules.get(prim)
+  if rule is not None:
+    return rule
+  rep_rule = replication.rep_rules.get(prim)
+  if rep_rule is None:
+    raise replication.missing_rule(prim)
+  rule = _standard(prim) if rep_rule is replication._elementwise else _unchanged(prim)
+  rewrite_rules[prim] = rule
+  return rule
+
+
+def _axes_tuple(axes) -> tuple:
+  return axes if isinstance(axes, tuple) else (axes,)
+
+
+# --- collectives --------------------------------------------------------------
+
+@_register(lax_parallel.psum_p)
+def _psum(mesh, in_reps, *args, axes, axis_index_groups):
+  if axis_index_groups is not None:
+    raise NotImplementedError(
+        "psum with axis_index_groups inside shard_map_impl.shard_map with check_rep=True")
+  axes = _axes_tuple(axes)
+  reduced = frozenset(axes)
+  # Operands replicated along a reduced axis are first made varying there, so
+  # the sum counts each device's copy, as psum does.
+  args = [vary(mesh, x, r & reduced, frozenset()) for x, r in zip(args, in_reps)]
+  outs = lax_parallel.psum_invariant_p.bind(*args, axes=axes,
+                                            axis_index_groups=axis_index_groups)
+  return list(outs), [r | reduced for r in in_reps]
+
+
+def _keeps_varying(prim) -> RewriteRule:
+  def rule(mesh, in_reps, x, **params):
+    axes = frozenset(_axes_tuple(params["axis_name"]))
+    rep, = in_reps
+    x = vary(mesh, x, rep & axes, frozenset())
+    return _as_list(prim, prim.bind(x, **params)), [rep - axes]
+  return rule
+
+
+def _reduces(prim) -> RewriteRule:
+  def rule(mesh, in_reps, x, **params):
+    axes = frozenset(_axes_tuple(params["axes"]))
+    rep, = in_reps
+    x = vary(mesh, x, rep & axes, frozenset())
+    outs = _as_list(prim, prim.bind(x, **params))
+    return outs, [rep | axes] * len(outs)
+  return rule
+
+
+for _p in (lax_parallel.all_gather_p, lax_parallel.all_to_all_p,
+           lax_parallel.ppermute_p, lax_parallel.reduce_scatter_p):
+  rewrite_rules[_p] = _keeps_varying(_p)
+for _p in (lax_parallel.pmin_p, lax_parallel.pmax_p):
+  rewrite_rules[_p] = _reduces(_p)
+for _p in (control_flow.solves.linear_solve_p, ffi.ffi_call_p):
+  rewrite_rules[_p] = _standard(_p)
+
+
+# --- calls --------------------------------------------------------------------
+
+@_register(pjit.pjit_p)
+def _pjit(mesh, in_reps, *args, jaxpr, **params):
+  new, out_reps = rewrite_jaxpr(mesh, jaxpr, in_reps)
+  return list(pjit.pjit_p.bind(*args, jaxpr=new, **params)), out_reps
+
+
+@_register(core.closed_call_p)
+def _closed_call(mesh, in_reps, *args, call_jaxpr, **params):
+  new, out_reps = rewrite_jaxpr(mesh, call_jaxpr, in_reps)
+  return list(core.closed_call_p.bind(*args, call_jaxpr=new, **params)), out_reps
+
+
+@_register(ad_checkpoint.remat_p)
+def _remat(mesh, in_reps, *args, jaxpr, **params):
+  new, out_reps = rewrite_jaxpr(mesh, pe.close_jaxpr(jaxpr), in_reps)
+  body = pe.convert_constvars_jaxpr(new.jaxpr)
+  outs = ad_checkpoint.remat_p.bind(*new.consts, *args, jaxpr=body, **params) \
+      if new.consts else ad_checkpoint.remat_p.bind(*args, jaxpr=new.jaxpr, **params)
+  return list(outs), out_reps
+
+
+# --- control flow -------------------------------------------------------------
+
+def _carry_fixpoint(step, carry: list) -> list:
+  """Lower carry reps until one more iteration keeps them."""
+  for _ in range(len(carry) + 2):
+    new = [c & n for c, n in zip(carry, step(carry))]
+    if new == carry:
+      return carry
+    carry = new
+  raise AssertionError("carry replication fixpoint not reached")
+
+
+@_register(control_flow.loops.scan_p)
+def _scan(mesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
+  consts = list(in_reps[:num_consts])
+  carry = list(in_reps[num_consts:num_consts + num_carry])
+  xs = list(in_reps[num_consts + num_carry:])
+  step = lambda c: rewrite_jaxpr(mesh, jaxpr, consts + c + xs)[1][:num_carry]
+  carry = _carry_fixpoint(step, carry)
+  body_in = consts + carry + xs
+  _, out_reps = rewrite_jaxpr(mesh, jaxpr, body_in)
+  out_reps = carry + out_reps[num_carry:]
+  new, _ = rewrite_jaxpr(mesh, jaxpr, body_in, out_reps)
+  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, body_in)]
+  outs = control_flow.loops.scan_p.bind(*args, jaxpr=new, num_consts=num_consts,
+                                        num_carry=num_carry, **params)
+  return list(outs), out_reps
+
+
+@_register(control_flow.loops.while_p)
+def _while(mesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+  cconsts = list(in_reps[:cond_nconsts])
+  bconsts = list(in_reps[cond_nconsts:cond_nconsts + body_nconsts])
+  carry = list(in_reps[cond_nconsts + body_nconsts:])
+  step = lambda c: rewrite_jaxpr(mesh, body_jaxpr, bconsts + c)[1]
+  carry = _carry_fixpoint(step, carry)
+  new_cond, _ = rewrite_jaxpr(mesh, cond_jaxpr, cconsts + carry)
+  new_body, _ = rewrite_jaxpr(mesh, body_jaxpr, bconsts + carry, carry)
+  wanted = cconsts + bconsts + carry
+  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, wanted)]
+  outs = control_flow.loops.while_p.bind(
+      *args, cond_jaxpr=new_cond, body_jaxpr=new_body, cond_nconsts=cond_nconsts,
+      body_nconsts=body_nconsts)
+  return list(outs), carry
+
+
+@_register(control_flow.conditionals.cond_p)
+def _cond(mesh, in_reps, index, *args, branches, **params):
+  index_rep, arg_reps = in_reps[0], list(in_reps[1:])
+  per_branch = [rewrite_jaxpr(mesh, b, arg_reps)[1] for b in branches]
+  out_reps = [_common(mesh, column) & index_rep for column in zip(*per_branch)]
+  new = tuple(rewrite_jaxpr(mesh, b, arg_reps, out_reps)[0] for b in branches)
+  outs = control_flow.conditionals.cond_p.bind(index, *args, branches=new, **params)
+  return list(outs), out_reps
+
+
+# --- custom derivatives in jaxpr form ------------------------------------------
+
+@_register(cd.custom_vjp_call_jaxpr_p)
+def _custom_vjp_jaxpr(mesh, in_reps, *args, fun_jaxpr, fwd_jaxpr_thunk, bwd,
+                      num_consts, out_trees, symbolic_zeros):
+  if symbolic_zeros:
+    raise NotImplementedError(
+        "custom_vjp with symbolic_zeros=True inside shard_map_impl.shard_map with "
+        "check_rep=True and jax_varying_axes_in_types off; pass check_rep=False")
+  new_fun, out_reps = rewrite_jaxpr(mesh, fun_jaxpr, in_reps)
+  fwd = _RewrittenFwd(mesh, fwd_jaxpr_thunk, list(in_reps[num_consts:]))
+  outs = cd.custom_vjp_call_jaxpr_p.bind(
+      *args, fun_jaxpr=new_fun, fwd_jaxpr_thunk=fwd,
+      bwd=rewrite_bwd(bwd, mesh, fwd.output_reps, fwd.arg_reps),
+      num_consts=num_consts, out_trees=out_trees, symbolic_zeros=symbolic_zeros)
+  return list(outs), out_reps
+
+
+class _RewrittenFwd:
+  """``fwd_jaxpr_thunk`` whose jaxprs are rewritten; remembers their output reps."""
+
+  def __init__(self, mesh, thunk, arg_reps):
+    self.mesh, self.thunk, self.arg_reps = mesh, thunk, arg_reps
+    self.cache: dict = {}
+
+  def __call__(self, *zeros):
+    if zeros not in self.cache:
+      new, reps = rewrite_jaxpr(self.mesh, core.ClosedJaxpr(*self.thunk(*zeros)),
+                                self.arg_reps)
+      self.cache[zeros] = (new, reps)
+    new, _ = self.cache[zeros]
+    return new.jaxpr, new.consts
+
+  def output_reps(self):
+    return next(iter(self.cache.values()))[1]
+
+
+# --- nested shard_map ---------------------------------------------------------
+
+def nested_shard_map(mesh, in_reps, fun: lu.WrappedFun, args, params):
+  """An inner shard_map: operands meet (like the standard rule); each output is
+  replicated along the inner manual axes its out_specs leave unmentioned, and
+  along the other axes where every operand was."""
+  from shard_map_impl.manual import manual_axes_of
+  from shard_map_impl.primitive import shard_map_p
+  from shard_map_impl.specs import spec_axes
+  target = _common(mesh, in_reps)
+  args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps)]
+  outs = shard_map_p.bind(fun, *args, **params)
+  inner = frozenset(manual_axes_of(params["mesh"], params["auto"]))
+  reps = [(target - inner) | (inner - spec_axes(n)) for n in params["out_names_thunk"]()]
+  return list(outs), reps

@@ -1,0 +1,97 @@
+"""Partition specs: canonical per-input axis names, and validation of specs.
+
+A ``PartitionSpec`` is canonicalised to ``AxisNames``: a dict from array
+dimension to the tuple of mesh axis names that dimension is split over
+(dimensions not split are absent).  Validation here covers the specs alone
+(type, ``auto`` axes) and specs against argument shapes (rank, divisibility);
+the messages themselves are built in ``errors``.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Hashable, Sequence
+
+from jax.sharding import PartitionSpec
+from jax.tree_util import tree_leaves
+
+AxisName = Hashable
+AxisNames = dict  # dict[int, tuple[AxisName, ...]]
+Specs = Any  # pytree of PartitionSpec (None leaves allowed in in_specs)
+
+
+def canonicalize_spec(spec: PartitionSpec | AxisNames) -> AxisNames:
+  """``P('x', None, ('y', 'z'))`` -> ``{0: ('x',), 2: ('y', 'z')}``."""
+  if not isinstance(spec, PartitionSpec):
+    return spec  # already canonical
+  names = {}
+  for dim, entry in enumerate(spec):
+    if entry is None:
+      continue
+    names[dim] = tuple(entry) if isinstance(entry, tuple) else (entry,)
+  return names
+
+
+def names_to_pspec(names: AxisNames) -> PartitionSpec:
+  """Inverse of ``canonicalize_spec`` (single names unpacked, as JAX does)."""
+  if not names:
+    return PartitionSpec()
+  entries = []
+  for dim in range(max(names) + 1):
+    axes = names.get(dim)
+    if axes is not None and len(axes) == 1:
+      axes = axes[0]
+    entries.append(axes)
+  return PartitionSpec(*entries)
+
+
+def spec_axes(names: AxisNames) -> frozenset:
+  """Every mesh axis an input/output is split over."""
+  return frozenset(a for axes in names.values() for a in axes)
+
+
+def unmentioned_axes(mesh, names: AxisNames) -> list:
+  """Mesh axes (in mesh order) a spec does not mention, i.e. replicated ones."""
+  used = spec_axes(names)
+  return [a for a in mesh.axis_names if a not in used]
+
+
+def entry_axes(entry) -> tuple:
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def spec_leaf_problems(specs: Specs, auto: frozenset) -> tuple[list, list]:
+  """(non-PartitionSpec leaves, (leaf, auto axis) uses) among ``specs``."""
+  from jax._src.tree_util import generate_key_paths
+  bad_type, bad_auto = [], []
+  for path, leaf in generate_key_paths(specs):
+    if not isinstance(leaf, PartitionSpec):
+      bad_type.append((path, leaf))
+      continue
+    for entry in leaf:
+      bad_auto.extend((path, a) for a in entry_axes(entry) if a in auto)
+  return bad_type, bad_auto
+
+
+def specs_are_valid(specs: Specs, auto: frozenset) -> bool:
+  for leaf in tree_leaves(specs):
+    if not isinstance(leaf, PartitionSpec):
+      return False
+    if any(a in auto for e in leaf for a in entry_axes(e)):
+      return False
+  return True
+
+
+def rank_failures(specs_flat: Sequence[PartitionSpec], avals: Sequence) -> list:
+  """Per input: the aval if its spec is longer than its rank, else None."""
+  return [a if len(p) > a.ndim else None for p, a in zip(specs_flat, avals)]
+
+
+def divisibility_failures(mesh, names_flat: Sequence[AxisNames],
+                          avals: Sequence) -> list:
+  """Per input: the aval if a mapped dim is not divisible, else None."""
+  def bad(names, aval):
+    return any(aval.shape[d] % prod(mesh.shape[n] for n in axes)
+               for d, axes in names.items())
+  return [a if bad(n, a) else None for n, a in zip(names_flat, avals)]

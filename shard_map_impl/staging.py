@@ -1,0 +1,140 @@
+"""Staging shard_map into jaxprs (``jit``, ``make_jaxpr``): trace rule,
+typecheck rule and pretty-printing of the equation.
+
+The body is traced once, per device: its inputs get ``shard_aval``'d avals
+and tracing happens under ``manual.body_context``.  The body's constants are
+hoisted to leading inputs (replicated, in_names ``{}``) so the equation's
+``jaxpr`` has no constvars.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from jax._src import core
+from jax._src import linear_util as lu
+from jax._src import source_info_util
+from jax._src.interpreters import partial_eval as pe
+
+from shard_map_impl import errors
+from shard_map_impl.manual import body_context, shard_aval, unshard_aval, axis_env
+from shard_map_impl.primitive import WITNESS_PARAM, make_eqn_params, register_trace_rule, shard_map_p
+from shard_map_impl import replication
+
+
+def trace_body(fun: lu.WrappedFun, mesh, in_names: Sequence[dict],
+               in_avals: Sequence[core.AbstractValue], check_rep: bool,
+               auto: frozenset):
+  """Trace ``fun`` per device -> (jaxpr with constvars, out avals, consts)."""
+  local_avals = [shard_aval(mesh, auto, check_rep, names, a)
+                 for names, a in zip(in_names, in_avals)]
+  with body_context(mesh, auto, check_rep):
+    jaxpr, out_avals, consts, attrs = pe.trace_to_jaxpr_dynamic(fun, local_avals)
+  if attrs:
+    raise NotImplementedError("shard_map bodies may not mutate jax attrs")
+  return jaxpr, out_avals, consts
+
+
+def output_rank_failures(out_names: Sequence[dict], out_avals) -> list:
+  """Per output: its aval if its out_spec names a dim it does not have."""
+  return [a if names and max(names) >= a.ndim else None
+          for names, a in zip(out_names, out_avals)]
+
+
+def check_outputs(mesh, auto: frozenset, check_rep: bool,
+                  out_names: Sequence[dict], jaxpr: core.Jaxpr,
+                  in_names: Sequence[dict]) -> None:
+  """Raise the api's output errors: spec too long, replication unproven.
+
+  ``jaxpr`` must have constvars hoisted (or its constvars count as
+  replicated); ``in_names`` describes its invars.
+  """
+  out_avals = [v.aval for v in jaxpr.outvars]
+  fails = output_rank_failures(out_names, out_avals)
+  if any(f is not None for f in fails):
+    raise errors.OutputRankError(fails)
+  if not check_rep:
+    return
+  reps = replication.output_replication(mesh, auto, check_rep, jaxpr, in_names)
+  fails = [None if replication.rep_is_sufficient(mesh, auto, r, n) else r
+           for r, n in zip(reps, out_names)]
+  if any(f is not None for f in fails):
+    raise errors.OutputReplicationError(fails)
+
+
+def hoist_consts(jaxpr: core.Jaxpr, mesh, auto, check_rep) -> core.Jaxpr:
+  """Turn the body's constvars into leading invars."""
+  if not jaxpr.constvars:
+    return jaxpr
+  with body_context(mesh, auto, check_rep):
+    return pe.convert_constvars_jaxpr(jaxpr)
+
+
+@register_trace_rule(pe.DynamicJaxprTrace)
+def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun,
+           tracers, *, mesh, in_names, out_names_thunk: Callable, check_rep: bool,
+           rewrite: bool, auto: frozenset):
+  tracers = [trace.to_jaxpr_tracer(t) for t in tracers]
+  body, _, consts = trace_body(fun, mesh, in_names, [t.aval for t in tracers],
+                               check_rep, auto)
+  body = hoist_consts(body, mesh, auto, check_rep)
+  all_names = ({},) * len(consts) + tuple(in_names)
+  out_names = tuple(out_names_thunk())
+  check_outputs(mesh, auto, check_rep, out_names, body, all_names)
+  out_avals = [unshard_aval(mesh, check_rep, names, v.aval)
+               for names, v in zip(out_names, body.outvars)]
+  src = source_info_util.current()
+  const_tracers = [trace.to_jaxpr_tracer(c) for c in consts]
+  outs = [pe.DynamicJaxprTracer(trace, a, src) for a in out_avals]
+  params = make_eqn_params(jaxpr=body, mesh=mesh, in_names=all_names,
+                           out_names=out_names, check_rep=check_rep,
+                           rewrite=rewrite, auto=auto)
+  effects = core.filter_named_axis_effects(body.effects, mesh.axis_names)
+  eqn = pe.new_jaxpr_eqn([trace.getvar(t) for t in const_tracers + tracers],
+                         [trace.makevar(t) for t in outs], prim, params,
+                         effects, src)
+  trace.frame.add_eqn(eqn)
+  return outs
+
+
+def _typecheck(_ctx_factory, *in_atoms, jaxpr, mesh, in_names, out_names,
+               check_rep, rewrite, auto, **_witness):
+  """core.check_jaxpr rule: binders match sharded inputs, body is well typed,
+  outputs are as replicated as out_names promise."""
+  del rewrite
+  if len(in_atoms) != len(jaxpr.invars) or len(in_names) != len(in_atoms):
+    raise core.JaxprTypeError(
+        f"shard_map got {len(in_atoms)} operands for a body with "
+        f"{len(jaxpr.invars)} inputs and {len(in_names)} in_names")
+  for i, (binder, atom, names) in enumerate(zip(jaxpr.invars, in_atoms, in_names)):
+    want = shard_aval(mesh, auto, check_rep, names, atom.aval)
+    if not core.typecompat(binder.aval, want):
+      raise core.JaxprTypeError(
+          f"shard_map operand {i} has per-device type {want.str_short()} but the "
+          f"body binds {binder.aval.str_short()} (in_names {names})")
+  with axis_env(mesh, auto), _check_rep_ctx(check_rep):
+    core.check_jaxpr(jaxpr)
+  if check_rep:
+    reps = replication.output_replication(mesh, auto, check_rep, jaxpr, in_names)
+    for i, (r, names) in enumerate(zip(reps, out_names)):
+      if not replication.rep_is_sufficient(mesh, auto, r, names):
+        raise core.JaxprTypeError(
+            f"shard_map output {i} is not provably replicated as out_names "
+            f"{names} require (inferred replication {r})")
+  out_avals = [unshard_aval(mesh, check_rep, names, v.aval)
+               for names, v in zip(out_names, jaxpr.outvars)]
+  return out_avals, core.filter_named_axis_effects(jaxpr.effects, mesh.axis_names)
+
+
+def _check_rep_ctx(check_rep):
+  from jax._src import config
+  return config._check_rep(check_rep)
+
+
+def _pp_rule(eqn: core.JaxprEqn, context, settings):
+  """Print like any equation, minus the internal device witness."""
+  shown = sorted(k for k in eqn.params if k != WITNESS_PARAM)
+  return core._pp_eqn(eqn, context, settings, params=shown)
+
+
+core.custom_typechecks[shard_map_p] = _typecheck
+core.pp_eqn_rules[shard_map_p] = _pp_rule

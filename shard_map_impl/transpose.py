@@ -1,0 +1,131 @@
+"""Transposition of a staged shard_map equation (reverse mode).
+
+The transpose is itself a shard_map: per device it takes the non-zero output
+cotangents and the non-linear (residual) inputs, replays the body's
+non-linear part to recover its residuals, runs ``ad.backward_pass`` over the
+linear part, and returns the cotangents of the linear inputs, each under its
+input's spec.
+
+How replicated values are reduced depends on the equation's ``rewrite`` flag:
+
+* ``rewrite=True`` (``check_rep=True``): the body already says exactly where
+  values go from replicated to varying (``pvary``, inserted implicitly with
+  varying-axes types, or by the efficient-transpose rewrite without them) and
+  back (``psum``), and those primitives transpose into each other.  Nothing
+  is added here.
+* ``rewrite=False`` (``check_rep=False``): nothing is known, so the rule is
+  conservative: each output cotangent is divided by the size of the axes its
+  spec leaves unmentioned (the value was claimed equal there), and each input
+  cotangent is ``psum``-med over the axes its spec leaves unmentioned.
+"""
+from __future__ import annotations
+
+from math import prod
+
+from jax import lax
+from jax._src import core
+from jax._src import dtypes
+from jax._src import linear_util as lu
+from jax._src.interpreters import ad
+from jax._src.interpreters import partial_eval as pe
+
+from shard_map_impl import residuals as rs
+from shard_map_impl.primitive import shard_map_p
+from shard_map_impl.specs import spec_axes
+
+
+def _replicated_axes(mesh, names, auto) -> tuple:
+  """Axes a spec leaves unmentioned, minus auto and vmap-spmd axes (mesh order)."""
+  spmd = set(core.get_axis_env().spmd_axis_names)
+  used = spec_axes(names) | set(auto) | spmd
+  return tuple(a for a in mesh.axis_names if a not in used)
+
+
+def _divide_for_replication(ct, size: int):
+  if size == 1 or dtypes.dtype(ct) == dtypes.float0:
+    return ct
+  return ct / size
+
+
+class _TransposeBody:
+  """The per-device function the transposed shard_map runs."""
+
+  def __init__(self, jaxpr: core.Jaxpr, linear: list[bool], ct_given: list[bool],
+               reduce_in: list[tuple]):
+    self.jaxpr = jaxpr
+    self.linear = linear
+    self.ct_given = ct_given
+    self.reduce_in = reduce_in  # per linear input: axes to psum its cotangent over
+    self.nonzero_out: list[bool] | None = None
+
+  def __call__(self, *args):
+    n_ct = sum(self.ct_given)
+    given_cts, res_args = args[:n_ct], args[n_ct:]
+    given_iter = iter(given_cts)
+    cts = [next(given_iter) if g else ad.Zero(v.aval.to_tangent_aval())
+           for v, g in zip(self.jaxpr.outvars, self.ct_given)]
+    in_cts = self._linear_cotangents(res_args, cts)
+    reduce_iter = iter(self.reduce_in)
+    results = []
+    for ct in in_cts:
+      axes = next(reduce_iter)
+      if type(ct) is not ad.Zero and axes and dtypes.dtype(ct) != dtypes.float0:
+        ct = lax.psum(ct, axes)
+      results.append(ct)
+    self.nonzero_out = [type(ct) is not ad.Zero for ct in results]
+    return [ct for ct in results if type(ct) is not ad.Zero]
+
+  def _linear_cotangents(self, res_args, cts) -> list:
+    # Separate the body into the part computable from the residual inputs
+    # and the part linear in the undefined inputs, then transpose the latter.
+    known_jaxpr, linear_jaxpr, out_unknown, _ = pe.partial_eval_jaxpr_nounits(
+        pe.close_jaxpr(self.jaxpr), self.linear, False)
+    res = core.jaxpr_as_fun(known_jaxpr)(*res_args)
+    n_known_outs = len(out_unknown) - sum(out_unknown)
+    res = res[n_known_outs:]
+    undefined = [ad.UndefinedPrimal(v.aval)
+                 for v, lin in zip(self.jaxpr.invars, self.linear) if lin]
+    lin_cts = [ct for ct, unk in zip(cts, out_unknown) if unk]
+    all_cts = ad.backward_pass(linear_jaxpr.jaxpr, False, linear_jaxpr.consts,
+                               [*res, *undefined], lin_cts)
+    return all_cts[len(res):]
+
+
+def transpose_rule(out_cts, *args, jaxpr: core.Jaxpr, mesh, in_names, out_names,
+                   check_rep, rewrite, auto, **_hidden) -> list:
+  linear = [ad.is_undefined_primal(x) for x in args]
+  ct_given = [type(ct) is not ad.Zero for ct in out_cts]
+  given = []
+  for ct, names, g in zip(out_cts, out_names, ct_given):
+    if g:
+      scale = 1 if rewrite else prod(mesh.shape[a] for a in _replicated_axes(mesh, names, auto))
+      given.append(_divide_for_replication(ct, scale))
+  linear_names = [n for n, lin in zip(in_names, linear) if lin]
+  reduce_in = [() if rewrite else _replicated_axes(mesh, n, auto) for n in linear_names]
+  body = _TransposeBody(jaxpr, linear, ct_given, reduce_in)
+  res_args = [x for x, lin in zip(args, linear) if not lin]
+  res_names = [n for n, lin in zip(in_names, linear) if not lin]
+  ct_names = [n for n, g in zip(out_names, ct_given) if g]
+
+  def out_names_thunk():
+    return tuple(n for n, nz in zip(linear_names, body.nonzero_out) if nz)
+
+  fun = lu.wrap_init(body, debug_info=jaxpr.debug_info)
+  outs = shard_map_p.bind(
+      fun, *given, *res_args, mesh=mesh, in_names=(*ct_names, *res_names),
+      out_names_thunk=rs.DerivedNames(out_names_thunk, ("T", id(body))),
+      check_rep=check_rep, rewrite=rewrite, auto=auto)
+  out_iter = iter(outs)
+  nz_iter = iter(body.nonzero_out)
+  result = []
+  for x, lin in zip(args, linear):
+    if not lin:
+      result.append(None)
+    elif next(nz_iter):
+      result.append(next(out_iter))
+    else:
+      result.append(ad.Zero(x.aval.to_tangent_aval()))
+  return result
+
+
+ad.primitive_transposes[shard_map_p] = transpose_rule

@@ -1,0 +1,81 @@
+"""Rule: in_axes / out_axes become in_specs / out_specs, leaf by leaf; what cannot be derived
+statically is reported and left unchanged."""
+from codemod_testing import SiteTest
+
+
+class InAxesTest(SiteTest):
+
+  def test_default_maps_everything_on_axis_0(self):
+    self.assertSite('g = jax.pmap(f, "i")',
+                    'g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+
+  def test_int_axis_puts_nones_before_the_name(self):
+    self.assertSite('g = jax.pmap(f, "i", in_axes=2)', '''
+        g = jax.jit(
+            _pmap_as_shard_map(f, axes=("i",), in_specs=P(None, None, "i"), out_specs=P("i")))''')
+
+  def test_tuple_with_none(self):
+    self.assertSite('g = jax.pmap(f, "i", in_axes=(0, None, 1))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=(P("i"), P(), P(None, "i")), out_specs=P("i")))''')
+
+  def test_single_element_tuple_stays_a_tuple(self):
+    self.assertSite('g = jax.pmap(f, "i", in_axes=(1,))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(f, axes=("i",), in_specs=(P(None, "i"),), out_specs=P("i")))''')
+
+  def test_top_level_list_is_the_argument_tuple(self):
+    self.assertSite('g = jax.pmap(f, "i", in_axes=[0, None])', '''
+        g = jax.jit(
+            _pmap_as_shard_map(f, axes=("i",), in_specs=(P("i"), P()), out_specs=P("i")))''')
+
+  def test_dict_pytree_element_by_element(self):
+    self.assertSite('g = jax.pmap(f, "i", in_axes=({"w": 0, "b": None}, 1))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=({"w": P("i"), "b": P()}, P(None, "i")),
+                out_specs=P("i")))''')
+
+  def test_nested_tuple_pytree(self):
+    self.assertSite('g = jax.pmap(f, "i", in_axes=((0, None), 0))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=((P("i"), P()), P("i")), out_specs=P("i")))''')
+
+  def test_axis_name_given_as_a_constant(self):
+    self.assertSite('g = jax.pmap(f, axis_name=AXIS, in_axes=(0, None))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(f, axes=(AXIS,), in_specs=(P(AXIS), P()), out_specs=P(AXIS)))''')
+
+  def test_negative_axis_is_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", in_axes=-1)', "negative in_axes -1")
+
+  def test_negative_axis_inside_tuple_is_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", in_axes=(0, -2))', "negative in_axes -2")
+
+  def test_non_literal_axes_are_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", in_axes=my_axes)', "in_axes=my_axes is not a literal")
+
+  def test_computed_axes_are_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", in_axes=(0,) * 3)', "is not a literal")
+
+
+class OutAxesTest(SiteTest):
+
+  def test_none_is_replicated(self):
+    self.assertSite('g = jax.pmap(f, "i", out_axes=None)',
+                    'g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P()))')
+
+  def test_nonzero_axis(self):
+    self.assertSite('g = jax.pmap(f, "i", out_axes=1)', '''
+        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P(None, "i")))''')
+
+  def test_pytree_of_axes(self):
+    self.assertSite('g = jax.pmap(f, "i", out_axes=(0, None, {"m": 1}))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=P("i"), out_specs=(P("i"), P(), {"m": P(None, "i")})))''')
+
+  def test_negative_out_axis_is_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", out_axes=-1)', "negative out_axes -1")

@@ -1,0 +1,200 @@
+"""The command line: modes and exit codes, the report, in-place writes, notebooks,
+unparsable files, encodings and newline styles, parallel jobs, idempotence."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from codemod import pmap_to_shmap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
+PLAIN = "import jax\n\nx = jax.jit(lambda v: v)\n"
+
+
+def run_cli(*args, capsys):
+  code = pmap_to_shmap.main([str(a) for a in args])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+@pytest.fixture
+def tree(tmp_path):
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "site.py").write_text(SITE)
+  (tmp_path / "pkg" / "plain.py").write_text(PLAIN)
+  return tmp_path
+
+
+def test_default_prints_a_diff_and_writes_nothing(tree, capsys):
+  code, out, err = run_cli(tree, capsys=capsys)
+  assert code == 0
+  assert out.startswith("--- a/") and "+g = jax.jit(" in out and "-g = jax.pmap(" in out
+  assert (tree / "pkg" / "site.py").read_text() == SITE
+  assert "INFO pmap converted" in err
+
+
+def test_report_lines_and_totals(tree, capsys):
+  report = tree / "report.txt"
+  code, _, err = run_cli(tree, "--report", report, capsys=capsys)
+  assert code == 0 and err == ""
+  lines = report.read_text().splitlines()
+  site_line = os.path.join(str(tree), "pkg", "site.py") + ":8:5 INFO "
+  assert any(l.startswith(site_line) for l in lines), lines
+  assert lines[-1].startswith("2 files scanned, 1 changed; 1 pmap sites found, 1 converted, 0 reported")
+
+
+def test_check_exits_1_when_something_would_change(tree, capsys):
+  code, out, _ = run_cli("--check", tree, capsys=capsys)
+  assert code == 1 and out == ""
+  code, _, _ = run_cli("--check", tree / "pkg" / "plain.py", capsys=capsys)
+  assert code == 0
+
+
+def test_in_place_then_second_run_changes_nothing(tree, capsys):
+  code, _, _ = run_cli("--in-place", tree, capsys=capsys)
+  assert code == 0
+  written = (tree / "pkg" / "site.py").read_text()
+  assert "jax.pmap" not in written and "_pmap_as_shard_map(f" in written
+  assert not list((tree / "pkg").glob(".pmap-to-shmap-*"))
+  code, out, err = run_cli("--check", tree, capsys=capsys)
+  assert code == 0 and out == "", out
+  assert "0 pmap sites found" in err
+
+
+def test_unparsable_file_is_reported_and_skipped(tree, capsys):
+  bad = tree / "pkg" / "broken.py"
+  bad.write_text("import jax\ng = jax.pmap(f\n")
+  code, out, err = run_cli("--in-place", tree, capsys=capsys)
+  assert code == 0
+  assert bad.read_text() == "import jax\ng = jax.pmap(f\n"
+  assert any(l.startswith(str(bad)) and " ERROR cannot parse the file" in l
+             for l in err.splitlines()), err
+
+
+def test_error_sites_leave_the_file_unchanged_and_are_listed(tmp_path, capsys):
+  src = "import jax\n\ng = jax.pmap(f, in_axes=axes)\n"
+  (tmp_path / "a.py").write_text(src)
+  code, out, err = run_cli(tmp_path, capsys=capsys)
+  assert code == 0 and out == ""
+  assert ":3:5 ERROR pmap left unchanged: in_axes=axes is not a literal" in err
+  assert "1 pmap sites found, 0 converted, 1 reported; 1 errors" in err
+
+
+def test_missing_path_exits_2(tmp_path, capsys):
+  code, _, err = run_cli(tmp_path / "nope", capsys=capsys)
+  assert code == 2 and "no such file" in err
+
+
+def test_internal_error_exits_2(tree, capsys, monkeypatch):
+  from codemod import convert_pmap
+
+  def broken(self, node):
+    raise RuntimeError("boom")
+  monkeypatch.setattr(convert_pmap.ConvertPmapCommand, "visit_Module", broken)
+  code, _, err = run_cli(tree, capsys=capsys)
+  assert code == 2 and "internal error, file skipped: RuntimeError: boom" in err
+
+
+def test_encoding_and_crlf_are_preserved(tmp_path, capsys):
+  src = ('# -*- coding: latin-1 -*-\r\nimport jax\r\n\r\nNAME = "caf\xe9"\r\n'
+         'g = jax.pmap(f, "i")\r\n')
+  path = tmp_path / "latin.py"
+  path.write_bytes(src.encode("latin-1"))
+  code, _, _ = run_cli("--in-place", path, capsys=capsys)
+  assert code == 0
+  raw = path.read_bytes()
+  text = raw.decode("latin-1")
+  assert 'NAME = "caf\xe9"' in text and "jax.jit(" in text
+  assert raw.count(b"\n") == raw.count(b"\r\n"), "mixed newlines"
+
+
+def test_file_mode_is_kept(tmp_path, capsys):
+  path = tmp_path / "script.py"
+  path.write_text(SITE)
+  os.chmod(path, 0o755)
+  run_cli("--in-place", path, capsys=capsys)
+  assert os.stat(path).st_mode & 0o777 == 0o755
+
+
+def _notebook(cells):
+  return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _code_cell(src):
+  return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+          "source": src.splitlines(keepends=True)}
+
+
+def test_notebook_code_cells_are_converted(tmp_path, capsys):
+  nb = _notebook([
+      _code_cell("%matplotlib inline\nimport jax\nimport numpy as np"),
+      {"cell_type": "markdown", "metadata": {}, "source": ["jax.pmap(f) in prose\n"]},
+      _code_cell("!nvidia-smi\nstep = jax.pmap(lambda x: x * 2, axis_name='d')\nstep(np.ones((8, 2)))"),
+  ])
+  path = tmp_path / "demo.ipynb"
+  path.write_text(json.dumps(nb, indent=1))
+  code, _, err = run_cli("--in-place", path, capsys=capsys)
+  assert code == 0, err
+  new = json.loads(path.read_text())
+  cells = ["".join(c["source"]) for c in new["cells"]]
+  assert cells[0].startswith("%matplotlib inline\nimport jax\n")
+  assert cells[1] == "jax.pmap(f) in prose\n"
+  assert cells[2].startswith("!nvidia-smi\n") and "jax.pmap" not in cells[2]
+  assert "_pmap_as_shard_map(" in cells[2] and "def _pmap_as_shard_map(" in "".join(cells)
+  assert f"{path}:2:8 INFO cell 2: pmap converted" in err
+  code, _, _ = run_cli("--check", path, capsys=capsys)
+  assert code == 0
+
+
+def test_jobs_give_the_same_result_as_one_process(tmp_path, capsys):
+  for i in range(6):
+    (tmp_path / f"m{i}.py").write_text(SITE.replace("f", f"f{i}"))
+  _, serial, serial_err = run_cli(tmp_path, capsys=capsys)
+  _, parallel, parallel_err = run_cli("--jobs", 3, tmp_path, capsys=capsys)
+  assert serial == parallel and serial_err == parallel_err
+
+
+def test_progress_is_shown_for_large_trees(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(pmap_to_shmap, "_PROGRESS_FROM", 3)
+  for i in range(4):
+    (tmp_path / f"m{i}.py").write_text(PLAIN)
+  _, _, err = run_cli(tmp_path, capsys=capsys)
+  assert "pmap-to-shmap: 4/4 files" in err
+
+
+def test_shim_strategy(tmp_path, capsys):
+  path = tmp_path / "a.py"
+  path.write_text("from jax import pmap\n\ng = pmap(f, axis_name='i')\n")
+  code, _, _ = run_cli("--in-place", "--strategy", "shim", path, capsys=capsys)
+  assert code == 0
+  assert path.read_text() == "import pmap_compat\n\ng = pmap_compat.pmap(f, axis_name='i')\n"
+
+
+def test_default_target_follows_the_installed_jax(monkeypatch):
+  import importlib.metadata as md
+  assert pmap_to_shmap.default_target() == "experimental"  # jax 0.6.0 here
+  monkeypatch.setattr(md, "version", lambda name: "0.6.1")
+  assert pmap_to_shmap.default_target() == "jax"
+
+  def missing(name):
+    raise md.PackageNotFoundError(name)
+  monkeypatch.setattr(md, "version", missing)
+  assert pmap_to_shmap.default_target() == "jax"
+
+
+def test_module_entry_point_runs(tree):
+  r = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--check", str(tree)],
+                     capture_output=True, text=True, cwd=ROOT, timeout=120)
+  assert r.returncode == 1, r.stderr
+  assert "1 pmap sites found, 1 converted" in r.stderr
+
+
+def test_byte_order_mark_is_kept(tmp_path, capsys):
+  path = tmp_path / "bom.py"
+  path.write_bytes(b"\xef\xbb\xbf" + SITE.encode())
+  run_cli("--in-place", path, capsys=capsys)
+  raw = path.read_bytes()
+  assert raw.startswith(b"\xef\xbb\xbfimport jax\n") and b"jax.jit(" in raw

@@ -1,0 +1,103 @@
+"""Rule: directly nested pmaps become one shard_map over a multi-axis mesh; nesting that is
+not statically clear is reported and left unchanged."""
+import textwrap
+
+from codemod_testing import HELPERS, TOP, PmapCodemodTest, SiteTest, rewrite
+
+
+class NestedTest(SiteTest):
+
+  def test_pmap_of_pmap(self):
+    self.assertSite('g = jax.pmap(jax.pmap(f, "j"), "i")', '''
+        g = jax.jit(
+            _pmap_as_shard_map(f, axes=("i", "j"), in_specs=P("i", "j"), out_specs=P("i", "j")))''')
+
+  def test_inner_axes_are_placed_in_the_original_array(self):
+    # outer maps axis 1; inner maps axis 1 of what is left, i.e. axis 2 of the original.
+    self.assertSite('g = jax.pmap(jax.pmap(f, "j", in_axes=1), "i", in_axes=1)', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i", "j"), in_specs=P(None, "i", "j"), out_specs=P("i", "j")))''')
+
+  def test_inner_axis_before_outer_axis(self):
+    self.assertSite('g = jax.pmap(jax.pmap(f, "j", in_axes=0, out_axes=1), "i", in_axes=1)', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i", "j"), in_specs=P("j", "i"), out_specs=P("i", None, "j")))''')
+
+  def test_per_argument_axes_with_none(self):
+    self.assertSite('g = jax.pmap(jax.pmap(f, "m", in_axes=(0, None)), "d", in_axes=(0, 0), out_axes=None)', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("d", "m"), in_specs=(P("d", "m"), P("d")), out_specs=P("m")))''')
+
+  def test_unnamed_levels_get_distinct_default_names(self):
+    self.assertSite('g = jax.pmap(jax.pmap(f))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("pmap_axis", "pmap_axis_1"), in_specs=P("pmap_axis", "pmap_axis_1"),
+                out_specs=P("pmap_axis", "pmap_axis_1")))''')
+
+  def test_same_axis_name_twice_is_reported(self):
+    self.assertSiteError('g = jax.pmap(jax.pmap(f, "i"), "i")', "share an axis name")
+
+  def test_inner_static_argnums_are_reported(self):
+    self.assertSiteError('g = jax.pmap(jax.pmap(f, "j", static_broadcasted_argnums=1), "i")',
+                         "inner of nested pmaps sets static_broadcasted_argnums")
+
+  def test_mismatched_structures_are_reported(self):
+    self.assertSiteError('g = jax.pmap(jax.pmap(f, "j", in_axes=(0, 0)), "i", in_axes=(0, 0, 0))',
+                         "different structures")
+
+
+class NestedDecoratorsTest(PmapCodemodTest):
+
+  def test_stacked_decorators(self):
+    self.assertConverts("""
+        import functools
+        import jax
+
+        @functools.partial(jax.pmap, axis_name="i")
+        @functools.partial(jax.pmap, axis_name="j")
+        def step(x):
+            return jax.lax.psum(x, ("i", "j"))
+        """, """
+        import functools
+        import jax
+        from jax.sharding import PartitionSpec as P
+        from jax.experimental.shard_map import shard_map
+
+
+        # <pmap-to-shmap helpers>
+
+
+        @jax.jit
+        @functools.partial(
+            _pmap_as_shard_map, axes=("i", "j"), in_specs=P("i", "j"), out_specs=P("i", "j"))
+        def step(x):
+            return jax.lax.psum(x, ("i", "j"))
+        """)
+
+  def test_pmap_inside_a_pmapped_body_is_reported(self):
+    before = textwrap.dedent("""
+        import jax
+
+        def outer(x):
+            return jax.pmap(inner, "j")(x)
+
+        g = jax.pmap(outer, "i")
+        """)
+    self.assertUnchanged(before)
+    _, findings = rewrite(before)
+    errors = [f for f in findings if f.severity.value == "ERROR"]
+    self.assertEqual(len(errors), 2, findings)
+    self.assertTrue(all("inside the body of a pmapped function" in f.message for f in errors))
+
+  def test_pmap_inside_a_decorated_body_is_reported(self):
+    self.assertUnchanged("""
+        import jax
+
+        @jax.pmap
+        def outer(x):
+            return jax.pmap(lambda y: y)(x)
+        """)

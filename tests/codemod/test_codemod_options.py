@@ -1,0 +1,59 @@
+"""Rule: pmap's other options -- static_broadcasted_argnums, donate_argnums, devices,
+backend, axis_size -- move to jax.jit or to the mesh; the rest are reported."""
+from codemod_testing import SiteTest
+
+
+class OptionsTest(SiteTest):
+
+  def test_static_argnums_go_to_jit_and_the_helper(self):
+    self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=(2,))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=P("i"), out_specs=P("i"), static_argnums=(2,)),
+            static_argnums=(2,))''')
+
+  def test_donate_argnums_go_to_jit(self):
+    self.assertSite('g = jax.pmap(f, "i", donate_argnums=(0, 1))', '''
+        g = jax.jit(
+            _pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")),
+            donate_argnums=(0, 1))''')
+
+  def test_static_and_donate_together(self):
+    self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=1, donate_argnums=0)', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=P("i"), out_specs=P("i"), static_argnums=1),
+            static_argnums=1, donate_argnums=0)''')
+
+  def test_devices_go_to_the_mesh(self):
+    self.assertSite('g = jax.pmap(f, "i", devices=jax.devices()[:4])', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=P("i"), out_specs=P("i"), devices=jax.devices()[:4]))''')
+
+  def test_backend_and_axis_size(self):
+    self.assertSite('g = jax.pmap(f, "i", in_axes=None, axis_size=4, backend="cpu")', '''
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=P(), out_specs=P("i"), axis_size=4, backend="cpu"))''')
+
+  def test_explicit_none_axis_name_gets_the_default(self):
+    self.assertSite('g = jax.pmap(f, axis_name=None, out_axes=None)', '''
+        g = jax.jit(
+            _pmap_as_shard_map(f, axes=("pmap_axis",), in_specs=P("pmap_axis"), out_specs=P()))''')
+
+  def test_global_arg_shapes_is_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", global_arg_shapes=((8,),))', "global_arg_shapes")
+
+  def test_star_kwargs_are_reported(self):
+    self.assertSiteError('g = jax.pmap(f, **pmap_kwargs)', "passed with * or **")
+
+  def test_unknown_keyword_is_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", in_axis=0)', "no argument 'in_axis'")
+
+  def test_negative_static_argnum_is_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", static_broadcasted_argnums=(-1,))',
+                         "negative static_broadcasted_argnums")
+
+  def test_too_many_positional_arguments_are_reported(self):
+    self.assertSiteError('g = jax.pmap(f, "i", 0)', "more than two positional")

@@ -1,0 +1,132 @@
+"""The equivalence machinery itself: it catches differences, and its jax.shard_map adapter is exact."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+import equivalence
+from support.compare import assert_trees_equal
+
+CASE = equivalence.Case("probe", "probe")
+
+
+def _result(value, mode="legacy"):
+  stored, kinds = equivalence._to_storable(value)  # pylint: disable=protected-access
+  return equivalence.RunResult("probe", mode, value=stored, kinds=kinds)
+
+
+def test_identical_results_compare_equal():
+  tree = {"a": jnp.arange(8.0), "k": jax.random.split(jax.random.key(0), 8), "n": 3}
+  verdict = equivalence.compare(CASE, _result(tree), _result(tree, "other"))
+  assert verdict.identical, verdict.message
+
+
+def test_a_one_ulp_difference_is_caught():
+  a = jnp.linspace(0, 1, 8, dtype=jnp.float32)
+  b = a.at[3].set(jnp.nextafter(a[3], jnp.float32(2)))
+  verdict = equivalence.compare(CASE, _result({"x": a}), _result({"x": b}, "other"))
+  assert not verdict.identical and "values differ" in verdict.message
+
+
+def test_different_typed_keys_are_caught():
+  k0, k1 = jax.random.split(jax.random.key(0), 8), jax.random.split(jax.random.key(1), 8)
+  verdict = equivalence.compare(CASE, _result(k0), _result(k1, "other"))
+  assert not verdict.identical
+
+
+def test_numpy_instead_of_jax_array_is_caught():
+  x = jnp.arange(8)
+  verdict = equivalence.compare(CASE, _result([x]), _result([np.asarray(x)], "other"))
+  assert not verdict.identical and "jax.Arrays" in verdict.message
+
+
+def test_a_failed_run_is_not_identical():
+  failed = equivalence.RunResult("probe", "other", error="RuntimeError: boom")
+  verdict = equivalence.compare(CASE, _result(jnp.zeros(2)), failed)
+  assert not verdict.identical and verdict.message == "RuntimeError: boom"
+
+
+def _psum_and_shift_x(x):
+  return jax.lax.psum(x, "x"), x * jax.lax.axis_index("x")
+
+
+def test_keyword_adapter_matches_experimental_shard_map(mesh8):
+  x = jnp.arange(16.0).reshape(8, 2)
+  want = shard_map(_psum_and_shift_x, mesh8, (P("x"),), (P(), P("x")))(x)
+  got = equivalence.keyword_shard_map(
+      _psum_and_shift_x, mesh=mesh8, in_specs=(P("x"),), out_specs=(P(), P("x")))(x)
+  assert_trees_equal(jax.tree.map(np.asarray, want), jax.tree.map(np.asarray, got))
+
+
+def test_keyword_adapter_as_decorator_and_without_checking(mesh8):
+  x = jnp.arange(8.0)
+
+  @equivalence.keyword_shard_map(mesh=mesh8, in_specs=P("x"), out_specs=P(), check_vma=False)
+  def total(v):
+    return jax.lax.psum(v, "x")
+  want = shard_map(lambda v: jax.lax.psum(v, "x"), mesh8, P("x"), P(), check_rep=False)(x)
+  assert_trees_equal(np.asarray(want), np.asarray(total(x)))
+
+
+def test_keyword_adapter_requires_a_mesh():
+  with pytest.raises(TypeError, match="mesh="):
+    equivalence.keyword_shard_map(lambda v: v, in_specs=P(), out_specs=P())
+
+
+def test_remaining_pmap_uses_sees_every_spelling(tmp_path):
+  src = tmp_path / "m.py"
+  src.write_text(textwrap.dedent("""\
+      import jax
+      from jax import pmap as p
+      import functools
+      f = jax.pmap(lambda x: x)
+      g = functools.partial(jax.pmap, axis_name="i")
+      def pmap_like(): pass
+      """))
+  assert equivalence.remaining_pmap_uses(str(src)) == ["m.py:2", "m.py:4", "m.py:5"]
+  src.write_text("import jax\nfrom jax.experimental.shard_map import shard_map\n")
+  assert equivalence.remaining_pmap_uses(str(src)) == []
+
+
+def test_a_crashing_example_reports_its_error(tmp_path):
+  src = tmp_path / "crash.py"
+  src.write_text("def run():\n  raise ValueError('no data for step 3')\n")
+  result = equivalence.run_source(equivalence.Case("crash", "crash"), "legacy", str(src),
+                                  str(tmp_path / "scratch"))
+  assert not result.ok and result.error == "ValueError: no data for step 3"
+  assert "Traceback" in result.detail
+
+
+def test_rewritten_code_must_not_import_this_project(tmp_path):
+  src = tmp_path / "m.py"
+  src.write_text("import jax\nimport pmap_compat\nfrom shard_map_impl import shard_map\n")
+  assert equivalence.remaining_pmap_uses(str(src)) == [
+      "m.py:2 (imports pmap_compat)", "m.py:3 (imports shard_map_impl)"]
+
+
+def test_pmap_compat_mode_really_runs_on_pmap_compat(tmp_path):
+  src = tmp_path / "which.py"
+  src.write_text("import jax\ndef run():\n  return {'module': jax.pmap.__module__}\n")
+  case = equivalence.Case("which", "which")
+  result = equivalence.run_source(case, "pmap_compat", str(src), str(tmp_path / "s"))
+  assert result.ok, result.error + result.detail
+  assert result.value["module"].startswith("pmap_compat")
+
+
+def test_cli_exits_1_when_a_program_behaves_differently_under_pmap_compat(tmp_path):
+  src = tmp_path / "sensitive.py"
+  src.write_text("import jax, jax.numpy as jnp\n"
+                 "def run():\n"
+                 "  return jnp.ones(2) * jax.pmap.__module__.startswith('pmap_compat')\n")
+  r = subprocess.run([sys.executable, os.path.join(equivalence.TOOLS, "equivalence.py"),
+                      str(src), "--modes", "pmap_compat"], capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 1, r.stdout + r.stderr
+  assert "pmap_compat: DIFFERS (at <root>: values differ" in r.stdout

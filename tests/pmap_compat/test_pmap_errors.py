@@ -1,0 +1,99 @@
+"""Errors with legacy's wording (row 28)."""
+import re
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+
+from pmap_compat import pmap
+from support.compare import compare_call, compare_with_legacy
+
+
+def same_message(program):
+  """Both raise the same exception type and the same message."""
+  legacy = compare_with_legacy(program, pmap)
+  assert legacy.error is not None, "the program was meant to fail under legacy pmap"
+  try:
+    program(pmap)
+  except Exception as ours:  # pylint: disable=broad-except
+    assert str(ours) == str(legacy.error), f"\nlegacy: {legacy.error}\nours:   {ours}"
+    return
+  raise AssertionError("pmap_compat did not raise")
+
+
+def test_inconsistent_sizes():
+  def f(x, y):
+    return x
+  same_message(lambda pm: pm(f)(np.ones((8, 2)), np.ones(4)))
+
+
+def test_inconsistent_sizes_many_args_and_kwargs():
+  def f(a, b, c, *, d):
+    return a
+  same_message(lambda pm: pm(f, in_axes=(0, 1, 0))(
+      np.ones((8, 2)), {"k": np.ones((3, 4))}, [np.ones(8), np.ones(4)], d=np.ones((4, 1))))
+
+
+def test_too_many_devices():
+  same_message(lambda pm: pm(lambda x: x)(np.ones((9, 2))))
+
+
+def test_rank_zero_input():
+  same_message(lambda pm: pm(lambda x: x)(np.float32(1)))
+
+
+def test_python_scalar_mapped():
+  same_message(lambda pm: pm(lambda x, y: x + y)(np.ones(8), 2.0))
+
+
+def test_in_axes_past_rank():
+  same_message(lambda pm: pm(lambda x: x, in_axes=2)(np.ones((8, 2))))
+
+
+def test_unbound_axis_name():
+  out = compare_call(lambda x: lax.psum(x, "j"), (np.ones(8),), pmap, axis_name="i")
+  assert isinstance(out.error, NameError)
+  with pytest.raises(NameError, match="unbound axis name: j"):
+    pmap(lambda x: lax.psum(x, "j"), "i")(np.ones(8))
+
+
+def test_no_arguments():
+  same_message(lambda pm: pm(lambda: 1.0)())
+
+
+def test_all_none_in_axes():
+  same_message(lambda pm: pm(lambda x: x, in_axes=None)(np.ones(3)))
+
+
+def test_axis_size_mismatch():
+  same_message(lambda pm: pm(lambda x: x, axis_size=2)(np.ones(8)))
+
+
+def test_static_argnum_out_of_range():
+  same_message(lambda pm: pm(lambda x, n=1: x, static_broadcasted_argnums=1)(np.ones(8)))
+
+
+def test_in_axes_not_a_prefix():
+  out = compare_call(lambda x: x, (np.ones(8),), pmap, in_axes=(0, 0))
+  assert isinstance(out.error, ValueError)
+  with pytest.raises(ValueError, match=re.escape("must be a tree prefix")):
+    pmap(lambda x: x, in_axes=(0, 0))(np.ones(8))
+
+
+def test_out_axes_not_a_prefix():
+  compare_call(lambda x: (x, x), (np.ones(8),), pmap, out_axes=(0, 0, 0))
+
+
+def test_error_inside_fun_propagates_unchanged():
+  def f(x):
+    raise KeyError("boom")
+  compare_call(f, (np.ones(8),), pmap)
+  with pytest.raises(KeyError, match="boom"):
+    pmap(f)(np.ones(8))
+
+
+def test_not_callable():
+  for pm in (jax.pmap, pmap):
+    with pytest.raises(TypeError):
+      pm(3)(np.ones(8))

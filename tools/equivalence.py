@@ -1,0 +1,488 @@
+"""Equivalence machinery shared by tests/equivalence/ and `make demo`.
+
+Runs each shipped example (examples/*.py, `run(**kwargs) -> pytree`) in a fresh
+subprocess in one of four modes and compares the results with legacy's:
+
+  legacy                the example as written, on legacy `jax.pmap`
+  pmap_compat           the same code with `pmap_compat.patched()` active while the
+                        module is imported and run (module-level decorators included)
+  codemod-experimental  the codemod's output for `--target experimental`
+  codemod-jax           the codemod's output for `--target jax`; jax 0.6.0 has no
+                        `jax.shard_map`, so the child provides one as a thin keyword
+                        adapter over `jax.experimental.shard_map.shard_map`
+
+A fresh process per run keeps module-level pmap objects, caches and patching
+from leaking between modes. Multi-process cases start several children as one
+`jax.distributed` job over 127.0.0.1 and compare process by process. Results
+are cached in a work directory (safe to share between pytest-xdist workers),
+so legacy runs once per example however many modes are compared against it.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Iterator, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(ROOT, "tools")
+EXAMPLES = os.path.join(ROOT, "examples")
+TESTS = os.path.join(ROOT, "tests")
+
+MODES = ("legacy", "pmap_compat", "codemod-experimental", "codemod-jax")
+CODEMOD_TARGETS = {"codemod-experimental": "experimental", "codemod-jax": "jax"}
+CHILD_TIMEOUT_S = 240.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One example run: which file, with which arguments, on how many processes."""
+  name: str
+  module: str  # file name under examples/, without .py
+  kwargs: dict = dataclasses.field(default_factory=dict)
+  processes: int = 1  # >1: a jax.distributed job over 127.0.0.1, 8 // processes devices each
+  rtol: float | None = None  # only where reduction order legitimately differs (see `why`)
+  atol: float | None = None
+  why: str = "bit-for-bit"
+  codemod_flags: tuple[str, ...] = ()
+  slow: bool = False
+  source: str | None = None  # a program outside examples/ (the CLI below); overrides `module`
+
+  @property
+  def path(self) -> str:
+    return self.source or os.path.join(EXAMPLES, self.module + ".py")
+
+
+# Every case is compared bit for bit: the step functions run the same per-device
+# computation and the same XLA all-reduce / all-gather / collective-permute in every
+# mode, so there is no reduction whose order may legitimately change.
+CASES: tuple[Case, ...] = (
+    Case("dp_sgd", "dp_sgd", {"steps": 4}),
+    Case("dropout_prng", "dropout_prng"),
+    Case("broadcast_params", "broadcast_params"),
+    Case("replicated_metrics", "replicated_metrics"),
+    Case("nested_data_model", "nested_data_model"),
+    Case("ring_allreduce", "ring_allreduce"),
+    Case("gather_scatter", "gather_scatter"),
+    Case("static_config", "static_config"),
+    Case("replicate_loop", "replicate_loop"),
+    Case("multiprocess_sgd", "multiprocess_sgd", codemod_flags=("--multihost",)),
+    Case("multiprocess_sgd_2proc", "multiprocess_sgd", processes=2,
+         codemod_flags=("--multihost",)),
+)
+CASES_BY_NAME = {c.name: c for c in CASES}
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyLeaf:
+  """A typed PRNG key array in transit: its implementation name and raw key data."""
+  impl: str
+  data: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafKind:
+  """Whether a leaf was a jax.Array (outputs must stay arrays, not turn into numpy)."""
+  is_jax_array: bool
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What one (case, mode) run produced."""
+  case: str
+  mode: str
+  value: Any = None  # per process: a list with one tree per process
+  kinds: Any = None
+  seconds: float = 0.0  # wall time of run(), slowest process
+  error: str | None = None  # a one-line summary when the run failed
+  detail: str = ""  # traceback / stderr
+
+  @property
+  def ok(self) -> bool:
+    return self.error is None
+
+
+@dataclasses.dataclass
+class Comparison:
+  """One mode's verdict against legacy for one case."""
+  case: str
+  mode: str
+  identical: bool
+  message: str
+  seconds: float
+
+
+def _to_storable(tree: Any) -> tuple[Any, Any]:
+  import jax
+  import numpy as np
+
+  def leaf(x):
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return KeyLeaf(str(jax.random.key_impl(x)), np.asarray(jax.random.key_data(x)))
+    if isinstance(x, jax.Array):
+      return np.asarray(x)
+    return x
+
+  return jax.tree.map(leaf, tree), jax.tree.map(lambda x: LeafKind(isinstance(x, jax.Array)), tree)
+
+
+def restore(tree: Any) -> Any:
+  """Turns stored typed keys back into key arrays (compare.py compares them by key data)."""
+  import jax
+  return jax.tree.map(
+      lambda x: jax.random.wrap_key_data(x.data, impl=x.impl) if isinstance(x, KeyLeaf) else x,
+      tree, is_leaf=lambda x: isinstance(x, KeyLeaf))
+
+
+# --------------------------------------------------------------------------- child side
+
+
+def keyword_shard_map(f=None, /, *, out_specs, in_specs, mesh=None, axis_names=frozenset(),
+                      check_vma: bool = True):
+  """`jax.shard_map` (jax >= 0.6.1) spelled on jax 0.6.0's experimental shard_map."""
+  import functools
+  from jax.experimental.shard_map import shard_map
+  if f is None:
+    return functools.partial(keyword_shard_map, out_specs=out_specs, in_specs=in_specs,
+                             mesh=mesh, axis_names=axis_names, check_vma=check_vma)
+  if mesh is None:
+    raise TypeError("this jax.shard_map adapter needs an explicit mesh= (jax 0.6.0 has no "
+                    "context-mesh shard_map)")
+  auto = frozenset(mesh.axis_names) - frozenset(axis_names) if axis_names else frozenset()
+  return shard_map(f, mesh, in_specs, out_specs, check_rep=check_vma, auto=auto)
+
+
+def _load_module(path: str):
+  import importlib.util
+  name = "example_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+def child_main(argv: Sequence[str]) -> int:
+  """Runs one example in this (fresh) process and pickles what `run` returned."""
+  mode, source, out_path, kwargs = argv[0], argv[1], argv[2], json.loads(argv[3])
+  result: dict[str, Any] = {}
+  try:
+    import jax
+    if mode == "codemod-jax" and not hasattr(jax, "shard_map"):
+      jax.shard_map = keyword_shard_map  # adds a name jax 0.6.0 lacks; replaces nothing
+    with contextlib.ExitStack() as stack:
+      if mode == "pmap_compat":
+        import pmap_compat
+        stack.enter_context(pmap_compat.patched())
+      sys.path.insert(0, os.path.dirname(source))
+      # Which pmap the example's `jax.pmap` resolves to (checked by the parent for pmap_compat).
+      result["pmap"] = getattr(jax.pmap, "__module__", "?")
+      module = _load_module(source)
+      start = time.perf_counter()
+      out = jax.block_until_ready(module.run(**kwargs))
+      result["seconds"] = time.perf_counter() - start
+      result["value"], result["kinds"] = _to_storable(out)
+  except BaseException as e:  # pylint: disable=broad-except
+    result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300],
+              "detail": traceback.format_exc()}
+  with open(out_path + ".tmp", "wb") as f:
+    pickle.dump(result, f)
+  os.replace(out_path + ".tmp", out_path)
+  if "jax" in sys.modules and sys.modules["jax"].distributed.is_initialized():
+    sys.modules["jax"].distributed.shutdown()  # else gloo processes can hang at exit
+  return 0
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def _child_env(devices: int) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PMAP_EXAMPLE_"))}
+  env["JAX_PLATFORMS"] = "cpu"
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+  return env
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _child_command() -> list[str]:
+  return [sys.executable, "-c",
+          f"import sys; sys.path.insert(0, {TOOLS!r}); import equivalence; "
+          "sys.exit(equivalence.child_main(sys.argv[1:]))"]
+
+
+def run_source(case: Case, mode: str, source: str, scratch: str) -> RunResult:
+  """Runs `source`'s `run(**case.kwargs)` in fresh process(es) in `mode`."""
+  os.makedirs(scratch, exist_ok=True)
+  env = _child_env(8 // case.processes)
+  if case.processes > 1:
+    env.update(PMAP_EXAMPLE_COORDINATOR=f"127.0.0.1:{_free_port()}",
+               PMAP_EXAMPLE_NUM_PROCESSES=str(case.processes))
+  outs = [os.path.join(scratch, f"{case.name}.{mode}.p{i}.pkl") for i in range(case.processes)]
+  logs = [open(o + ".log", "w+b") for o in outs]  # pylint: disable=consider-using-with
+  procs = []
+  for i, (out, log) in enumerate(zip(outs, logs)):
+    if os.path.exists(out):
+      os.remove(out)
+    child_env = dict(env, PMAP_EXAMPLE_PROCESS_ID=str(i)) if case.processes > 1 else env
+    procs.append(subprocess.Popen(
+        _child_command() + [mode, source, out, json.dumps(case.kwargs)],
+        env=child_env, cwd=scratch, stdout=log, stderr=subprocess.STDOUT))
+  deadline = time.monotonic() + CHILD_TIMEOUT_S
+  timed_out = False
+  for p in procs:
+    try:
+      p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      timed_out = True
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+  result = RunResult(case.name, mode)
+  values, kinds, seconds, pmaps = [], [], [], set()
+  for p, out, log in zip(procs, outs, logs):
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    log.close()
+    if not os.path.exists(out):
+      reason = "timed out" if timed_out else f"exited with status {p.returncode}"
+      return dataclasses.replace(result, error=f"child process {reason} without a result",
+                                 detail=text[-4000:])
+    with open(out, "rb") as f:
+      got = pickle.load(f)
+    if "error" in got:
+      return dataclasses.replace(result, error=got["error"], detail=got["detail"] + text[-2000:])
+    pmaps.add(got["pmap"])
+    values.append(got["value"])
+    kinds.append(got["kinds"])
+    seconds.append(got["seconds"])
+  if mode == "pmap_compat" and not all(p.startswith("pmap_compat") for p in pmaps):
+    return dataclasses.replace(result, error=f"jax.pmap resolved to {sorted(pmaps)} under "
+                               "pmap_compat.patched(), not to pmap_compat's")
+  if case.processes == 1:
+    values, kinds = values[0], kinds[0]
+  return dataclasses.replace(result, value=values, kinds=kinds, seconds=max(seconds))
+
+
+def compare(case: Case, legacy: RunResult, other: RunResult) -> Comparison:
+  """`support.compare.assert_trees_equal` on the two results (and the leaves' kinds)."""
+  if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+  from support.compare import assert_trees_equal  # pylint: disable=import-outside-toplevel
+  if not legacy.ok:
+    return Comparison(case.name, other.mode, False, f"legacy failed: {legacy.error}", other.seconds)
+  if not other.ok:
+    return Comparison(case.name, other.mode, False, other.error, other.seconds)
+  try:
+    assert_trees_equal(restore(legacy.value), restore(other.value), rtol=case.rtol, atol=case.atol)
+    import jax
+    if jax.tree.leaves(legacy.kinds) != jax.tree.leaves(other.kinds):
+      raise AssertionError("some outputs are jax.Arrays under legacy but not here (or vice versa)")
+  except AssertionError as e:
+    return Comparison(case.name, other.mode, False, str(e).splitlines()[0], other.seconds)
+  return Comparison(case.name, other.mode, True, case.why, other.seconds)
+
+
+# --------------------------------------------------------------------------- codemod
+
+
+@dataclasses.dataclass
+class CodemodTree:
+  """A rewritten copy of examples/ for one target."""
+  target: str
+  directory: str
+  report: str  # the report text of every codemod invocation, concatenated
+  returncodes: list[int]
+  error: str | None = None
+
+
+def codemod_command(paths: Sequence[str], *extra: str) -> list[str]:
+  return [sys.executable, "-m", "codemod.pmap_to_shmap", *paths, *extra]
+
+
+def example_sources() -> dict[str, tuple[str, ...]]:
+  """Every examples/*.py with the codemod flags its cases need (--multihost)."""
+  sources = {os.path.join(EXAMPLES, f): () for f in sorted(os.listdir(EXAMPLES))
+             if f.endswith(".py")}
+  for case in CASES:
+    sources[case.path] = case.codemod_flags
+  return sources
+
+
+def rewrite_files(sources: dict[str, tuple[str, ...]], target: str, dest: str) -> CodemodTree:
+  """Copies `sources` into `dest` and runs the codemod CLI on the copies in place."""
+  if os.path.exists(dest):
+    shutil.rmtree(dest)
+  os.makedirs(dest)
+  groups: dict[tuple[str, ...], list[str]] = {}  # files needing other flags: own invocation
+  for path, flags in sources.items():
+    copy = os.path.join(dest, os.path.basename(path))
+    shutil.copyfile(path, copy)
+    groups.setdefault(flags, []).append(copy)
+  report, rcs = [], []
+  for flags, paths in groups.items():
+    report_file = os.path.join(dest, f".report{len(rcs)}.txt")
+    cmd = codemod_command(paths, "--target", target, "--in-place", "--report", report_file, *flags)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_child_env(8),
+                          timeout=300, check=False)
+    rcs.append(proc.returncode)
+    text = open(report_file).read() if os.path.exists(report_file) else ""
+    report.append(text or proc.stdout)
+    # 0/1 are the CLI's "nothing/something to report"; a traceback is a crash whatever the code.
+    if proc.returncode not in (0, 1) or "Traceback (most recent call last)" in proc.stderr:
+      tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+      return CodemodTree(target, dest, "".join(report), rcs,
+                         error=f"codemod exited {proc.returncode}: {tail}")
+  return CodemodTree(target, dest, "".join(report), rcs)
+
+
+OWN_PACKAGES = ("pmap_compat", "shard_map_impl", "codemod")
+
+
+def remaining_pmap_uses(path: str) -> list[str]:
+  """`file:line` for every `pmap` name or attribute still in the (rewritten) file,
+  and for every import of this project's packages (the rewrite must not need them)."""
+  tree = ast.parse(open(path, encoding="utf-8").read())
+  found = []
+  for node in ast.walk(tree):
+    modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+    if any(m.split(".")[0] in OWN_PACKAGES for m in modules):
+      found.append(f"{os.path.basename(path)}:{node.lineno} (imports {modules[0]})")
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(
+        node, ast.Attribute) else node.name if isinstance(node, ast.alias) else None
+    if name == "pmap" or (isinstance(node, ast.alias) and name.endswith(".pmap")):
+      found.append(f"{os.path.basename(path)}:{node.lineno}")
+  return found
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+@contextlib.contextmanager
+def _lock(path: str, timeout: float = 900.0) -> Iterator[None]:
+  """An exclusive lock between processes (pytest-xdist workers) via O_EXCL creation."""
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+      break
+    except FileExistsError:
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"waited {timeout:.0f}s for {path}") from None
+      time.sleep(0.2)
+  try:
+    yield
+  finally:
+    os.close(fd)
+    os.remove(path)
+
+
+class Runner:
+  """Computes and caches run results under one work directory."""
+
+  def __init__(self, workdir: str, sources: dict[str, tuple[str, ...]] | None = None):
+    self.workdir = workdir
+    self.sources = example_sources() if sources is None else sources
+    os.makedirs(workdir, exist_ok=True)
+
+  def _cached(self, key: str, compute):
+    path = os.path.join(self.workdir, key + ".pkl")
+    with _lock(path + ".lock"):
+      if os.path.exists(path):
+        with open(path, "rb") as f:
+          return pickle.load(f)
+      value = compute()
+      with open(path + ".tmp", "wb") as f:
+        pickle.dump(value, f)
+      os.replace(path + ".tmp", path)
+      return value
+
+  def codemod_tree(self, target: str) -> CodemodTree:
+    return self._cached(f"codemod-{target}", lambda: rewrite_files(
+        self.sources, target, os.path.join(self.workdir, f"rewritten-{target}")))
+
+  def source_for(self, case: Case, mode: str) -> tuple[str | None, str | None]:
+    """The file to run for `mode`, or an error saying why there is none."""
+    if mode not in CODEMOD_TARGETS:
+      return case.path, None
+    tree = self.codemod_tree(CODEMOD_TARGETS[mode])
+    if tree.error:
+      return None, tree.error
+    path = os.path.join(tree.directory, os.path.basename(case.path))
+    left = remaining_pmap_uses(path)
+    if left:
+      return None, ("codemod left pmap in place (not converted) or added a dependency on this "
+                    f"project at {', '.join(left)}")
+    return path, None
+
+  def result(self, case: Case, mode: str) -> RunResult:
+    def compute():
+      source, error = self.source_for(case, mode)
+      if error:
+        return RunResult(case.name, mode, error=error)
+      return run_source(case, mode, source, os.path.join(self.workdir, "runs"))
+    return self._cached(f"run-{case.name}-{mode}", compute)
+
+  def compare(self, case: Case, mode: str) -> Comparison:
+    return compare(case, self.result(case, "legacy"), self.result(case, mode))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """`python tools/equivalence.py PROGRAM.py`: the same check for a program of your own."""
+  import argparse
+  import tempfile
+  parser = argparse.ArgumentParser(
+      prog="equivalence", description="Run PROGRAM's run(**kwargs) on legacy jax.pmap, under "
+      "pmap_compat.patched() and as the codemod rewrites it, and compare every output bit "
+      "for bit.")
+  parser.add_argument("program", help="a .py file defining run(**kwargs) -> pytree")
+  parser.add_argument("--kwargs", default="{}", help="JSON keyword arguments for run()")
+  parser.add_argument("--processes", type=int, default=1,
+                      help="run as a jax.distributed job of N local processes")
+  parser.add_argument("--multihost", action="store_true", help="pass --multihost to the codemod")
+  parser.add_argument("--modes", default=",".join(MODES[1:]),
+                      help=f"comma-separated, from {', '.join(MODES[1:])}")
+  args = parser.parse_args(argv)
+  source = os.path.abspath(args.program)
+  flags = ("--multihost",) if args.multihost else ()
+  case = Case(os.path.splitext(os.path.basename(source))[0], "", json.loads(args.kwargs),
+              processes=args.processes, codemod_flags=flags, source=source)
+  differs = 0
+  with tempfile.TemporaryDirectory(prefix="equivalence-") as tmp:
+    runner = Runner(tmp, sources={source: flags})
+    legacy = runner.result(case, "legacy")
+    print(f"legacy: {'ran in %.2fs' % legacy.seconds if legacy.ok else legacy.error}")
+    for mode in args.modes.split(","):
+      verdict = runner.compare(case, mode)
+      differs += not verdict.identical
+      print(f"{mode}: {'identical' if verdict.identical else 'DIFFERS'} ({verdict.message})")
+  return 1 if differs or not legacy.ok else 0
+
+
+if __name__ == "__main__":
+  # Run as the importable module, so classes in pickled results (KeyLeaf) are one class.
+  sys.path.insert(0, TOOLS)
+  import equivalence  # pylint: disable=import-self
+  sys.exit(equivalence.main())
