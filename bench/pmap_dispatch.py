@@ -17,7 +17,9 @@ per-round medians, and ratios are against legacy (lower is better, except matmul
 throughput, higher is better).
 
   .venv/bin/python bench/pmap_dispatch.py            # full run (a few minutes)
-  .venv/bin/python bench/pmap_dispatch.py --quick    # fewer rounds, for a smoke test
+  .venv/bin/python bench/pmap_dispatch.py --quick    # smoke test (< 30 s): tiny call,
+                                                     # pytree and out[0], no merge worker
+The last line is a one-line summary starting with "dispatch:".
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ CASES = ["tiny chained call", "numpy input", "psum", "64-leaf pytree", "in_axes=
          "static int arg", "matmul (8,512,512)", "out[0]", "first call"]
 TARGETS = {"tiny chained call": 1.15, "64-leaf pytree": 1.15, "out[0]": 1.5, "first call": 1.3,
            "matmul (8,512,512)": 0.95}
+QUICK_CASES = ["tiny chained call", "64-leaf pytree", "out[0]"]
 WALL = {"matmul (8,512,512)"}
 PROCESS = {"first call"}
 
@@ -307,8 +310,13 @@ def main(argv=None):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
   shard_map = _resolve_ours(args.shard_map)
-  rounds = args.rounds or (3 if args.quick else 9)
-  cases = CASES if not args.cases else [CASES[int(i) - 1] for i in args.cases.split(",")]
+  rounds = args.rounds or (3 if args.quick else 7)
+  if args.cases:
+    cases = [CASES[int(i) - 1] for i in args.cases.split(",")]
+  else:
+    cases = QUICK_CASES if args.quick else CASES
+  if args.quick:
+    args.no_merge = True
 
   impls, failed = [LocalImpl("legacy", _pmap_cases(jax.pmap))], {}
   try:
@@ -368,6 +376,13 @@ def main(argv=None):
     print(f"| {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {tgt} |")
   for key, err in sorted({**{(k, ""): v for k, v in failed.items()}, **broken}.items()):
     print(f"note: {key[0]} {key[1]}: {err}")
+  summary = []
+  for case in cases:
+    if ("ours", case) in results and ("legacy", case) in results:
+      o, l = (statistics.median(results[(n, case)]) for n in ("ours", "legacy"))
+      summary.append(f"{case} {(l / o if case in WALL else o / l):.2f}x")
+  print("dispatch: pmap_compat/legacy: " + (", ".join(summary) or "n/a") +
+        f" ({jax.device_count()} CPU devices, {rounds} rounds)")
   return 0
 
 

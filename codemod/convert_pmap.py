@@ -16,19 +16,17 @@ related patterns (device_put_replicated, process_count, ...) get report entries.
 from __future__ import annotations
 
 import bisect
-import functools
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import runtime
+from codemod import edits, runtime
 from codemod.findings import Finding, Severity
-from codemod.related import RelatedPatterns
-from codemod.sites import PARTIAL_NAMES, PMAP_NAMES, PmapOptions, int_tuple, is_none
+from codemod.sites import (PARTIAL_NAMES, PmapOptions, References, Site, contains, int_tuple,
+                           is_none, qualified)
 from codemod.specs import NotLiteral, Unconvertible, read_axes, specs_source
 
 DEFAULT_AXIS = "pmap_axis"
@@ -37,93 +35,6 @@ _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.Partiti
                          "jax._src.partition_spec.PartitionSpec"})
 _INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "backend",
                     "axis_size")
-
-
-@dataclass(eq=False)
-class Site:
-  """One pmap application: a call, or a run of pmap decorators on one def."""
-  node: cst.CSTNode                      # the Call, or the first pmap Decorator
-  options: PmapOptions
-  fun: Optional[cst.BaseExpression]      # None for decorators (the def is the function)
-  fundef: Optional[cst.FunctionDef] = None
-  decorators: tuple = ()                 # indices into fundef.decorators, outer first
-  inner: Optional["Site"] = None         # a pmap applied directly inside this one
-  absorbed: bool = False                 # this site is another site's `inner`
-  error: Optional[str] = None
-  refs: list = field(default_factory=list)
-
-  def levels(self) -> list["Site"]:
-    chain, site = [], self
-    while site is not None:
-      chain.append(site)
-      site = site.inner
-    return chain
-
-
-def qualified(get_metadata, node: cst.CSTNode) -> set[str]:
-  return {q.name for q in get_metadata(QualifiedNameProvider, node, set())}
-
-
-class _References(RelatedPatterns):
-  """Every expression that names JAX's pmap, and every Call/def for site analysis; in the
-  same walk, the related patterns that only get report entries."""
-
-  def __init__(self, get_metadata, multihost: bool):
-    super().__init__(get_metadata, multihost)
-    self.refs: list[cst.CSTNode] = []
-    self.calls: list[cst.Call] = []
-    self.defs: list[cst.FunctionDef] = []
-    self.pmap_imports: list[tuple[str, Optional[str]]] = []
-    self.pmap_spellings: set[str] = {"pmap"}
-
-  def visit_Import(self, node) -> bool:
-    return False
-
-  def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-    module = cst.Module([]).code_for_node(node.module) if node.module else ""
-    if module in ("jax", "jax.api") and not isinstance(node.names, cst.ImportStar):
-      for alias in node.names:
-        if alias.evaluated_name == "pmap":
-          self.pmap_imports.append((module, alias.evaluated_alias))
-          self.pmap_spellings.add(alias.evaluated_alias or "pmap")
-    return False
-
-  # Qualified names are computed lazily, per node: ask only where the spelling could be pmap.
-  def visit_Attribute(self, node: cst.Attribute) -> bool:
-    if node.attr.value == "pmap" and qualified(self.get_metadata, node) & PMAP_NAMES:
-      self.refs.append(node)
-      return False
-    return True
-
-  def visit_Name(self, node: cst.Name) -> None:
-    if node.value in self.pmap_spellings and qualified(self.get_metadata, node) & PMAP_NAMES:
-      self.refs.append(node)
-
-  def visit_Call(self, node: cst.Call) -> None:
-    self.calls.append(node)
-    super().visit_Call(node)
-
-  def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-    self.defs.append(node)
-
-
-class _Contains(cst.CSTVisitor):
-  """Which of some nodes occur inside a subtree."""
-
-  def __init__(self, targets: set):
-    self.targets = targets
-    self.found: list = []
-
-  def on_visit(self, node: cst.CSTNode) -> bool:
-    if node in self.targets:
-      self.found.append(node)
-    return True
-
-
-def _contains(root: cst.CSTNode, targets: set, exclude: cst.CSTNode | None = None) -> list:
-  finder = _Contains(targets - {root, exclude})
-  root.visit(finder)
-  return finder.found
 
 
 class ConvertPmapCommand(VisitorBasedCodemodCommand):
@@ -158,7 +69,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def visit_Module(self, node: cst.Module) -> bool:
     self._module = node
-    refs = _References(self.get_metadata, self.multihost)
+    refs = References(self.get_metadata, self.multihost)
     node.visit(refs)
     self._pmap_imports = refs.pmap_imports
     ref_set = set(refs.refs)
@@ -166,6 +77,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     sites = self._find_sites(refs, ref_set, claimed)
     for ref in refs.refs:
       if ref not in claimed:
+        self.sites_found += 1  # a site the codemod cannot convert, so it counts as reported
         self._report(ref, Severity.ERROR,
                      "pmap is used as a value here, not applied to a function, so the "
                      "codemod cannot see its arguments; convert it by hand or use "
@@ -197,7 +109,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         return False
     return super().on_visit(node)
 
-  def _find_sites(self, refs: _References, ref_set: set, claimed: set) -> list[Site]:
+  def _find_sites(self, refs: References, ref_set: set, claimed: set) -> list[Site]:
     sites: list[Site] = []
     for call in refs.calls:
       site = self._call_site(call, ref_set, claimed)
@@ -296,7 +208,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         continue
       inner = site.levels()[-1]
       for body in self._bodies(inner, module):
-        for found in _contains(body, nodes):
+        for found in contains(body, nodes):
           other = by_node[found]
           message = ("a pmap inside the body of a pmapped function: the two need one "
                      "shard_map over a 2-D mesh, which is not statically clear here; "
@@ -308,7 +220,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
           skip = level.inner.node if level.inner is not None else None
           if value is skip:
             continue
-          if _contains(value, nodes - {skip}):
+          if contains(value, nodes - {skip}):
             site.error = site.error or "another pmap site appears inside this site's arguments"
 
   def _bodies(self, site: Site, module: cst.Module) -> list[cst.CSTNode]:
@@ -412,23 +324,23 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if site.fundef is None:
       fun = levels[-1].fun
       column = pos.column + (len(runtime.HOST_LOCAL_NAME) + 1 if self.multihost else 0)
-      inner = _format_call(runtime.HELPER_NAME, [_code(fun)] + helper_kw, base + _HANG * 2,
-                           len(base + _HANG))
-      text = _format_call("jax.jit", [inner] + jit_kw, base + _HANG, column)
+      inner = edits.format_call(runtime.HELPER_NAME, [_code(fun)] + helper_kw, base + edits.HANG * 2,
+                           len(base + edits.HANG))
+      text = edits.format_call("jax.jit", [inner] + jit_kw, base + edits.HANG, column)
       if self.multihost:
         text = f"{runtime.HOST_LOCAL_NAME}({text})"
-      self._call_sites[site.node] = _parse_expression(text)
+      self._call_sites[site.node] = edits.parse_expression(text)
     else:
       partial = self._partial_spelling(levels)
       column = len(base) + 1
-      jit = (_format_call(partial, ["jax.jit"] + jit_kw, base + _HANG, column)
+      jit = (edits.format_call(partial, ["jax.jit"] + jit_kw, base + edits.HANG, column)
              if jit_kw else "jax.jit")
-      decorators = [jit, _format_call(partial, [runtime.HELPER_NAME] + helper_kw,
-                                      base + _HANG, column)]
+      decorators = [jit, edits.format_call(partial, [runtime.HELPER_NAME] + helper_kw,
+                                      base + edits.HANG, column)]
       if self.multihost:
         decorators.insert(0, runtime.HOST_LOCAL_NAME)
       first = site.fundef.decorators[site.decorators[0]]
-      new = [cst.Decorator(_parse_expression(d)) for d in decorators]
+      new = [cst.Decorator(edits.parse_expression(d)) for d in decorators]
       new[0] = new[0].with_changes(leading_lines=first.leading_lines)
       self._def_sites.setdefault(site.fundef, []).append((site.decorators, new))
     self._add_imports(need_functools=site.fundef is not None)
@@ -511,136 +423,18 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # Mark the statement the helpers go before; the import passes may rebuild it.
     body = list(updated_node.body)
     at = self._helper_before
-    body[at] = body[at].with_changes(
-        leading_lines=list(body[at].leading_lines) + [_ANCHOR])
+    body[at] = edits.mark_anchor(body[at])
     return updated_node.with_changes(body=body)
-
-  def _add_needed_imports(self, tree: cst.Module) -> cst.Module:
-    """AddImportsVisitor, run over the file's leading imports only.
-
-    It reads and edits nothing past the first statement that is not an import, so the
-    rest of the (possibly large) module is set aside instead of walked; a stand-in
-    keeps that statement's leading lines, which the visitor may adjust.
-    """
-    if AddImportsVisitor.CONTEXT_KEY not in self.context.scratch:
-      return tree
-    body = list(tree.body)
-    k = _leading_imports_end(body)
-    head = body[:k]
-    if k < len(body):
-      head.append(cst.SimpleStatementLine([cst.Pass()], leading_lines=body[k].leading_lines))
-    new_head = list(tree.with_changes(body=head).visit(AddImportsVisitor(self.context)).body)
-    if k < len(body):
-      stand_in = new_head.pop()
-      new_head.append(body[k].with_changes(leading_lines=stand_in.leading_lines))
-      new_head.extend(body[k + 1:])
-    return tree.with_changes(body=new_head)
 
   def transform_module(self, tree: cst.Module) -> cst.Module:
     """Runs the rewrite and the import passes, then adds the helper block (once)."""
     tree = Codemod.transform_module(self, tree)  # this command's own pass
-    tree = self._add_needed_imports(tree)
+    tree = edits.add_imports_in_head(tree, self.context)
     if RemoveImportsVisitor.CONTEXT_KEY in self.context.scratch:
       tree = RemoveImportsVisitor(self.context).transform_module(tree)
-    if self._helper_before is None or _has_helper(tree):
+    if self._helper_before is None:
       return tree
-    body = list(tree.body)
-    at = next((i for i, stmt in enumerate(body) if _ANCHOR_TEXT in _comments(stmt)), len(body))
-    if at < len(body):
-      body[at] = body[at].with_changes(leading_lines=[
-          line for line in body[at].leading_lines
-          if line.comment is None or line.comment.value != _ANCHOR_TEXT])
-    parsed = _helper_module(self.target, self.multihost, tree.default_indent,
-                            tree.default_newline)
-    helper = list(parsed.body)
-    helper[0] = helper[0].with_changes(
-        leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + list(parsed.header)
-        + list(helper[0].leading_lines))
-    if at < len(body):
-      body[at] = body[at].with_changes(
-          leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + _strip_blank(body[at].leading_lines))
-    body[at:at] = helper
-    return tree.with_changes(body=body)
-
-
-_ANCHOR_TEXT = "# pmap-to-shmap: helpers go here"
-_ANCHOR = cst.EmptyLine(comment=cst.Comment(_ANCHOR_TEXT))
-
-
-def _comments(stmt: cst.CSTNode) -> list[str]:
-  return [line.comment.value for line in getattr(stmt, "leading_lines", ()) if line.comment]
-
-
-_HANG = "    "
-_WIDTH = 88
-
-
-def _format_call(name: str, args: list[str], indent: str, column: int) -> str:
-  """``name(args)`` on one line when it fits, else one hanging-indented run of lines."""
-  flat = f"{name}({', '.join(args)})"
-  if column + len(flat) <= _WIDTH and "\n" not in flat:
-    return flat
-  lines, current = [], ""
-  for arg in args:
-    piece = arg if not current else f"{current}, {arg}"
-    if current and (len(indent) + len(piece) + 1 > _WIDTH or "\n" in arg):
-      lines.append(current + ",")
-      current = arg
-    else:
-      current = piece
-  lines.append(current + ")")
-  return f"{name}(\n" + "\n".join(indent + line for line in lines)
-
-
-class _AbsoluteIndent(cst.CSTTransformer):
-  """Continuation lines carry their full indentation, not the enclosing block's on top."""
-
-  def leave_ParenthesizedWhitespace(self, original_node, updated_node):
-    return updated_node.with_changes(indent=False)
-
-
-def _parse_expression(text: str) -> cst.BaseExpression:
-  return cst.parse_expression(text).visit(_AbsoluteIndent())
-
-
-def _strip_blank(lines: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:
-  lines = list(lines)
-  while lines and lines[0].comment is None:
-    lines.pop(0)
-  return lines
-
-
-@functools.lru_cache(maxsize=None)
-def _helper_module(target: str, multihost: bool, indent: str, newline: str) -> cst.Module:
-  """The parsed helper block (CST nodes are immutable, so one parse serves every file)."""
-  text = runtime.helper_source(target, multihost, indent)
-  # Multi-line strings (the docstrings) carry their newlines in the literal itself.
-  return cst.parse_module(text.replace("\n", newline))
-
-
-def _is_import_line(stmt: cst.CSTNode) -> bool:
-  return isinstance(stmt, cst.SimpleStatementLine) and all(
-      isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body)
-
-
-def _leading_imports_end(body: list) -> int:
-  """Index of the first statement after the docstring / __strict__ flag and the imports."""
-  k = 0
-  if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1:
-    first = body[0].body[0]
-    if (isinstance(first, cst.Expr) and isinstance(first.value, cst.SimpleString)) or (
-        isinstance(first, cst.Assign) and len(first.targets) == 1
-        and isinstance(first.targets[0].target, cst.Name)
-        and first.targets[0].target.value == "__strict__"):
-      k = 1
-  while k < len(body) and _is_import_line(body[k]):
-    k += 1
-  return k
-
-
-def _has_helper(module: cst.Module) -> bool:
-  return any(isinstance(s, cst.FunctionDef) and s.name.value == runtime.HELPER_NAME
-             for s in module.body)
+    return edits.insert_helpers(tree, self.target, self.multihost, self._runtime_specs)
 
 
 def _code(node: cst.CSTNode) -> str:

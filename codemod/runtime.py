@@ -18,9 +18,9 @@ MARKER = "# --- pmap-to-shmap helpers"
 
 _HEADER = '''\
 # --- pmap-to-shmap helpers: the rewritten pmap sites in this file call these. ---
-# Like pmap, a mapped axis of size n runs on the first n {pool}, in order;
-# the intended setup is n == {count}. Meshes are built on first use, once
-# per size, so importing this file does not start JAX's backend.
+# Like pmap, a mapped axis of size n runs on the first n {pool},
+# in order; the intended setup is n == {count}. Meshes are built on
+# first use, once per size, so importing this file does not start JAX's backend.
 '''
 
 _MESH = '''\
@@ -103,10 +103,31 @@ def _pmap_restore_mapped_axes(specs, tree):
 '''
 
 _MAIN = '''\
-def _pmap_as_shard_map(
+_pmap_wrappers = {{}}
+
+
+def _pmap_as_shard_map(fun, **options):
+    """pmap(fun) as a function to wrap in jax.jit: a shard_map over the mesh pmap used.
+
+    The same (fun, options) gives the same function back, so that a site evaluated
+    again (say, in a loop) reuses jax.jit's traces, as re-created pmaps did.
+    """
+    try:
+        key = (fun, repr(sorted(options.items())))
+        hash(key)
+    except TypeError:  # an unhashable function: nothing to share
+        return _pmap_build(fun, **options)
+    if key not in _pmap_wrappers:
+        if len(_pmap_wrappers) >= 256:
+            _pmap_wrappers.pop(next(iter(_pmap_wrappers)))
+        _pmap_wrappers[key] = _pmap_build(fun, **options)
+    return _pmap_wrappers[key]
+
+
+def _pmap_build(
         fun, *, axes, in_specs, out_specs, static_argnums=(), axis_size=None,
         devices=None, backend=None):
-    """pmap(fun) as a function to wrap in jax.jit: a shard_map over the mesh pmap used.
+    """The function _pmap_as_shard_map returns.
 
     in_specs has an entry per positional argument (or one spec for all), as pmap's
     in_axes did, including entries for static arguments, which reach `fun` unchanged.
@@ -150,7 +171,7 @@ def _pmap_as_shard_map(
 
 _RUNTIME_SPECS = '''\
 def _pmap_specs_from_axes(axes, axis_name, outputs=False):
-    """in_axes / out_axes only known at run time, as specs: k -> P(None, ..., name), None -> P()."""
+    """in_axes / out_axes known only at run time, as specs (k -> P(None, ..., name))."""
     if isinstance(axes, list) and not outputs:
         axes = tuple(axes)  # pmap reads a top-level in_axes list as the argument tuple
 
@@ -208,7 +229,7 @@ def _pmap_host_local_io(jitted):
 _POOLS = {
     False: ("local devices", "jax.local_device_count()",
             "jax.local_devices(backend=backend)"),
-    True: ("devices of all processes (process by process)", "jax.device_count()",
+    True: ("global devices (process by process)", "jax.device_count()",
            "sorted(jax.devices(backend), key=lambda d: d.process_index)"),
 }
 

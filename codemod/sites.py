@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import libcst as cst
+from libcst.metadata import QualifiedNameProvider
 
+from codemod.related import RelatedPatterns
 from codemod.specs import Unconvertible
 
 PMAP_NAMES = frozenset({"jax.pmap", "jax.api.pmap", "jax._src.api.pmap"})
@@ -69,3 +71,90 @@ def int_tuple(node: Optional[cst.BaseExpression], what: str) -> Optional[tuple[i
       return None
     out.append(int(v.evaluated_value))
   return tuple(out)
+
+
+@dataclass(eq=False)
+class Site:
+  """One pmap application: a call, or a run of pmap decorators on one def."""
+  node: cst.CSTNode                      # the Call, or the first pmap Decorator
+  options: PmapOptions
+  fun: Optional[cst.BaseExpression]      # None for decorators (the def is the function)
+  fundef: Optional[cst.FunctionDef] = None
+  decorators: tuple = ()                 # indices into fundef.decorators, outer first
+  inner: Optional["Site"] = None         # a pmap applied directly inside this one
+  absorbed: bool = False                 # this site is another site's `inner`
+  error: Optional[str] = None
+  refs: list = field(default_factory=list)
+
+  def levels(self) -> list["Site"]:
+    chain, site = [], self
+    while site is not None:
+      chain.append(site)
+      site = site.inner
+    return chain
+
+
+def qualified(get_metadata, node: cst.CSTNode) -> set[str]:
+  return {q.name for q in get_metadata(QualifiedNameProvider, node, set())}
+
+
+class References(RelatedPatterns):
+  """Every expression that names JAX's pmap, and every Call/def for site analysis; in the
+  same walk, the related patterns that only get report entries."""
+
+  def __init__(self, get_metadata, multihost: bool):
+    super().__init__(get_metadata, multihost)
+    self.refs: list[cst.CSTNode] = []
+    self.calls: list[cst.Call] = []
+    self.defs: list[cst.FunctionDef] = []
+    self.pmap_imports: list[tuple[str, Optional[str]]] = []
+    self.pmap_spellings: set[str] = {"pmap"}
+
+  def visit_Import(self, node) -> bool:
+    return False
+
+  def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    module = cst.Module([]).code_for_node(node.module) if node.module else ""
+    if module in ("jax", "jax.api") and not isinstance(node.names, cst.ImportStar):
+      for alias in node.names:
+        if alias.evaluated_name == "pmap":
+          self.pmap_imports.append((module, alias.evaluated_alias))
+          self.pmap_spellings.add(alias.evaluated_alias or "pmap")
+    return False
+
+  # Qualified names are computed lazily, per node: ask only where the spelling could be pmap.
+  def visit_Attribute(self, node: cst.Attribute) -> bool:
+    if node.attr.value == "pmap" and qualified(self.get_metadata, node) & PMAP_NAMES:
+      self.refs.append(node)
+      return False
+    return True
+
+  def visit_Name(self, node: cst.Name) -> None:
+    if node.value in self.pmap_spellings and qualified(self.get_metadata, node) & PMAP_NAMES:
+      self.refs.append(node)
+
+  def visit_Call(self, node: cst.Call) -> None:
+    self.calls.append(node)
+    super().visit_Call(node)
+
+  def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    self.defs.append(node)
+
+
+class _Contains(cst.CSTVisitor):
+  """Which of some nodes occur inside a subtree."""
+
+  def __init__(self, targets: set):
+    self.targets = targets
+    self.found: list = []
+
+  def on_visit(self, node: cst.CSTNode) -> bool:
+    if node in self.targets:
+      self.found.append(node)
+    return True
+
+
+def contains(root: cst.CSTNode, targets: set, exclude: cst.CSTNode | None = None) -> list:
+  finder = _Contains(targets - {root, exclude})
+  root.visit(finder)
+  return finder.found

@@ -51,7 +51,7 @@ def read_axes(node: cst.BaseExpression, what: str) -> Axes:
     for el in node.elements:
       if not isinstance(el, cst.DictElement) or not isinstance(
           el.key, (cst.SimpleString, cst.Integer)):
-        raise Unconvertible(f"{what} dict needs literal keys to be converted")
+        raise NotLiteral(f"{what} dict needs literal keys to be converted")
       items.append((cst.Module([]).code_for_node(el.key), read_axes(el.value, what)))
     return KeyedAxes(tuple(items))
   code = cst.Module([]).code_for_node(node)
@@ -62,7 +62,7 @@ def _elements(elements, what: str) -> list:
   out = []
   for el in elements:
     if isinstance(el, cst.StarredElement):
-      raise Unconvertible(f"{what} uses a starred element")
+      raise NotLiteral(f"{what} uses a starred element")
     out.append(read_axes(el.value, what))
   return out
 

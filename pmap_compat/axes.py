@@ -44,8 +44,7 @@ def out_axes_per_leaf(out_axes: Any, out: Any) -> tuple[int | None, ...]:
   except ValueError:
     mismatch = next(iter(prefix_errors(out_axes, out)), None)
     detail = mismatch("pmap out_axes").args[0] if mismatch is not None else str(out_axes)
-    raise ValueError(f"pmap out_axes is not a tree prefix of the function's output: "
-                     f"{detail}") from None
+    raise errors.out_axes_not_prefix(detail) from None
 
 
 def normalise_in_axis(axis: int | None, shape: tuple) -> int | None:

@@ -90,14 +90,29 @@ def static_args_missing(static: tuple, nargs: int) -> ValueError:
       "passed positionally.")
 
 
+_DOCS = "https://docs.jax.dev/en/latest/_autosummary/jax.pmap.html#jax.pmap"
+
+
 def in_axes_not_prefix(has_kwargs: bool, detail: str) -> ValueError:
-  msg = (f"pmap in_axes is not a tree prefix of the arguments: {detail}\n\n"
-         "The 'full pytree' here is the tuple of arguments passed positionally to the "
-         "pmapped function, and the value of `in_axes` must be a tree prefix of that tuple.")
+  """``detail`` is the pytree mismatch description; the rest is legacy's explanation."""
+  parts = [detail,
+           "The 'full pytree' here is the tuple of arguments passed positionally to the "
+           "pmapped function, and the value of `in_axes` must be a tree prefix of that tuple. "
+           "But it was not a prefix."]
   if has_kwargs:
-    msg += ("\n\nArguments passed by keyword are not compared with `in_axes`: each one is "
-            "mapped over its leading axis.")
-  return ValueError(msg)
+    parts.append("When some arguments are passed by keyword to the pmapped function, they are "
+                 "not included in the comparison to `in_axes`. Instead, each argument passed by "
+                 "keyword is mapped over its leading axis. See the description of `in_axes` in "
+                 f"the `pmap` docstring: {_DOCS}")
+  parts.append("Check that the value of the `in_axes` argument to `pmap` is a tree prefix of the "
+               "tuple of arguments passed positionally to the pmapped function.")
+  return ValueError("\n\n".join(parts))
+
+
+def out_axes_not_prefix(detail: str) -> ValueError:
+  return ValueError(
+      f"{detail}\n\nThe full pytree is the output of the pmapped function. Ensure that the "
+      "`out_axes` argument to `pmap` is a pytree prefix of the pmapped function's output.")
 
 
 def _arg_label(fun: Callable, path: tuple, n_positional: int) -> str:

@@ -117,6 +117,8 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
   out_pmap = [o.sharding for o in outs]
   if not all(isinstance(s, outputs.PmapSharding) for s in out_pmap):
     return None
+  if not in_shardings and not outs:
+    return None  # nothing to tell the devices from; such calls are rare and cheap
   for p, s in zip(in_pmap, in_shardings):
     inputs.remember_target(p, s)
   devices = list(in_shardings[0]._device_assignment) if in_shardings else list(

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import jax
 from jax._src import dtypes
+from jax._src import prng
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
 from jax._src.sharding_impls import GSPMDSharding, NamedSharding, PmapSharding
@@ -97,8 +98,13 @@ def place(x: Any, target: Any) -> Any:
   sharding = x.sharding
   if sharding == target and not isinstance(sharding, PmapSharding):
     return x
+  if isinstance(x, prng.PRNGKeyArray) and isinstance(target, NamedSharding):
+    # Typed keys: place their uint32 storage (trailing key dims stay unsharded
+    # under the same spec) and wrap it again; nothing is computed.
+    base = place(x._base_array, target)
+    return x if base is x._base_array else prng.PRNGKeyArray(x._impl, base)
   if type(x) is not ArrayImpl or dtypes.issubdtype(x.dtype, dtypes.extended):
-    return jax.device_put(x, target)  # typed keys: jax handles their physical layout
+    return jax.device_put(x, target)
   x._check_if_deleted()
   if outputs.same_blocks(sharding, target, x.shape, ordered=False):
     return _rewrap(x, target)

@@ -3,7 +3,8 @@
 JAX 0.6.0 cannot lower ``lax.all_gather`` of a typed key array (neither legacy pmap
 nor shard_map can). When a body receives typed keys, we stage the body to a jaxpr and
 replay it, doing each top-level ``all_gather`` of keys on the key data instead and
-re-wrapping the result, which is what gathering keys means.
+re-wrapping the result, which is what gathering keys means. Gathers inside a ``jit``
+in the body are inlined and fixed too; inside scan / cond / while they are not.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 from jax import lax
-from jax._src import core
+from jax._src import core, pjit
 from jax._src.lax import parallel
 from jax.tree_util import tree_flatten, tree_unflatten
 
@@ -42,6 +43,9 @@ def _replay(jaxpr: core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> li
     ins = [read(v) for v in eqn.invars]
     if eqn.primitive is parallel.all_gather_p and is_key(eqn.invars[0].aval):
       outs = [_gather_key(ins[0], eqn.params)]
+    elif eqn.primitive in _INLINABLE and _has_key_gather(eqn.params["jaxpr"].jaxpr):
+      sub = eqn.params["jaxpr"]  # a jit around the gather: inline it
+      outs = _replay(sub.jaxpr, sub.consts, ins)
     else:
       subfuns, params = eqn.primitive.get_bind_params(eqn.params)
       outs = eqn.primitive.bind(*subfuns, *ins, **params)
@@ -52,9 +56,17 @@ def _replay(jaxpr: core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> li
   return [read(v) for v in jaxpr.outvars]
 
 
+_INLINABLE = (pjit.pjit_p,)
+
+
 def _has_key_gather(jaxpr: core.Jaxpr) -> bool:
-  return any(e.primitive is parallel.all_gather_p and is_key(e.invars[0].aval)
-             for e in jaxpr.eqns)
+  """Any all_gather of keys here or inside a jit (which _replay inlines)?"""
+  for e in jaxpr.eqns:
+    if e.primitive is parallel.all_gather_p and is_key(e.invars[0].aval):
+      return True
+    if e.primitive in _INLINABLE and _has_key_gather(e.params["jaxpr"].jaxpr):
+      return True
+  return False
 
 
 def call_with_key_collectives(fun: Callable[[list], Any], leaves: list) -> Any:

@@ -30,11 +30,12 @@ class NeedAxis(Exception):
 class Frame:
   """The mesh axes (name -> size) the outermost pmap's body is manual over, and nesting depth."""
 
-  __slots__ = ("sizes", "depth")
+  __slots__ = ("sizes", "depth", "active")
 
-  def __init__(self, sizes: dict[Any, int]):
+  def __init__(self, sizes: dict[Any, int], outer: tuple):
     self.sizes = sizes
     self.depth = 1
+    self.active = list(outer)  # axis names of the pmaps enclosing the code being traced
 
 
 class _State(threading.local):
@@ -51,8 +52,8 @@ def current() -> Frame | None:
 class outer_body:
   """Context: the outermost pmap's body is being traced over the given mesh axes."""
 
-  def __init__(self, sizes: dict[Any, int]):
-    self.frame = Frame(sizes)
+  def __init__(self, sizes: dict[Any, int], outer: tuple):
+    self.frame = Frame(sizes, outer)
 
   def __enter__(self) -> Frame:
     self.prev, _STATE.frame = _STATE.frame, self.frame
@@ -68,6 +69,10 @@ def default_axis_name(depth: int, size: int) -> str:
 
 
 def require_axis(frame: Frame, name: Any, size: int) -> None:
+  if name in frame.active:
+    raise ValueError(
+        f"nested pmap reuses the axis name {name!r} of an enclosing pmap; pmap_compat maps "
+        "nested pmaps onto one mesh and cannot shadow an axis name: rename the inner axis")
   have = frame.sizes.get(name)
   if have is None:
     raise NeedAxis(name, size)
@@ -86,10 +91,12 @@ def run_nested(name: Any, leaves: list, in_axes: tuple, invoke: Callable[[list],
   picked = [x if d is None else lax.dynamic_index_in_dim(x, idx, d, keepdims=False)
             for x, d in zip(leaves, in_axes)]
   frame.depth += 1
+  frame.active.append(name)
   try:
     out = invoke(picked)
   finally:
     frame.depth -= 1
+    frame.active.pop()
   out_leaves, out_tree = tree_flatten(out)
   gathered = [y if d is None else _gather(y, name, d)
               for y, d in zip(out_leaves, out_axes_for(out))]

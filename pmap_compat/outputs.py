@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 from jax._src import core
 from jax._src import dtypes
+from jax._src import prng
 from jax._src.array import ArrayImpl
 from jax._src.mesh import Mesh
 from jax._src.partition_spec import PartitionSpec
@@ -130,6 +131,11 @@ def named_to_pmap(sharding: Any, ndim: int) -> PmapSharding | None:
 def as_pmap_array(x: Any) -> Any:
   """``x`` with the equivalent PmapSharding, same buffers; ``x`` itself when it
   has none (typed keys, float0, non-arrays, layouts a ShardingSpec cannot say)."""
+  if isinstance(x, prng.PRNGKeyArray):
+    # Typed keys: the same conversion on their uint32 storage (legacy's keys are
+    # PmapSharding-backed too, so ``keys[0]`` is a view).
+    base = as_pmap_array(x._base_array)
+    return x if base is x._base_array else prng.PRNGKeyArray(x._impl, base)
   if type(x) is not ArrayImpl or isinstance(x.sharding, PmapSharding):
     return x
   if dtypes.issubdtype(x.dtype, dtypes.extended) or not x.is_fully_addressable:

@@ -9,11 +9,13 @@ pmaps met while tracing the body become extra mesh axes (see ``nesting``).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 from jax import lax
+from jax._src import api_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.tree_util import tree_flatten, tree_unflatten
 
@@ -65,8 +67,39 @@ def call_fun(fun: Callable, call: CallArgs, leaves: list) -> Any:
   return fun(*args, **kwargs)
 
 
+class _TruthyName:
+  """Stands for a falsy or tuple user axis name (``0``, ``""``, ``("a", 1)``) in mesh/specs.
+
+  JAX's specs treat a falsy entry as "unsharded" and a tuple as several mesh axes, so such
+  a name cannot be a mesh axis as is. This stand-in hashes and compares equal to the user's
+  name, so collectives written against the user's name still find the mesh axis.
+  """
+  __slots__ = ("name",)
+
+  def __init__(self, name: Any):
+    self.name = name
+
+  def __hash__(self) -> int:
+    return hash(self.name)
+
+  def __eq__(self, other: Any) -> bool:
+    other = other.name if isinstance(other, _TruthyName) else other
+    return type(other) is type(self.name) and other == self.name
+
+  def __bool__(self) -> bool:
+    return True
+
+  def __repr__(self) -> str:
+    return repr(self.name)
+
+  __str__ = __repr__
+
+
 def axis_name_of(cfg: PmapConfig, depth: int, size: int) -> Any:
-  return nesting.default_axis_name(depth, size) if cfg.axis_name is None else cfg.axis_name
+  name = cfg.axis_name
+  if name is None:
+    return nesting.default_axis_name(depth, size)
+  return _TruthyName(name) if not name or isinstance(name, tuple) else name
 
 
 def in_spec(axis: int | None, name: Any) -> P:
@@ -111,7 +144,7 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
 
   def body(*blocks):
     leaves = [b if d is None else lax.squeeze(b, (d,)) for b, d in zip(blocks, call.in_axes)]
-    with nesting.outer_body(dict(axis_sizes)):
+    with nesting.outer_body(dict(axis_sizes), (name,)):
       out = keys.call_with_key_collectives(lambda xs: call_fun(fun, call, xs), leaves)
     out_axes = out_axes_normalised(cfg, out)
     outs, found["tree"] = tree_flatten(out)
@@ -120,6 +153,8 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
     unmapped = [y for y, d in zip(outs, out_axes) if d is None]
     flags = [_varies(y, manual) for y in unmapped] if strict else []
     return mapped, unmapped, flags
+  # Tracing errors (e.g. a tracer used as a bool) then name the user's function, not ours.
+  body.__fun_sourceinfo__ = api_util.fun_sourceinfo(fun)
 
   in_specs = tuple(in_spec(d, name) for d in call.in_axes)
   mapped, unmapped, flags = shard_map(body, mesh, in_specs=in_specs,
@@ -141,22 +176,32 @@ def stage_top(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread:
   name = axis_name_of(cfg, 0, call.size)
   mesh_axes = [(name, call.size)]
   while True:
-    mesh = meshes.build_mesh(mesh_axes, cfg.backend, cfg.devices, spread)
+    total = math.prod(s for _, s in mesh_axes)
+    # With devices=, a count that does not match yet may still be completed by nested
+    # pmaps found while tracing: trace on a provisional mesh, decide afterwards.
+    provisional = cfg.devices is not None and len(cfg.devices) != total
+    if provisional and total > len(cfg.devices):
+      raise errors.devices_mismatch(call.size, cfg.devices)
+    mesh = meshes.build_mesh(mesh_axes, cfg.backend, None if provisional else cfg.devices,
+                             spread)
     if spread:
       multihost.check_traced_use(mesh)
     try:
       out = stage_over(mesh, cfg, fun, call, name, cfg.strict_replication)
-      meshes_used[call.size] = mesh
-      return out
     except nesting.NeedAxis as need:
-      if any(need.name == n for n, _ in mesh_axes):
-        raise  # cannot happen: require_axis reports size conflicts itself
       mesh_axes.append((need.name, need.size))
+      continue
+    if provisional:
+      raise errors.devices_mismatch(call.size, cfg.devices)
+    meshes_used[call.size] = mesh
+    return out
 
 
 def run_nested(cfg: PmapConfig, fun: Callable, frame: nesting.Frame, args: tuple,
                kwargs: dict) -> Any:
   """An inner pmap called while an outer pmap's body is traced."""
+  if cfg.devices is not None:
+    raise ValueError("Nested pmap with explicit devices argument.")
   call = match_args(cfg, fun, args, kwargs)
   name = axis_name_of(cfg, frame.depth, call.size)
   nesting.require_axis(frame, name, call.size)
@@ -179,8 +224,10 @@ def make_staged(fun_ref: Callable[[], Callable], cfg: PmapConfig, spread: bool,
 
 
 def input_shardings(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread: bool,
-                    meshes_used: dict) -> tuple[CallArgs, Mesh, list[NamedSharding]]:
+                    meshes_used: dict) -> tuple[CallArgs, Mesh | None, list[NamedSharding]]:
   """Where each dynamic leaf must live for the staged program (slow path only).
+
+  The mesh is None when it is not known before tracing.
 
   In a multi-process job the arguments are host-local, the mesh global: its size is
   ``axis_size`` or local size x process count (as legacy).
@@ -191,6 +238,8 @@ def input_shardings(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, s
     size = cfg.axis_size or (len(cfg.devices) if cfg.devices else size * jax.process_count())
   mesh = meshes_used.get(size)
   if mesh is None:
+    if cfg.devices is not None and len(cfg.devices) != size:
+      return call, None, []  # only tracing can tell (nested pmaps) or raise legacy's error
     name = axis_name_of(cfg, 0, size)
     mesh = meshes.build_mesh([(name, size)], cfg.backend, cfg.devices, spread)
   name = mesh.axis_names[0]

@@ -16,7 +16,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import cache, errors, fastpath, nesting, program
+from pmap_compat import aot, cache, errors, fastpath, nesting, outputs, program
 from pmap_compat.config import PmapConfig
 
 _trace_ctx = core.trace_ctx
@@ -37,8 +37,10 @@ def _under_jit() -> bool:
 def _place_inputs(entry: cache.Entry, spread: bool, args: tuple, kwargs: dict):
   """Moves the dynamic leaves onto the mesh; None when nothing needed moving."""
   staged_meshes = (entry.spread() if spread else entry.top).__wrapped__.meshes_used
-  call, _, shardings = program.input_shardings(entry.cfg, entry.fun_ref(), args, kwargs, spread,
-                                               staged_meshes)
+  call, mesh, shardings = program.input_shardings(entry.cfg, entry.fun_ref(), args, kwargs,
+                                                  spread, staged_meshes)
+  if mesh is None:
+    return None
   from pmap_compat import placement  # noqa: PLC0415 (slow path only)
   moved = placement.place_leaves(call.leaves, shardings)
   if moved is None:
@@ -84,6 +86,17 @@ def _with_placement(entry: cache.Entry, fun: Callable,
   return run
 
 
+def _ahead_of_time(entry: cache.Entry, fun: Callable, method: str) -> Callable:
+  """``.lower`` / ``.trace``: jit's, on host-local arguments in a multi-process job."""
+  local = _with_placement(entry, fun, lambda j: getattr(j, method))
+
+  def stage(*args, **kwargs):
+    if program.local_size_is_global():
+      return local(*args, **kwargs)
+    return aot.stage(method, entry.top, entry.cfg, fun, args, kwargs)
+  return stage
+
+
 def _check_replicated(cfg: PmapConfig, out: Any, flags: tuple) -> None:
   if not flags or isinstance(flags[0], core.Tracer):
     return  # only checkable once values exist; under a trace the flags are abstract
@@ -93,6 +106,12 @@ def _check_replicated(cfg: PmapConfig, out: Any, flags: tuple) -> None:
              zip(tree_flatten_with_path(out)[0], axes_lib.out_axes_per_leaf(cfg.out_axes, out))
              if d is None]
     raise errors.replicated_output_varies([p for p, v in zip(paths, varied) if v])
+
+
+def _as_pmap_outputs(out: Any) -> Any:
+  """Top-level slow-path results in legacy's representation (PmapSharding, same buffers)."""
+  leaves, tree = tree_flatten(out)
+  return tree_unflatten(tree, outputs.wrap_outputs(leaves))
 
 
 def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
@@ -112,14 +131,14 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
     if cfg.strict_replication:
       out, flags = call_slow(*args, **kwargs)
       _check_replicated(cfg, out, flags)
-      return out, None
+      return _as_pmap_outputs(out), None
     if _trace_ctx.trace is not _eval_trace:  # a user's jit / vmap / grad: plain jit
       return call_slow(*args, **kwargs), None
     top = entry.top
     seen = top.__wrapped__.meshes_used
     _, mesh, shardings = program.input_shardings(cfg, fun, args, kwargs, False, seen)
-    if len(mesh.axis_names) > 1:  # nested pmap: outputs are not one block per device
-      return call_slow(*args, **kwargs), None
+    if mesh is None or len(mesh.axis_names) > 1:  # not known before tracing / nested pmap
+      return _as_pmap_outputs(call_slow(*args, **kwargs)), None
     plan = fastpath.Plan(mesh=mesh, in_shardings_flat=tuple(shardings), static_argnums=cfg.static)
     try:
       return fastpath.run(top, args, kwargs, plan)
@@ -129,14 +148,14 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
       traced_mesh = seen.get(mesh.shape[mesh.axis_names[0]])
       if traced_mesh is None or len(traced_mesh.axis_names) == 1:
         raise
-    return call_slow(*args, **kwargs), None
+    return _as_pmap_outputs(call_slow(*args, **kwargs)), None
 
   # One C++ dispatcher per wrapper, as legacy: its ``_cache_size`` (an int property) and
   # ``_cache_clear()`` are per wrapper, while traces and executables are shared per entry.
   pmapped = fastpath.make_dispatcher(fun, cache_miss, cfg.static)
   functools.update_wrapper(pmapped, fun)
-  pmapped.lower = _with_placement(entry, fun, lambda j: j.lower)
-  pmapped.trace = _with_placement(entry, fun, lambda j: j.trace)
+  pmapped.lower = _ahead_of_time(entry, fun, "lower")
+  pmapped.trace = _ahead_of_time(entry, fun, "trace")
   pmapped._fun = fun
   pmapped._pmap_config = cfg
   return pmapped

@@ -77,6 +77,16 @@ def _pvary_outputs_to_specs(fun: lu.WrappedFun, out_names: Callable) -> lu.Wrapp
   return mark(fun)
 
 
+def _prepare_body(fun, rewrite: bool, mesh, in_names, out_names) -> lu.WrappedFun:
+  """With check_rep, wrap the body for differentiation in the active mode."""
+  if not rewrite:
+    return fun
+  by_types = config.varying_axes_in_types.value
+  wrap = _pvary_outputs_to_specs if by_types else None
+  return (wrap(fun, out_names) if wrap is not None
+          else _rewrite_for_transpose(fun, mesh, in_names, out_names))
+
+
 def _rewrite_for_transpose(fun, mesh, in_names, out_names):
   """Non-vma mode: the efficient-transpose rewrite (provided by ``rewrite``)."""
   try:
@@ -107,17 +117,7 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
   Returns:
     The mapped function, taking global arrays and returning global arrays.
   """
-  if not callable(f):
-    raise TypeError("shard_map requires a callable for its first argument, "
-                    f"but got {f} of type {type(f)}.")
-  if not isinstance(mesh, (Mesh, AbstractMesh)):
-    raise TypeError("shard_map requires a `jax.sharding.Mesh` or a "
-                    "`jax.sharding.AbstractMesh` instance for its second "
-                    f"argument, but got {mesh} of type {type(mesh)}.")
-  auto = frozenset(auto)
-  if not auto <= set(mesh.axis_names):
-    raise ValueError(f"shard_map requires auto={auto} to be a subset of "
-                     f"mesh.axis_names={mesh.axis_names}")
+  auto = errors.checked_arguments(f, mesh, auto)
   _validate_specs("in", in_specs, auto)
   if not callable(out_specs):
     _validate_specs("out", out_specs, auto)
@@ -148,11 +148,7 @@ def _call(f, mesh, in_specs, out_specs, check_rep, auto, args) -> Any:
   out_names = _OutNames(out_specs, out_tree, auto)
 
   rewrite = bool(check_rep)
-  if rewrite:
-    if config.varying_axes_in_types.value:
-      fun = _pvary_outputs_to_specs(fun, out_names)
-    else:
-      fun = _rewrite_for_transpose(fun, mesh, in_names, out_names)
+  fun = _prepare_body(fun, rewrite, mesh, in_names, out_names)
   try:
     outs = shard_map_p.bind(fun, *dyn_args, mesh=mesh, in_names=in_names,
                             out_names_thunk=out_names, check_rep=check_rep,

@@ -201,7 +201,7 @@ class EagerTrace(core.Trace):
 
   def _out_reps(self, prim, tracers, in_reps, params):
     if not self.check:
-      return None
+      return _UNCHECKED
     if self.typed:
       avals, _ = prim.abstract_eval(*(core.typeof(t) for t in tracers), **params)
       avals = avals if prim.multiple_results else [avals]
@@ -253,8 +253,11 @@ class EagerTrace(core.Trace):
         "`jax.jit` around the `shard_map`-decorated function.")
 
 
+_UNCHECKED = object()  # rep results when check_rep=False: nothing known
+
+
 def _broadcast_reps(prim, reps, n_out: int) -> list:
-  if reps is None:
+  if reps is _UNCHECKED:
     return [frozenset()] * n_out
   if not prim.multiple_results:
     return [reps]

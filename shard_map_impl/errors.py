@@ -84,6 +84,29 @@ def _param_note(f: Callable, tree, value_path) -> str:
           f"varargs parameter '{var.name}',")
 
 
+def checked_arguments(f, mesh, auto) -> frozenset:
+  """Validate shard_map's non-spec arguments; returns ``auto`` as a frozenset."""
+  from jax._src.mesh import AbstractMesh, Mesh
+  what = None
+  if not callable(f):
+    what = TypeError(f"shard_map requires a callable for its first argument, "
+                     f"but got {f} of type {type(f)}.")
+  elif not isinstance(mesh, (Mesh, AbstractMesh)):
+    what = TypeError(f"shard_map requires a `jax.sharding.Mesh` or a "
+                     f"`jax.sharding.AbstractMesh` instance for its second "
+                     f"argument, but got {mesh} of type {type(mesh)}.")
+  else:
+    auto = frozenset(auto)
+    stray = auto - set(mesh.axis_names)
+    if stray:
+      what = ValueError(f"shard_map requires auto={auto} to be a subset of "
+                        f"mesh.axis_names={mesh.axis_names} (not in the mesh: "
+                        f"{sorted(stray, key=str)})")
+  if what is not None:
+    raise what
+  return auto
+
+
 def in_specs_none() -> TypeError:
   return TypeError(
       "shard_map in_specs argument must be a pytree of "

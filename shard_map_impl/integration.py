@@ -50,3 +50,61 @@ def device_witness(mesh) -> core.Jaxpr | None:
   eqn = _witness_eqn(mesh)
   return core.Jaxpr(constvars=(), invars=list(eqn.invars),
                     outvars=list(eqn.outvars), eqns=[eqn])
+
+
+# --- checkify -------------------------------------------------------------------
+
+def _checkify_rule(error, enabled_errors, *vals, jaxpr: core.Jaxpr, mesh,
+                   in_names, out_names, check_rep, rewrite, auto, **_witness):
+  """checkify a shard_map equation: the body is checked per device.
+
+  Incoming error values enter replicated; each device's resulting error comes
+  out stacked along a new leading dimension split over every mesh axis, so
+  checkify's reduction picks the first failing device, as with JAX's
+  shard_map.
+  """
+  from jax._src import checkify
+  from jax._src import linear_util as lu
+  from jax.tree_util import tree_flatten, tree_unflatten
+  from shard_map_impl.primitive import ConstThunk, shard_map_p
+
+  err_in, err_tree = tree_flatten(error)
+  body = core.ClosedJaxpr(jaxpr, ())
+  err_out_tree = []
+
+  def checked(*args):
+    err = tree_unflatten(err_tree, args[:len(err_in)])
+    new_err, outs = checkify.checkify_jaxpr(body, enabled_errors, err,
+                                            *args[len(err_in):])
+    flat_err, tree = tree_flatten(new_err)
+    err_out_tree.append((tree, len(flat_err)))
+    return [e[None] for e in flat_err] + list(outs)
+
+  class _OutNames:
+    def __call__(self):
+      _, n_err = err_out_tree[-1]
+      return ({0: tuple(mesh.axis_names)},) * n_err + tuple(out_names)
+
+  fun = lu.wrap_init(checked, debug_info=jaxpr.debug_info)
+  results = shard_map_p.bind(
+      fun, *err_in, *vals, mesh=mesh, in_names=({},) * len(err_in) + tuple(in_names),
+      out_names_thunk=_OutNames(), check_rep=check_rep, rewrite=rewrite, auto=auto)
+  tree, n_err = err_out_tree[-1]
+  return tree_unflatten(tree, results[:n_err]), results[n_err:]
+
+
+def _key_reuse_signature(eqn: core.JaxprEqn):
+  from jax.experimental.key_reuse import _core as key_reuse
+  return key_reuse.jaxpr_type_signature(eqn.params["jaxpr"])
+
+
+def _register() -> None:
+  from jax._src import checkify
+  from jax.experimental.key_reuse import _core as key_reuse
+  from shard_map_impl.primitive import shard_map_p
+  checkify.error_checks[shard_map_p] = _checkify_rule
+  key_reuse.key_reuse_signatures[shard_map_p] = key_reuse.dynamic_key_reuse_signature(
+      _key_reuse_signature)
+
+
+_register()

@@ -224,14 +224,14 @@ def _all_results_meet(count_param: str):
   return rule
 
 
-def _nested_shard_map(mesh, *reps, mesh_inner=None, **params):
+def _nested_shard_map(outer_mesh, *reps, **params):
   """A shard_map nested in a body: replicated along axes it leaves alone only
   where every operand is, and along its own manual axes where its out_specs
   promise so."""
   inner = params["mesh"]
   inner_manual = frozenset(manual_axes_of(inner, params["auto"]))
-  outside = meet(mesh, reps)
-  outside = _full(mesh) if outside is None else outside
+  outside = meet(outer_mesh, reps)
+  outside = _full(outer_mesh) if outside is None else outside
   return [(outside - inner_manual) | (inner_manual - spec_axes(n))
           for n in params["out_names"]]
 

@@ -48,7 +48,7 @@ def test_guide_has_no_unfilled_placeholders():
   assert "_PLACEHOLDER" not in _blocks()[0]
 
 
-@pytest.mark.parametrize("lang,code", _params())
+@pytest.mark.parametrize("lang,code", list(_params()))
 def test_guide_block_runs(lang, code):
   if lang == "python":
     exec(compile(code, "migration_guide.md", "exec"), {"__name__": "__guide__"})  # pylint: disable=exec-used

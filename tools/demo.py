@@ -70,8 +70,27 @@ def representative_diff(max_lines: int = 70) -> str:
   lines = proc.stdout.splitlines()
   if not any(l.startswith(("+", "-")) for l in lines):
     return "(codemod --diff printed no changes for examples/dp_sgd.py)"
+  lines = _collapse_added_runs(lines)
   more = len(lines) - max_lines
   return "\n".join(lines[:max_lines] + ([f"... ({more} more lines)"] if more > 0 else []))
+
+
+def _collapse_added_runs(lines: list[str], head: int = 4, tail: int = 10) -> list[str]:
+  """Shortens long runs of added lines (the generated helpers) to their ends, so the
+  rewritten call site, which closes the run, stays visible."""
+  out: list[str] = []
+  run: list[str] = []
+  for line in lines + [""]:
+    if line.startswith("+") and not line.startswith("+++"):
+      run.append(line)
+      continue
+    if len(run) > head + tail + 1:
+      run = run[:head] + [f"+   ... ({len(run) - head - tail} more added lines: generated "
+                          "helpers) ..."] + run[-tail:]
+    out += run
+    run = []
+    out.append(line)
+  return out[:-1]
 
 
 def dispatch_line() -> str:

@@ -374,6 +374,19 @@ def remaining_pmap_uses(path: str) -> list[str]:
   return found
 
 
+def uses_target_api(path: str, target: str) -> bool:
+  """Whether the rewritten file calls the shard_map its --target promises."""
+  tree = ast.parse(open(path, encoding="utf-8").read())
+  for node in ast.walk(tree):
+    if target == "jax" and isinstance(node, ast.Attribute) and node.attr == "shard_map" and (
+        isinstance(node.value, ast.Name) and node.value.id == "jax"):
+      return True
+    if target == "experimental" and isinstance(node, ast.ImportFrom) and (
+        node.module == "jax.experimental.shard_map"):
+      return True
+  return False
+
+
 # --------------------------------------------------------------------------- orchestration
 
 
@@ -432,6 +445,8 @@ class Runner:
     if left:
       return None, ("codemod left pmap in place (not converted) or added a dependency on this "
                     f"project at {', '.join(left)}")
+    if not uses_target_api(path, CODEMOD_TARGETS[mode]):
+      return None, f"the rewrite of {os.path.basename(path)} does not use the {mode} shard_map API"
     return path, None
 
   def result(self, case: Case, mode: str) -> RunResult:

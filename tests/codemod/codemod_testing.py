@@ -78,8 +78,9 @@ class PmapCodemodTest(CodemodTest):
   TRANSFORM = ConvertPmapCommand
 
   def assertConverts(self, before: str, after: str, *, target: str = "experimental",
-                     multihost: bool = False) -> None:
-    after = textwrap.dedent(after).replace(HELPERS, runtime.helper_source(target, multihost))
+                     multihost: bool = False, runtime_specs: bool = False) -> None:
+    helpers = runtime.helper_source(target, multihost, runtime_specs=runtime_specs)
+    after = textwrap.dedent(after).replace(HELPERS, helpers)
     self.assertCodemod(before, after, target=target, multihost=multihost)
 
   def assertUnchanged(self, before: str, **options) -> None:

@@ -1,6 +1,6 @@
 """Rule: in_axes / out_axes become in_specs / out_specs, leaf by leaf; what cannot be derived
 statically is reported and left unchanged."""
-from codemod_testing import SiteTest
+from codemod_testing import SiteTest, rewrite
 
 
 class InAxesTest(SiteTest):
@@ -54,11 +54,36 @@ class InAxesTest(SiteTest):
   def test_negative_axis_inside_tuple_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", in_axes=(0, -2))', "negative in_axes -2")
 
-  def test_non_literal_axes_are_reported(self):
-    self.assertSiteError('g = jax.pmap(f, "i", in_axes=my_axes)', "in_axes=my_axes is not a literal")
+  def test_non_literal_axes_become_specs_at_run_time(self):
+    self.assertConverts("""
+        import jax
 
-  def test_computed_axes_are_reported(self):
-    self.assertSiteError('g = jax.pmap(f, "i", in_axes=(0,) * 3)', "is not a literal")
+        g = jax.pmap(f, "i", in_axes=my_axes)
+        """, """
+        import jax
+        import functools
+        from jax.sharding import PartitionSpec as P
+        from jax.experimental.shard_map import shard_map
+
+
+        # <pmap-to-shmap helpers>
+
+
+        g = jax.jit(
+            _pmap_as_shard_map(
+                f, axes=("i",), in_specs=_pmap_specs_from_axes(my_axes, "i", outputs=False),
+                out_specs=P("i")))
+        """, runtime_specs=True)
+
+  def test_computed_out_axes_become_specs_at_run_time(self):
+    source = 'import jax\n\ng = jax.pmap(f, "i", out_axes=(0,) * 3)\n'
+    new, findings = rewrite(source)
+    assert 'out_specs=_pmap_specs_from_axes((0,) * 3, "i", outputs=True)' in new
+    assert "def _pmap_specs_from_axes(" in new
+    assert [f.severity.value for f in findings] == ["INFO"]
+
+  def test_non_literal_axes_in_nested_pmaps_are_reported(self):
+    self.assertSiteError('g = jax.pmap(jax.pmap(f, "j", in_axes=ax), "i")', "in_axes=ax is not a literal")
 
 
 class OutAxesTest(SiteTest):

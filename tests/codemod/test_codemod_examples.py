@@ -17,7 +17,8 @@ def _source(name):
     return f.read()
 
 
-@pytest.mark.parametrize("target", ["experimental", "jax"])
+@pytest.mark.parametrize("target", [
+    "experimental", pytest.param("jax", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", SINGLE_PROCESS)
 def test_example_matches_legacy(name, target):
   source = _source(name)

@@ -1,6 +1,7 @@
 """Execution: fixture programs run under legacy jax.pmap as written, and as rewritten by the
-codemod for --target experimental and --target jax (jax.shard_map via a keyword adapter,
-since jax 0.6.0 lacks it); the results must be identical."""
+codemod for --target experimental, --target jax (jax.shard_map via a keyword adapter,
+since jax 0.6.0 lacks it), --multihost (one process: the host-local <-> global conversion
+is exercised end to end) and --strategy shim; the results must be identical."""
 import os
 
 import pytest
@@ -22,11 +23,36 @@ def legacy_results():
   return {}
 
 
-@pytest.mark.parametrize("target", ["experimental", "jax"])
-@pytest.mark.parametrize("name", NAMES)
+MODES = {
+    "experimental": {"target": "experimental"},
+    "jax": {"target": "jax"},
+    "multihost": {"target": "experimental", "multihost": True},
+    "shim": {"strategy": "shim"},
+}
+
+
+# The default run covers every fixture for both targets, and each other mode on one
+# fixture; `-m slow` adds the rest.
+_DEFAULT = {("experimental", n) for n in NAMES} | {("jax", n) for n in NAMES} | {
+    ("multihost", "axes_and_forms"), ("shim", "options_and_methods")}
+_XFAIL = {("multihost", "keys_and_grads"): (
+    "--multihost: multihost_utils' host-local -> global conversion rejects typed PRNG key "
+    "arrays, and cannot run under jax.grad around the site (tracers)")}
+
+
+def _cases():
+  for mode in sorted(MODES):
+    for name in NAMES:
+      marks = [] if (mode, name) in _DEFAULT else [pytest.mark.slow]
+      if (mode, name) in _XFAIL:
+        marks.append(pytest.mark.xfail(strict=True, reason=_XFAIL[mode, name]))
+      yield pytest.param(name, mode, marks=marks, id=f"{name}-{mode}")
+
+
+@pytest.mark.parametrize("name,target", list(_cases()))
 def test_fixture_matches_legacy(name, target, legacy_results):
   source = _source(name)
-  new, findings = rewrite(source, target=target)
+  new, findings = rewrite(source, **MODES[target])
   errors = [f for f in findings if f.severity.value == "ERROR"]
   assert not errors, errors
   assert "jax.pmap" not in new
@@ -44,3 +70,28 @@ def test_fixtures_import_without_starting_the_backend():
     module = load(new, "import_only_" + name)
     assert module._pmap_mesh.cache_info().currsize == 0
   assert jax.device_count() == 8
+
+
+def test_a_site_evaluated_again_reuses_its_trace():
+  """`jax.pmap(f)(x)` in a loop traced f once under legacy pmap; so must the rewrite."""
+  source = (
+      "import jax\nimport numpy as np\n\nTRACES = []\n\n\n"
+      "def f(x):\n  TRACES.append(1)\n  return x * 2\n\n\n"
+      "def run():\n  x = np.ones((jax.local_device_count(), 3), np.float32)\n"
+      "  return [jax.pmap(f, 'i')(x) for _ in range(3)]\n")
+  legacy = load(source, "retrace_legacy")
+  expected = legacy.run()
+  new, _ = rewrite(source)
+  ours = load(new, "retrace_rewritten")
+  assert_trees_equal(expected, ours.run())
+  assert len(ours.TRACES) == len(legacy.TRACES) == 1
+
+
+def test_rerun_on_a_converted_file_with_a_new_site_adds_only_missing_helpers():
+  once, _ = rewrite("import jax\n\ng = jax.pmap(f, 'i')\n")
+  twice, _ = rewrite(once + "h = jax.pmap(f, 'i', in_axes=AXES)\n")
+  assert twice.count("_pmap_wrappers = {}") == 1
+  assert twice.count("def _pmap_as_shard_map(") == 1
+  assert twice.count("def _pmap_specs_from_axes(") == 1
+  module = load(twice.replace("\ng = jax", "\nAXES = 0\nf = abs\ng = jax"), "rerun_helpers")
+  assert callable(module.h)

@@ -130,3 +130,13 @@ def test_cli_exits_1_when_a_program_behaves_differently_under_pmap_compat(tmp_pa
                      timeout=300)
   assert r.returncode == 1, r.stdout + r.stderr
   assert "pmap_compat: DIFFERS (at <root>: values differ" in r.stdout
+
+
+def test_each_target_must_use_its_own_shard_map_api(tmp_path):
+  src = tmp_path / "m.py"
+  src.write_text("import jax\nfrom jax.experimental.shard_map import shard_map\n")
+  assert equivalence.uses_target_api(str(src), "experimental")
+  assert not equivalence.uses_target_api(str(src), "jax")
+  src.write_text("import jax\nf = jax.shard_map(lambda x: x, mesh=None, in_specs=(), out_specs=())\n")
+  assert equivalence.uses_target_api(str(src), "jax")
+  assert not equivalence.uses_target_api(str(src), "experimental")

@@ -276,3 +276,31 @@ def test_inconsistent_sizes_across_placed_inputs_raise_like_legacy():
     x = jax.device_put(data(4, 2), NamedSharding(mesh_of(jax.devices()[:4]), P("x")))
     return pm(lambda a, b: a + b)(x, data(N, 2))
   compare_with_legacy(run, pmap)
+
+
+# ---- typed PRNG keys ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["fresh", "committed", "legacy", "named_reversed"])
+def test_typed_key_inputs(kind):
+  def make():
+    keys = jax.random.split(jax.random.key(3), N)
+    if kind == "committed":
+      keys = jax.device_put(keys, jax.devices()[4])
+    elif kind == "legacy":
+      keys = jax.pmap(lambda k: jax.random.fold_in(k, 1))(keys)
+    elif kind == "named_reversed":
+      keys = jax.device_put(keys, NamedSharding(mesh_of(jax.devices()[::-1]), P("x")))
+    return (keys,)
+  with jax.transfer_guard_device_to_host("disallow"):
+    compare(make, fun=lambda k: (jax.random.key_data(jax.random.fold_in(k, 7)),
+                                 jax.random.normal(k, (2,))))
+
+
+def test_our_typed_key_outputs_feed_back_without_moving_data():
+  f = pmap(lambda k: jax.random.split(k)[0])
+  keys = f(jax.random.split(jax.random.key(0), N))
+  f(keys)
+  with jax.transfer_guard("disallow"):
+    out = f(keys)
+  expected = jax.pmap(lambda k: jax.random.split(k)[0])(keys)
+  assert_trees_equal(expected, out)

@@ -110,3 +110,40 @@ def test_nested_under_jit():
     f = pm(pm(lambda v: lax.psum(v, "j") + lax.axis_index("i"), "j"), "i")
     return jax.jit(lambda x: f(x) * 2)(arr(2, 4))
   compare_with_legacy(program, pmap)
+
+
+def test_vmap_and_jvp_of_nested():
+  def program(pm):
+    f = pm(pm(lambda v: lax.psum(v, "j") * lax.axis_index("i"), "j"), "i")
+    return jax.vmap(f)(arr(3, 2, 4)), jax.jvp(f, (arr(2, 4),), (arr(2, 4) * 0 + 1,))
+  compare_with_legacy(program, pmap)
+
+
+def test_outer_devices_cover_the_nested_mesh():
+  devs = jax.devices()[::-1]
+  compare_with_legacy(lambda pm: pm(pm(lambda v: v + lax.axis_index("j") * 10 + lax.psum(v, "i"),
+                                       "j"), "i", devices=devs)(arr(4, 2)), pmap)
+  out = pmap(pmap(lambda v: v, "j"), "i", devices=devs)(arr(4, 2))
+  assert out.sharding.device_set == set(devs)
+
+
+def test_outer_devices_wrong_count_with_nesting():
+  compare_with_legacy(lambda pm: pm(pm(lambda v: v, "j"), "i", devices=jax.devices()[:4])(
+      arr(4, 2)), pmap)
+
+
+def test_inner_devices_argument_is_rejected_like_legacy():
+  out = compare_with_legacy(
+      lambda pm: pm(pm(lambda v: v, "j", devices=jax.devices()[:2]), "i")(arr(4, 2)), pmap)
+  assert "Nested pmap with explicit devices argument" in str(out.error)
+
+
+def test_outer_collective_over_inner_axis_before_inner_call_is_unbound():
+  compare_with_legacy(lambda pm: pm(lambda x: lax.psum(x, "j") + pm(lambda y: y, "j")(x).sum(),
+                                    "i")(arr(2, 2)), pmap)
+
+
+def test_shadowed_axis_name_raises_clearly():
+  # Legacy lets the inner 'i' shadow the outer one; one mesh cannot, so we refuse loudly.
+  with pytest.raises(ValueError, match="reuses the axis name 'i'"):
+    pmap(pmap(lambda x: lax.psum(x, "i"), "i"), "i")(arr(2, 2))

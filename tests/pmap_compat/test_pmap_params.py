@@ -1,9 +1,7 @@
 """axis_size, devices, backend, static_broadcasted_argnums, donate_argnums, global_arg_shapes
 (rows 8-14)."""
-from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax

@@ -1,11 +1,8 @@
 """``pmap_compat.patched()`` / ``patch()`` / ``unpatch()``: third-party code calling jax.pmap."""
-import importlib
-import sys
 import textwrap
 import types
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -1,5 +1,4 @@
 """PRNG keys (raw and typed, incl. collectives on typed keys) and effects (rows 19, 20, 29, 30)."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +64,13 @@ def test_all_gather_of_typed_keys_then_use():
   ours = pmap(lambda k: jax.random.uniform(lax.all_gather(k, "i")[lax.axis_index("i")], (2,)),
               "i")(keys)
   assert_trees_equal(jax.pmap(lambda k: jax.random.uniform(k, (2,)))(keys), ours)
+
+
+def test_all_gather_of_typed_keys_inside_jit_in_the_body():
+  keys = typed_keys()
+  ours = pmap(jax.jit(lambda k: lax.all_gather(k, "i")), "i")(keys)
+  gathered = jax.pmap(lambda d: lax.all_gather(d, "i"), "i")(jax.random.key_data(keys))
+  assert_trees_equal(jax.random.wrap_key_data(gathered, impl=jax.random.key_impl(keys)), ours)
 
 
 def test_ppermute_of_typed_keys():

@@ -26,15 +26,20 @@ class Case:
   build: Callable  # (shard_map, mesh) -> (mapped_fun, args)
   meshes: tuple = ((8,), (4, 2), (2, 2, 2))
   eager: bool = True  # also run outside jit
-  jit_only_reason: str = ""
+  jit: bool = True  # also run under jit
+  # JAX 0.6.0 itself breaks on this program without varying-axes types
+  # (e.g. its replication rewrite lacks a rule), so there is nothing to match.
+  needs_vma: bool = False
 
 
 CASES: list[Case] = []
 
 
-def case(name=None, meshes=((8,), (4, 2), (2, 2, 2)), eager=True):
+def case(name=None, meshes=((8,), (4, 2), (2, 2, 2)), eager=True, jit=True,
+         needs_vma=False):
   def register(build):
-    CASES.append(Case(name or build.__name__, build, tuple(meshes), eager))
+    CASES.append(Case(name or build.__name__, build, tuple(meshes), eager, jit,
+                      needs_vma))
     return build
   return register
 
@@ -458,7 +463,8 @@ def while_counter(sm, mesh):
   return sm(f, mesh, in_specs=P(ax), out_specs=P(ax)), (arr(8),)
 
 
-@case()
+# Under jit XLA rejects the device-dependent trip count (PartitionId).
+@case(jit=False)
 def while_varying_trip_count(sm, mesh):
   ax = first(mesh)
   def f(x):
@@ -528,7 +534,7 @@ def fori_psum_pvary(sm, mesh):
 def while_replicated_carry_psum(sm, mesh):
   ax = first(mesh)
   def f(x):
-    total = lax.psum(x.sum(), ax)
+    total = lax.psum(jnp.abs(x).sum(), ax) + 1.0
     return lax.while_loop(lambda c: c < 100.0, lambda c: c * 2 + total, 1.0)
   return sm(f, mesh, in_specs=P(ax), out_specs=P()), (arr(8),)
 
@@ -825,7 +831,7 @@ def partial_auto_one_axis(sm, mesh):
   return sm(f, mesh, in_specs=P("x", "y"), out_specs=P("x"), auto=frozenset({"z"})), (arr(4, 4),)
 
 
-@case(meshes=((4, 2), (2, 2, 2)), eager=False)
+@case(meshes=((4, 2), (2, 2, 2)), eager=False, needs_vma=True)
 def nested_shard_map_other_axis(sm, mesh):
   a, b = mesh.axis_names[:2]
   others = frozenset(n for n in mesh.axis_names if n != a)

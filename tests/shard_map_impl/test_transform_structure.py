@@ -101,7 +101,22 @@ def _vmap_spmd(smap, mesh):
   return jax.vmap(f, spmd_axis_name='y'), (rand(4, 8, 3),)
 
 
+def _grad_mesh_order(smap, mesh):
+  def body(x):
+    return jnp.sin(x) * lax.psum(jnp.cos(x), ('y', 'x'))
+  f = smap(body, mesh, P(('y', 'x')), P(('y', 'x')))
+  return jax.grad(lambda x: jnp.sum(f(x) ** 2)), (rand(16, 3),)
+
+
+def _grad_vmap_spmd_remat(smap, mesh):
+  f = jax.checkpoint(smap(lambda x: lax.psum(jnp.sin(x) * x, 'x'), mesh, P('x'), P()))
+  g = jax.grad(lambda x: jnp.sum(f(x)))
+  return jax.vmap(g, spmd_axis_name='y'), (rand(2, 8, 3),)
+
+
 CASES = {
+    "grad_mesh_order": ((4, 2), _grad_mesh_order),
+    "grad_vmap_spmd_remat": ((4, 2), _grad_vmap_spmd_remat),
     "grad_psum": ((8,), _grad_psum),
     "grad_replicated_weight": ((4, 2), _grad_replicated_weight),
     "grad_megatron": ((4, 2), _grad_megatron),

@@ -1,0 +1,82 @@
+"""One process of the 2-process ``.lower()`` job (launched by test_pmap_lower_multiprocess.py).
+
+usage: lower_mp_worker.py PROCESS_ID NUM_PROCESSES PORT RESULT_JSON
+
+Runs each program under legacy ``jax.pmap`` and under ``pmap_compat.pmap`` with this
+process's host-local slice and writes {program: "ok" | error} to RESULT_JSON.
+"""
+import json
+import os
+import sys
+import traceback
+
+PID, NPROC, PORT, RESULT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+LOCAL = 4
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL}"
+os.environ["JAX_PLATFORMS"] = "cpu"
+_TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path[:0] = [os.path.dirname(_TESTS), _TESTS]  # the repo root first (pmap_compat package)
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{PORT}", num_processes=NPROC,
+                           process_id=PID, initialization_timeout=60)
+
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+import pmap_compat  # noqa: E402
+from support.compare import assert_trees_equal, run_program  # noqa: E402
+
+
+def local(*shape):
+  return (np.arange(int(np.prod(shape))).reshape(shape) % 7 + 10 * (PID + 1)).astype(np.float32)
+
+
+def lower_compile_call(pm):
+  f = pm(lambda x: (lax.psum(x, "i"), x * 2, lax.axis_index("i")), "i")
+  lowered = f.lower(local(LOCAL, 3))
+  assert "func" in lowered.as_text()
+  if pm is pmap_compat.pmap:  # the global program, lowered once for the whole job
+    assert type(lowered).__name__ == "LocalLowered", type(lowered)
+    assert "num_partitions = 8" in lowered.as_text()
+  return lowered.compile()(local(LOCAL, 3) + 1)
+
+
+def lower_static_and_kwargs(pm):
+  f = pm(lambda x, n, *, y: {"a": lax.pmax(x * n, "i"), "b": y - x}, "i",
+         static_broadcasted_argnums=1)
+  compiled = f.lower(local(LOCAL, 2), 3, y=local(LOCAL, 2)).compile()
+  return compiled(local(LOCAL, 2), y=local(LOCAL, 2) * 5)
+
+
+def trace_then_lower(pm):
+  f = pm(lambda x: lax.pmean(x, "i") + x, "i", in_axes=1, out_axes=1)
+  return f.trace(local(2, LOCAL)).lower().compile()(local(2, LOCAL))
+
+
+PROGRAMS = [lower_compile_call, lower_static_and_kwargs, trace_then_lower]
+
+
+def main():
+  results = {}
+  for prog in PROGRAMS:
+    try:
+      legacy = run_program(prog, jax.pmap)
+      ours = run_program(prog, pmap_compat.pmap)
+      if legacy.error is not None:
+        raise AssertionError(f"legacy failed: {legacy.error!r}")
+      if ours.error is not None:
+        raise ours.error
+      assert_trees_equal(legacy.value, ours.value)
+      results[prog.__name__] = "ok"
+    except Exception:  # pylint: disable=broad-except
+      results[prog.__name__] = traceback.format_exc()[-2000:]
+  with open(RESULT, "w") as f:
+    json.dump(results, f)
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  main()
