@@ -9,7 +9,7 @@ from __future__ import annotations
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
-from shard_map_impl.manual import axis_env
+from shard_map_impl.manual import body_context
 from shard_map_impl.primitive import shard_map_p
 
 
@@ -23,7 +23,9 @@ def dce_rule(used_outputs: list[bool], eqn: core.JaxprEqn
     return [False] * len(eqn.invars), None
   params = eqn.params
   mesh, auto = params["mesh"], params["auto"]
-  with axis_env(mesh, auto):
+  # The body context makes jaxpr checks (jax_enable_checks) see the axis
+  # env and varying-axes typing the body was traced with.
+  with body_context(mesh, auto, params["check_rep"], abstract_mesh=False):
     body, used_inputs = pe.dce_jaxpr(params["jaxpr"], used_outputs)
   if not body.effects and not any(used_outputs):
     return used_inputs, None

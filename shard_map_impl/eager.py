@@ -2,19 +2,24 @@
 primitive by primitive, with per-device values, like JAX's.
 
 Each body value is held as one global "stacked" array of shape
-``(n, *local_shape)``, ``n`` the number of devices along the manual axes, its
-leading dimension split over those axes so device ``i`` holds its own block.
-Every primitive is applied by a small jitted shard_map (of ours) that unstacks
-the blocks, binds the primitive per device and restacks.  Replication types
-travel with values so that outputs can be checked against ``out_specs`` and
-fully replicated values can be used concretely (``bool(x)``, printing).
+``(n, *local_shape)`` whose leading dimension is split over the mesh axes the
+value varies along, so every device holds its own block: with varying-axes
+types on those are the value's vma axes (a replicated value is stored once),
+otherwise all manual axes.  Every primitive is applied by a small jitted
+shard_map of ours that unstacks the blocks, binds the primitive per device and
+restacks, with specs (and vma types) taken from the operands' and results'
+replication.  Replication types travel with values, so outputs are checked
+against ``out_specs`` and fully replicated values can be used concretely
+(``bool(x)``, Python control flow).
 
-``debug_callback`` runs the callback once per device in mesh order; explicit
-devices in ``device_put`` are rejected, as inside JAX's shard_map.
+``debug_callback`` runs the callback once per stacked block (blocks of all
+operands zipped, in mesh order); an explicit device in ``device_put`` is
+rejected, both as in JAX's eager shard_map.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,26 +41,18 @@ from shard_map_impl.staging import output_rank_failures
 
 # --- converting between global arrays and stacked per-device blocks ------------
 
-_converters: dict = {}
-
-
+@functools.lru_cache(maxsize=1024)
 def _converter(kind: str, mesh, spec: PartitionSpec, stacked: PartitionSpec,
                check: bool):
   """Jitted global<->stacked conversion (a shard_map of ours, cached)."""
-  key = (kind, mesh, spec, stacked, check)
-  fn = _converters.get(key)
-  if fn is None:
-    import jax
-    from shard_map_impl.api import shard_map
-    if kind == "stack":
-      fn = jax.jit(shard_map(lambda b: b[None], mesh, in_specs=(spec,),
+  import jax
+  from shard_map_impl.api import shard_map
+  if kind == "stack":
+    return jax.jit(shard_map(lambda b: b[None], mesh, in_specs=(spec,),
                              out_specs=stacked, check_rep=check))
-    else:
-      fn = jax.jit(shard_map(lambda b: b[0], mesh, in_specs=(stacked,),
-                             out_specs=spec, check_rep=check),
-                   out_shardings=NamedSharding(mesh, spec))
-    _converters[key] = fn
-  return fn
+  return jax.jit(shard_map(lambda b: b[0], mesh, in_specs=(stacked,),
+                           out_specs=spec, check_rep=check),
+                 out_shardings=NamedSharding(mesh, spec))
 
 
 @contextlib.contextmanager
@@ -91,22 +88,20 @@ class _PrimApplier:
     return [o[None] for o in outs]
 
 
-_appliers: dict = {}
+@functools.lru_cache(maxsize=4096)
+def _jitted(applier: _PrimApplier, mesh, in_specs: tuple, out_specs, check: bool):
+  import jax
+  from shard_map_impl.api import shard_map
+  specs = list(out_specs) if isinstance(out_specs, tuple) else out_specs
+  return jax.jit(shard_map(applier, mesh, in_specs=in_specs, out_specs=specs,
+                           check_rep=check))
 
 
 def _apply(trace: "EagerTrace", prim, params, stacked, in_specs: tuple, out_specs):
   """Run ``prim`` on every device's blocks; ``out_specs`` a P or list of P."""
-  import jax
-  from shard_map_impl.api import shard_map
   applier = _PrimApplier(prim, params)
   out_key = tuple(out_specs) if isinstance(out_specs, list) else out_specs
-  key = (applier, trace.mesh, in_specs, out_key, trace.inner_check)
-  fn = _appliers.get(key) if applier.key is not None else None
-  if fn is None:
-    fn = jax.jit(shard_map(applier, trace.mesh, in_specs=in_specs,
-                           out_specs=out_specs, check_rep=trace.inner_check))
-    if applier.key is not None:
-      _appliers[key] = fn
+  fn = _jitted(applier, trace.mesh, in_specs, out_key, trace.inner_check)
   with _outside(trace.context_mesh):
     return fn(*stacked)
 

@@ -21,7 +21,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.util import merge_lists, partition_list, split_list
 
 from shard_map_impl import residuals as rs
-from shard_map_impl.manual import shard_aval, unshard_aval
+from shard_map_impl.manual import body_context, shard_aval, unshard_aval
 from shard_map_impl.primitive import make_eqn_params, register_trace_rule
 
 
@@ -93,8 +93,10 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_name
                                     known_names, fresh_names())
   demote = [f and rs.is_scalar(a) for f, a in
             zip(split.fresh, _fresh_slots(split))]
-  body = rs.retrace_jaxpr(pe.convert_constvars_jaxpr(split.jaxpr), mesh=mesh,
-                          auto=auto, check_rep=check_rep, demote_inputs=demote)
+  with body_context(mesh, auto, check_rep):  # jaxpr checks need the body's axis env
+    hoisted = pe.convert_constvars_jaxpr(split.jaxpr)
+  body = rs.retrace_jaxpr(hoisted, mesh=mesh, auto=auto, check_rep=check_rep,
+                          demote_inputs=demote)
 
   in_tracers = [*(trace.new_instantiated_const(r) for r in residuals),
                 *(trace.to_jaxpr_tracer(e) for e in split.env),

@@ -284,7 +284,10 @@ _register_standard([lax, slicing, windowed_reductions, special, convolution,
 
 
 def _register_nested() -> None:
+  # Ours, and JAX's own shard_map when nested inside ours (same params).
+  from jax.experimental.shard_map import shard_map_p as jax_shard_map_p
   from shard_map_impl.primitive import shard_map_p
   rep_rules[shard_map_p] = _nested_shard_map
+  rep_rules[jax_shard_map_p] = _nested_shard_map
 
 _register_nested()

@@ -174,10 +174,57 @@ def _cv(x):
   return lax.psum(x, "i") * x
 _cv.defvjp(lambda x: (_cv(x), x), lambda r, g: (lax.psum(g, "i") * 2,))
 
-CASES = {**BATCH_A, **BATCH_B, **BATCH_C}
+@jax.tree_util.register_pytree_node_class
+class Box:
+  """A custom pytree node (no equality, so the comparison looks at its leaves)."""
+
+  def __init__(self, a, b):
+    self.a, self.b = a, b
+
+  def tree_flatten(self):
+    return (self.a, self.b), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(*children)
+BATCH_D = {
+ "uneven_groups": lambda pm: pm(lambda x: lax.psum(x, "i", axis_index_groups=[[0,1,2],[3,4,5,6,7]]), axis_name="i")(arr(8,2)),
+ "groups_not_covering": lambda pm: pm(lambda x: lax.psum(x, "i", axis_index_groups=[[0,1],[2,3]]), axis_name="i")(arr(8,2)),
+ "custom_pytree": lambda pm: (lambda b: (b.a, b.b))(pm(lambda b: Box(b.a * 2, b.b + b.a.sum()))(Box(arr(8,2), arr(8)))),
+ "custom_pytree_in_axes": lambda pm: (lambda b: (b.a, b.b))(pm(lambda b: Box(b.a * 2, b.b), in_axes=(Box(0, None),))(Box(arr(8,2), arr(3)))),
+ "return_none": lambda pm: pm(lambda x: None)(arr(8,2)),
+ "return_int_const": lambda pm: (lambda o: (o, o.weak_type))(pm(lambda x: 3)(arr(8,2))),
+ "const_devices_subset": lambda pm: pm(lambda x: jnp.ones(2), devices=jax.devices()[2:6])(arr(4)),
+ "jvp_psum_const": lambda pm: jax.jvp(pm(lambda x: x * lax.psum(1., "i"), axis_name="i"), (arr(8),), (arr(8),)),
+ "dynamic_slice_axis_index": lambda pm: pm(lambda x, t: lax.dynamic_slice_in_dim(t, lax.axis_index("i") * 2, 2), in_axes=(0, None), axis_name="i")(arr(8), arr(16)),
+ "all_gather_neg_axis": lambda pm: pm(lambda x: lax.all_gather(x, "i", axis=-1), axis_name="i")(arr(8,3)),
+ "psum_dup_names": lambda pm: pm(lambda x: lax.psum(x, ("i","i")), axis_name="i")(arr(8,2)),
+ "device_put_sharded_partial": lambda pm: pm(lambda x: x*2)(jax.device_put_sharded([arr(2)+i for i in range(4)], jax.devices()[4:])),
+ "device_put_sharded_reorder": lambda pm: pm(lambda x: x*2, devices=jax.devices()[::-1])(jax.device_put_sharded([arr(2)+i for i in range(8)], jax.devices())),
+ "psum_zero_cotangent": lambda pm: jax.grad(lambda x: pm(lambda v: (lax.psum(v, "i"), v * 0), axis_name="i")(x)[1].sum())(arr(8,2)),
+ "grad_unused_output": lambda pm: jax.grad(lambda x: pm(lambda v: (v * 2, lax.all_gather(v, "i")), axis_name="i")(x)[0].sum())(arr(8,2)),
+ "in_axes_out_axes_grad": lambda pm: jax.grad(lambda x: pm(lambda v: jnp.sin(v), in_axes=1, out_axes=1)(x).sum())(arr(3,8)),
+ "grad_of_jvp": lambda pm: jax.grad(lambda x: jax.jvp(pm(lambda v: lax.psum(v**2, "i"), axis_name="i"), (x,), (jnp.ones_like(x),))[1].sum())(arr(8,2)),
+ "pmap_getitem_traced_index": lambda pm: jax.jit(lambda o, i: o[i])(pm(lambda x: x*2)(arr(8,2)), 3),
+ "jit_consumes_two_outputs": lambda pm: jax.jit(lambda a, b: a @ b.T)(pm(lambda x: x)(arr(8,2)), pm(lambda x: x+1)(arr(8,2))),
+ "out_to_legacy_style_mixed": lambda pm: pm(lambda a, b: a+b)(pm(lambda x: x)(arr(8,2)), jax.pmap(lambda x: x)(arr(8,2))),
+ "psum_batched_const": lambda pm: jax.vmap(lambda y: pm(lambda x: x + lax.psum(y, "i"), axis_name="i")(arr(8)))(jnp.arange(3.)),
+ "axis_index_groups_all_gather_tiled": lambda pm: pm(lambda x: lax.all_gather(x, "i", axis_index_groups=[[1,0],[3,2],[5,4],[7,6]], tiled=True), axis_name="i")(arr(8,2)),
+ "pmean_int": lambda pm: pm(lambda x: lax.pmean(x, "i"), axis_name="i")(arr(8,2, dtype=np.int32)),
+ "psum_tuple_mixed_types": lambda pm: pm(lambda x: lax.psum((x, x.astype(jnp.int32), x > 0), "i"), axis_name="i")(arr(8,2)),
+}
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+CASES = {**BATCH_A, **BATCH_B, **BATCH_C, **BATCH_D}
+
+
+# The heaviest cases (several compiles each) run only with the slow suite.
+SLOW = {"random_inside", "many_outputs", "bf16_grad", "size_retrace", "grad_of_jvp",
+        "complex_psum_grad"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in sorted(CASES)])
 def test_edge_case(name):
   compare_with_legacy(CASES[name], pmap)
 

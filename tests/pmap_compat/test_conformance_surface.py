@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pmap_compat import pmap
 from support.compare import compare_call, compare_with_legacy, run_program
@@ -257,3 +258,52 @@ def test_not_callable_raises_type_error():
 
 def test_global_arg_shapes_rejected():
   compare_with_legacy(lambda pm: pm(lambda x: x, global_arg_shapes=((2,),))(arr(8, 2)), pmap)
+
+
+_MESH8 = Mesh(np.array(jax.devices()), ("d",))
+
+
+def __o(pm):
+  return pm(lambda x: x * 2)(arr(8, 3))
+def _deleted(pm):
+  y = _o(pm)
+  y.delete()
+  return y.is_deleted()
+MORE_SURFACE = {
+ "nested_lower": lambda pm: pm(pm(lambda x: lax.psum(x, ("i","j")), axis_name="j"), axis_name="i").lower(arr(4,2,3)).compile()(arr(4,2,3)),
+ "lower_out_tree": lambda pm: str(pm(lambda x: (x, {"a": x})).lower(arr(8,2)).out_tree),
+ "lower_in_tree": lambda pm: str(pm(lambda x, y: x).lower(arr(8,2), y=arr(8,2)).in_tree),
+ "compiled_out_tree": lambda pm: str(pm(lambda x: (x, [x])).lower(arr(8,2)).compile().out_tree),
+ "kw_for_positional": lambda pm: pm(lambda x, y: x - y)(arr(8,2), y=arr(8,2) * 3),
+ "addressable_data": lambda pm: _o(pm).addressable_data(3),
+ "jnp_asarray": lambda pm: jnp.asarray(_o(pm)),
+ "jnp_array_copy": lambda pm: jnp.array(_o(pm)),
+ "delete": _deleted,
+ "nbytes": lambda pm: (_o(pm).nbytes, _o(pm).itemsize),
+ "committed": lambda pm: _o(pm).committed,
+ "global_shards": lambda pm: len(_o(pm).global_shards),
+ "device_put_one": lambda pm: jax.device_put(_o(pm), jax.devices()[2]),
+ "device_put_named": lambda pm: jax.device_put(_o(pm), NamedSharding(_MESH8, P("d"))),
+ "np_array_dtype": lambda pm: np.array(_o(pm), dtype=np.float64),
+ "array_iface": lambda pm: _o(pm).__array__().dtype.name,
+ "item_of_scalar": lambda pm: pm(lambda x: x.sum())(arr(8,2))[3].item(),
+ "bool_of_elem": lambda pm: bool(pm(lambda x: x.sum() > 0)(arr(8,2))[5]),
+ "format": lambda pm: f"{_o(pm)[0, 1]:.3f}",
+ "eq_op": lambda pm: _o(pm) == _o(pm),
+ "matmul_op": lambda pm: _o(pm) @ _o(pm).T,
+ "iter_shards_order": lambda pm: [int(s.data[0, 0]) for s in _o(pm).addressable_shards],
+ "sharding_devices_indices": lambda pm: [str(v) for v in _o(pm).sharding.devices_indices_map((8, 3)).values()],
+ "sharding_shard_shape": lambda pm: _o(pm).sharding.shard_shape((8, 3)),
+ "sharding_device_set": lambda pm: sorted(d.id for d in _o(pm).sharding.device_set),
+ "sharding_is_fully_repl": lambda pm: _o(pm).sharding.is_fully_replicated,
+ "out_none_shards": lambda pm: [s.data.shape for s in pm(lambda x: x.sum(0), out_axes=None)(arr(8,3,2)).addressable_shards],
+ "out_axes1_shards": lambda pm: [str(s.index) for s in pm(lambda x: x, out_axes=1)(arr(8,3)).addressable_shards],
+ "pytree_out_views": lambda pm: jax.tree.map(lambda v: v[1], pm(lambda x: {"a": x, "b": [x.sum()]})(arr(8,2))),
+ "unreplicate_flax": lambda pm: jax.tree.map(lambda v: v[0], pm(lambda x: (x, x * 2), out_axes=0)(jax.device_put_replicated(arr(3), jax.devices()))),
+ "reduce_out_none_grad": lambda pm: jax.grad(lambda x: pm(lambda v: lax.psum(v, "i"), axis_name="i", in_axes=0)(x).sum())(arr(8, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE_SURFACE))
+def test_more_surface(name):
+  compare_with_legacy(MORE_SURFACE[name], pmap)

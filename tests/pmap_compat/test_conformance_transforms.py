@@ -32,7 +32,9 @@ BODIES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BODIES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n in ("all_to_all", "all_gather_tiled") else n
+                                  for n in sorted(BODIES)])
 def test_grad_outside_pmap(name):
   def program(pm):
     f = pm(BODIES[name], axis_name="i")
@@ -163,6 +165,7 @@ def test_checkpoint_inside_pmap():
                rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_nested_pmap_grad():
   def program(pm):
     f = pm(pm(lambda x: lax.psum(x ** 2, ("i", "j")), axis_name="j"), axis_name="i")

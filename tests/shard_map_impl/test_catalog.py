@@ -35,7 +35,7 @@ def _all_params():
         if (mode == "eager" and not c.eager) or (mode == "jit" and not c.jit):
           continue
         for shardy, vma in CONFIGS:
-          if c.needs_vma and not vma:
+          if (c.needs_vma or (mode == "eager" and c.eager_needs_vma)) and not vma:
             continue
           if mode == "eager" and shardy:
             continue  # eager execution lowers per primitive; one partitioner suffices

@@ -902,5 +902,20 @@ def test_catalog_full(case):
   assert_same_outcome(CATALOG[name], varying, check_rep)
 
 
+CHECKED = ("grad_scalar_residual_replicated", "direct_linearize_scalar_residual",
+           "remat_scalar_residual", "grad_vmap_spmd_axis_name", "jit_unused_output_dce")
+CHECKED_SLOW = ("grad_megatron_mlp", "linearize_apply", "remat_around_dots_saveable",
+                "grad_shard_map_of_scan", "hessian_replicated_weight")
+
+
+@pytest.mark.parametrize('varying', [True, False], ids=['vary1', 'vary0'])
+@pytest.mark.parametrize('name', [*CHECKED, *(pytest.param(n, marks=pytest.mark.slow)
+                                               for n in CHECKED_SLOW)])
+def test_catalog_under_enable_checks(name, varying):
+  """With jax_enable_checks every jaxpr the rules build is type checked."""
+  with jax_config.enable_checks(True):
+    assert_same_outcome(CATALOG[name], varying, True)
+
+
 def test_catalog_size():
   assert len(CATALOG) >= 60
