@@ -13,8 +13,9 @@ each result outside the timed region); `first call` reports process CPU time (co
 threads) of calling a brand-new function; `matmul` reports wall time per call with
 block_until_ready and is compared as throughput. Each round runs every case on every
 implementation in a shuffled order; the figure is the median over rounds of the
-per-round medians, and ratios are against legacy (lower is better, except matmul
-throughput, higher is better).
+per-round medians; a ratio is the median over rounds of that round's impl/legacy
+ratio (pairing by round cancels load drifting between rounds), lower is better
+except for matmul throughput (legacy/impl, higher is better).
 
   .venv/bin/python bench/pmap_dispatch.py            # full run (a few minutes)
   .venv/bin/python bench/pmap_dispatch.py --quick    # smoke test (< 30 s): tiny call,
@@ -289,6 +290,16 @@ def _resolve_ours(spec):
   return getattr(importlib.import_module(module), attr or "pmap")
 
 
+def _paired_ratio(results, name, case):
+  """Median over rounds of this round's impl/legacy ratio (legacy/impl for
+  throughput rows): pairing by round cancels load that drifts between rounds."""
+  a, b = results.get((name, case)), results.get(("legacy", case))
+  if not a or not b:
+    return None
+  pairs = [(l / x if case in WALL else x / l) for x, l in zip(a, b)]
+  return statistics.median(pairs)
+
+
 def _fmt(case, seconds):
   return f"{seconds * 1e3:.2f} ms" if case in WALL | PROCESS else f"{seconds * 1e6:.1f} µs"
 
@@ -356,7 +367,8 @@ def main(argv=None):
 
   names = [i.name for i in impls]
   print(f"\npmap dispatch benchmark: jax {jax.__version__}, {jax.device_count()} CPU devices, "
-        f"{rounds} rounds, medians; ratio = impl/legacy (matmul: legacy/impl, throughput)\n")
+        f"{rounds} rounds, medians; ratio = median over rounds of impl/legacy "
+        f"(matmul: legacy/impl, throughput)\n")
   header = "| case | " + " | ".join(names) + " | " + " | ".join(
       f"{n}/legacy" for n in names[1:]) + " | target (ours) |"
   print(header)
@@ -366,11 +378,8 @@ def main(argv=None):
     cells = [(_fmt(case, med[n]) if n in med else "error") for n in names]
     ratios = []
     for n in names[1:]:
-      if n in med and "legacy" in med:
-        r = med["legacy"] / med[n] if case in WALL else med[n] / med["legacy"]
-        ratios.append(f"{r:.2f}×")
-      else:
-        ratios.append("–")
+      r = _paired_ratio(results, n, case)
+      ratios.append("–" if r is None else f"{r:.2f}×")
     target = TARGETS.get(case)
     tgt = "" if target is None else (f"≥ {target}×" if case in WALL else f"≤ {target}×")
     print(f"| {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {tgt} |")
@@ -378,9 +387,9 @@ def main(argv=None):
     print(f"note: {key[0]} {key[1]}: {err}")
   summary = []
   for case in cases:
-    if ("ours", case) in results and ("legacy", case) in results:
-      o, l = (statistics.median(results[(n, case)]) for n in ("ours", "legacy"))
-      summary.append(f"{case} {(l / o if case in WALL else o / l):.2f}x")
+    r = _paired_ratio(results, "ours", case)
+    if r is not None:
+      summary.append(f"{case} {r:.2f}x")
   print("dispatch: pmap_compat/legacy: " + (", ".join(summary) or "n/a") +
         f" ({jax.device_count()} CPU devices, {rounds} rounds)")
   return 0

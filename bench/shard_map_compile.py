@@ -69,15 +69,18 @@ def time_compiles(impls: dict, mesh, args, reps: int) -> dict:
           for name, runs in samples.items()}
 
 
-def time_calls(sm, mesh, args, calls: int) -> float:
-  f = jax.jit(make(sm, mesh))
-  jax.block_until_ready(f(*args))
-  samples = []
-  for _ in range(calls):
-    t0 = time.perf_counter()
+def time_calls(impls: dict, mesh, args, calls: int) -> dict:
+  """Median steady-state call time per implementation, calls interleaved."""
+  fns = {name: jax.jit(make(sm, mesh)) for name, sm in impls.items()}
+  for f in fns.values():
     jax.block_until_ready(f(*args))
-    samples.append(time.perf_counter() - t0)
-  return statistics.median(samples)
+  samples = {name: [] for name in fns}
+  for _ in range(calls):
+    for name, f in fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(*args))
+      samples[name].append(time.perf_counter() - t0)
+  return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def count_ops(sm, mesh, args) -> int:
@@ -98,8 +101,8 @@ def main() -> None:
                         jax.jit(make(shard_map_impl.shard_map, mesh))(*args))
   time_compiles(impls, mesh, args, 1)  # warm up imports / first-use costs
   rows = time_compiles(impls, mesh, args, opts.reps)
-  for name, sm in impls.items():
-    rows[name]["call"] = time_calls(sm, mesh, args, opts.calls)
+  for name, t in time_calls(impls, mesh, args, opts.calls).items():
+    rows[name]["call"] = t
   n = count_ops(shard_map_impl.shard_map, mesh, args)
   ref, ours = rows["jax.experimental.shard_map"], rows["shard_map_impl"]
   print(f"body: {n} jaxpr equations; mesh 4x2 CPU; median of {opts.reps} fresh "

@@ -24,8 +24,8 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from jax._src import api as _jax_api
+import jax
 from jax._src import config
-from jax._src import core
 from jax._src import dtypes
 from jax._src import mesh as mesh_lib
 from jax._src import sharding_impls
@@ -170,8 +170,13 @@ def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, 
   executable = compiled._executable
   out_flat = list(executable.unsafe_call(*placed))
   if multiprocess:
+    # The C++ cache hands each process's LOCAL arrays to the global executable,
+    # which only ever touches addressable buffers: describe the call in local terms.
     result = multihost.global_to_local(out_flat)
-    fast = None
+    local_targets = [multihost.local_view(t) for t in targets]
+    local_args = [jax.ShapeDtypeStruct(multihost.local_shape(x, t), x.dtype)
+                  for x, t in zip(placed, targets)]
+    fast = _fastpath_data(executable, local_args, local_targets, result, compiled.out_tree)
   else:
     result = outputs.wrap_outputs(out_flat)
     fast = _fastpath_data(executable, placed, targets, result, compiled.out_tree)

@@ -32,7 +32,7 @@ from jax._src.sharding_impls import NamedSharding
 from pmap_compat import inputs, outputs
 
 __all__ = ["is_multiprocess", "local_view", "local_to_global", "global_to_local",
-           "check_traced_use"]
+           "check_traced_use", "local_shape"]
 
 
 def is_multiprocess() -> bool:
@@ -82,6 +82,11 @@ def _scale(shape: Sequence[int], sharding: NamedSharding, grow: bool) -> tuple:
     factor = math.prod(mesh.shape[n] // local.shape[n] for n in names)
     out[d] = out[d] * factor if grow else out[d] // factor
   return tuple(out)
+
+
+def local_shape(x: Any, sharding: NamedSharding) -> tuple:
+  """The host-local shape of global array ``x`` laid out by ``sharding``."""
+  return _scale(x.shape, sharding, grow=False)
 
 
 def _key_parts(x: Any) -> tuple[Any, Any] | None:

@@ -28,7 +28,7 @@ from jax._src.sharding_impls import NamedSharding, PmapSharding
 from jax._src.sharding_specs import (Chunked, NoSharding, Replicated, ShardedAxis,
                                      ShardingSpec)
 
-__all__ = ["pmap_sharding_of", "named_to_pmap", "as_pmap_array", "wrap_outputs",
+__all__ = ["pmap_sharding_of", "named_of_pmap", "named_to_pmap", "as_pmap_array", "wrap_outputs",
            "same_blocks"]
 
 

@@ -11,7 +11,7 @@ import functools
 from typing import Any, Callable
 
 import numpy as np
-from jax._src import core
+from jax._src import core, dispatch
 from jax._src.interpreters import partial_eval as pe
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
@@ -150,9 +150,17 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
         raise
     return _as_pmap_outputs(call_slow(*args, **kwargs)), None
 
+  def checked_cache_miss(*args, **kwargs):
+    try:
+      return cache_miss(*args, **kwargs)
+    except dispatch.InternalFloatingPointError as e:
+      # jax_debug_nans / jax_debug_infs found one in an output: legacy's error and wording.
+      raise FloatingPointError(
+          f"Invalid value ({e.ty}) encountered in parallel computation.") from None
+
   # One C++ dispatcher per wrapper, as legacy: its ``_cache_size`` (an int property) and
   # ``_cache_clear()`` are per wrapper, while traces and executables are shared per entry.
-  pmapped = fastpath.make_dispatcher(fun, cache_miss, cfg.static)
+  pmapped = fastpath.make_dispatcher(fun, checked_cache_miss, cfg.static)
   functools.update_wrapper(pmapped, fun)
   pmapped.lower = _ahead_of_time(entry, fun, "lower")
   pmapped.trace = _ahead_of_time(entry, fun, "trace")

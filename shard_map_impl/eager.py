@@ -92,7 +92,8 @@ class _PrimApplier:
 def _jitted(applier: _PrimApplier, mesh, in_specs: tuple, out_specs, check: bool):
   import jax
   from shard_map_impl.api import shard_map
-  specs = list(out_specs) if isinstance(out_specs, tuple) else out_specs
+  # A tuple key stands for a list of per-output specs (a single P is a tuple too).
+  specs = out_specs if isinstance(out_specs, PartitionSpec) else list(out_specs)
   return jax.jit(shard_map(applier, mesh, in_specs=in_specs, out_specs=specs,
                            check_rep=check))
 

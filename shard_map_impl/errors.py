@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import tree_structure, tree_unflatten
 
-from shard_map_impl.specs import canonicalize_spec, entry_axes, unmentioned_axes
+from shard_map_impl.specs import canonicalize_spec, unmentioned_axes
 
 P_HINT = "where `P = jax.sharding.PartitionSpec`"
 
@@ -224,6 +224,3 @@ def replication_error(f: Callable, mesh, auto, tree, specs, failures) -> ValueEr
       "so, consider disabling the check by passing the check_rep=False "
       "argument to shard_map.")
 
-
-def entry_axes_of(spec) -> set:
-  return {a for e in spec for a in entry_axes(e)}

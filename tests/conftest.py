@@ -2,7 +2,10 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# tests/ for `support`, the repository root so the real packages win over same-named test dirs.
+sys.path.insert(0, TESTS)
+sys.path.insert(0, os.path.dirname(TESTS))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from support.devices import require_host_devices  # noqa: E402
@@ -15,14 +18,7 @@ import pytest  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from support.compare import compare_call, compare_with_legacy  # noqa: E402,F401
-
-MESH_SHAPES = {(8,): ("x",), (4, 2): ("x", "y"), (2, 2, 2): ("x", "y", "z")}
-
-
-def make_mesh(shape: tuple[int, ...], names: tuple[str, ...] | None = None) -> Mesh:
-  names = names or MESH_SHAPES[shape]
-  n = int(np.prod(shape))
-  return Mesh(np.array(jax.devices()[:n]).reshape(shape), names)
+from support.meshes import MESH_SHAPES, make_mesh  # noqa: E402,F401
 
 
 @pytest.fixture

@@ -48,6 +48,8 @@ def test_basic_map(name):
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint32, np.bool_, np.complex64,
                                    jnp.bfloat16, np.float16, np.float32],
                          ids=lambda d: np.dtype(d).name)
+
+
 def test_dtypes_round_trip_and_arith(dtype):
   x = (arr(8, 3) > 0) if dtype is np.bool_ else arr(8, 3).astype(dtype)
   f = (lambda v: (v, ~v, v & v[::-1])) if dtype is np.bool_ else (lambda v: (v, v * 2, v - v[0]))
@@ -56,6 +58,8 @@ def test_dtypes_round_trip_and_arith(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int64, np.complex128, np.uint64],
                          ids=lambda d: np.dtype(d).name)
+
+
 def test_x64_dtypes(dtype):
   with jax.experimental.enable_x64():
     x = arr(8, 3).astype(dtype)
@@ -76,6 +80,8 @@ def test_x64_python_scalar_promotion():
     (({"a": None, "b": 0},), ({"a": arr(2), "b": arr(8, 2)},)),
     (((0, 1), None), ((arr(8, 2), arr(2, 8)), arr(4))),
 ], ids=["0_none", "none_0", "1_0", "2_1", "dict", "dict_none", "tuple_prefix"])
+
+
 def test_in_axes_variants(in_axes, args):
   def f(*a):
     leaves = jax.tree.leaves(a)
@@ -85,6 +91,8 @@ def test_in_axes_variants(in_axes, args):
 
 @pytest.mark.parametrize("out_axes", [0, 1, 2, None, (0, None), (1, 0), {"a": 1, "b": None}],
                          ids=str)
+
+
 def test_out_axes_variants(out_axes):
   def f(x):
     if isinstance(out_axes, dict):

@@ -68,6 +68,8 @@ def test_collective(name):
 
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64, jnp.bfloat16, np.float16, np.uint8],
                          ids=lambda d: np.dtype(d).name)
+
+
 def test_collectives_on_dtypes(dtype):
   x = arr(8, 4).astype(dtype) if dtype is not np.bool_ else (arr(8, 4) > 0)
 

@@ -265,6 +265,8 @@ _MESH8 = Mesh(np.array(jax.devices()), ("d",))
 
 def __o(pm):
   return pm(lambda x: x * 2)(arr(8, 3))
+
+
 def _deleted(pm):
   y = _o(pm)
   y.delete()

@@ -35,6 +35,8 @@ BODIES = {
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
                                   if n in ("all_to_all", "all_gather_tiled") else n
                                   for n in sorted(BODIES)])
+
+
 def test_grad_outside_pmap(name):
   def program(pm):
     f = pm(BODIES[name], axis_name="i")

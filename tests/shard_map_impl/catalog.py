@@ -654,6 +654,22 @@ def jit_around_with_outer_ops(sm, mesh):
   return (lambda x: jnp.sin(g(x * 3)) @ jnp.ones((2, 2))), (arr(16, 2),)
 
 
+@case(eager=False)
+def closure_over_outer_jit_tracer(sm, mesh):
+  ax = first(mesh)
+  x = arr(8)
+  return (lambda y: sm(lambda v: lax.psum(v * y, ax), mesh, in_specs=P(ax),
+                       out_specs=P())(x)), (np.float32(3),)
+
+
+@case(eager=False)
+def none_spec_outer_jit_tracer(sm, mesh):
+  ax = first(mesh)
+  x = arr(8, 2)
+  return (lambda y: sm(lambda v, s: v * s, mesh, in_specs=(P(ax), None),
+                       out_specs=P(ax))(x, y)), (np.float32(-2),)
+
+
 @case()
 def closed_over_array(sm, mesh):
   ax = first(mesh)

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest
 
-from conftest import make_mesh
+from support.meshes import make_mesh
 from catalog import CASES
 from differential import compare_case
 
@@ -50,19 +50,16 @@ def _is_default(i, c, shape, mode, shardy, vma) -> bool:
   if mode == "jit" and not c.jit:
     return False
   key = (mode, shardy, vma)
-  if key == ("jit", False, True):
-    return True
-  if key == ("eager", False, True):
-    return i % 3 == 0
-  if key == ("jit", False, False):
-    return i % 4 == 1
-  if key == ("jit", True, True):
-    return i % 4 == 2
-  if key == ("jit", True, False):
-    return i % 4 == 3
-  if key == ("eager", False, False):
-    return i % 8 == 5
-  return False
+  share = {("jit", False, True): (1, 0),     # every program
+           ("eager", False, True): (2, 0),   # every 2nd, and so on
+           ("eager", False, False): (4, 1),
+           ("jit", False, False): (3, 1),
+           ("jit", True, True): (3, 2),
+           ("jit", True, False): (3, 0)}
+  if key not in share:
+    return False
+  every, offset = share[key]
+  return i % every == offset
 
 
 def _params():

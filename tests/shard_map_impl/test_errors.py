@@ -16,7 +16,7 @@ from jax.experimental.shard_map import shard_map as jax_shard_map
 from jax.sharding import PartitionSpec as P
 
 import shard_map_impl
-from conftest import make_mesh
+from support.meshes import make_mesh
 
 lax = jax.lax
 ARG_WORDS = ("in_specs", "out_specs", "auto", "mesh", "callable", "args")

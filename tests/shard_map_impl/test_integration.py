@@ -26,7 +26,7 @@ from jax.experimental.shard_map import shard_map as jax_shard_map
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import shard_map_impl
-from conftest import make_mesh
+from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
 IMPLS = {"jax": jax_shard_map, "ours": shard_map_impl.shard_map}

@@ -17,7 +17,7 @@ from jax.experimental.shard_map import shard_map as jax_shard_map
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 import shard_map_impl
-from conftest import make_mesh
+from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
 lax = jax.lax
@@ -204,3 +204,20 @@ def test_abstract_mesh_eager_needs_sharded_inputs():
   for sm in IMPLS.values():
     with pytest.raises(ValueError, match="NamedSharding"):
       sm(lambda v: v, amesh, P("x"), P("x"))(np.arange(8.0, dtype=np.float32))
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_explicit_axes_mesh_like_jax(mode):
+  from jax.sharding import AxisType
+  mesh = jax.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+  x = jax.device_put(np.arange(16.0, dtype=np.float32).reshape(8, 2),
+                     NamedSharding(mesh, P("x", "y")))
+  outs = {}
+  with jax.sharding.use_mesh(mesh):
+    for k, sm in IMPLS.items():
+      f = sm(lambda v: lax.psum(v, "x"), mesh, P("x", "y"), P(None, "y"))
+      g = sm(lambda v: v * 2, mesh, P("x"), P("x"), auto=frozenset({"y"}))
+      outs[k] = (jax.jit(f)(x), jax.jit(g)(x)) if mode == "jit" else (f(x),)
+  assert_trees_equal(outs["jax"], outs["ours"])
+  for a, b in zip(outs["jax"], outs["ours"]):
+    assert a.sharding == b.sharding

@@ -25,7 +25,7 @@ from jax._src import config as jax_config
 from jax.experimental import shard_map as jax_shard_map_mod
 from jax.sharding import PartitionSpec as P
 
-from conftest import make_mesh
+from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
 Builder = Callable[[Callable, Any], Callable[[], Any]]
@@ -848,19 +848,9 @@ def assert_same_outcome(prog: Program, varying: bool, check_rep: bool) -> None:
 MODES = list(itertools.product((True, False), (True, False)))  # (varying, check_rep)
 
 # Cases that fail for reasons outside the transformation rules (name, varying, check_rep).
-KNOWN_ISSUES = {
-    ("grad_checkify_inside", True, True):
-        "checkify has no rule for shard_map_impl's primitive yet (integration.py, issue 3)",
-    ("grad_checkify_inside", True, False):
-        "checkify has no rule for shard_map_impl's primitive yet (integration.py, issue 3)",
-    ("grad_checkify_inside", False, True):
-        "checkify has no rule for shard_map_impl's primitive yet (integration.py, issue 3)",
-    ("grad_checkify_inside", False, False):
-        "checkify has no rule for shard_map_impl's primitive yet (integration.py, issue 3)",
-    ("grad_nested_shard_map", False, True):
-        "replication.py's nested shard_map rule is called with **eqn.params and raises "
-        "TypeError (issue 3)",
-}
+# Strict xfails for failures outside the transformation rules, with the reason.
+# (Empty now: the checkify and nested-replication gaps of issue 3 were closed.)
+KNOWN_ISSUES: dict[tuple[str, bool, bool], str] = {}
 
 
 def _param(case):

@@ -23,7 +23,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.experimental import shard_map as jax_shard_map_mod
 from jax.sharding import PartitionSpec as P
 
-from conftest import make_mesh
+from support.meshes import make_mesh
 
 COLLECTIVES = ("all_reduce", "all_gather", "collective_permute", "all_to_all",
                "reduce_scatter")
