@@ -188,3 +188,28 @@ def test_hessian_of_pmap():
     f = pm(lambda x: jnp.sin(x) * lax.psum(x, "i"), axis_name="i")
     return jax.hessian(lambda x: f(x).sum())(arr(8))
   compare_with_legacy(program, pmap, rtol=1e-5, atol=1e-6)
+
+
+# Transposes of grouped collectives, and transformations of collectives inside the body.
+GROUPS = [[0, 1, 2, 3], [4, 5, 6, 7]]
+GROUPED_AND_INSIDE = {
+ "grad_psum_groups": lambda pm: jax.grad(lambda x: pm(lambda v: lax.psum(v ** 2, "i", axis_index_groups=GROUPS), axis_name="i")(x).sum())(arr(8, 2)),
+ "grad_all_gather_groups": lambda pm: jax.grad(lambda x: (pm(lambda v: lax.all_gather(v, "i", axis_index_groups=GROUPS), axis_name="i")(x) ** 2).sum())(arr(8, 2)),
+ "vmap_ppermute_inside": lambda pm: pm(jax.vmap(lambda v: lax.ppermute(v, "i", [(0, 1), (1, 0)])), axis_name="i")(arr(2, 3, 2)),
+ "vmap_all_to_all_inside": lambda pm: pm(jax.vmap(lambda v: lax.all_to_all(v, "i", 0, 0)), axis_name="i")(arr(8, 3, 8)),
+ "vmap_all_gather_inside": lambda pm: pm(jax.vmap(lambda v: lax.all_gather(v, "i"), in_axes=1, out_axes=1), axis_name="i")(arr(8, 2, 3)),
+ "jvp_ppermute_inside": lambda pm: pm(lambda x: jax.jvp(lambda v: lax.ppermute(v, "i", [(i, (i+1) % 8) for i in range(8)]), (x,), (x * 2,)), axis_name="i")(arr(8, 2)),
+ "linearize_inside": lambda pm: pm(lambda x: jax.linearize(lambda v: jnp.sin(lax.psum(v, "i")), x)[1](x), axis_name="i")(arr(8, 2)),
+ "vjp_all_to_all_inside": lambda pm: pm(lambda x: jax.vjp(lambda v: lax.all_to_all(v, "i", 0, 0), x)[1](x * 3), axis_name="i")(arr(8, 8)),
+ "hessian_inside": lambda pm: pm(jax.hessian(lambda v: jnp.sum(jnp.sin(v) * lax.psum(v, "i"))), axis_name="i")(arr(8, 3)),
+ "grad_pmax": lambda pm: jax.grad(lambda x: pm(lambda v: lax.pmax(v, "i"), axis_name="i")(x).sum())(arr(8, 2)),
+ "psum_scatter_grad_groups": lambda pm: jax.grad(lambda x: (pm(lambda v: lax.psum_scatter(v, "i", axis_index_groups=GROUPS, tiled=True), axis_name="i")(x) ** 2).sum())(arr(8, 4)),
+ "pswapaxes_grad": lambda pm: jax.grad(lambda x: (pm(lambda v: lax.pswapaxes(v, "i", 0), axis_name="i")(x) ** 3).sum())(arr(8, 8)),
+ "pmap_static_and_in_axes_none": lambda pm: pm(lambda x, n, y: x * n + y, in_axes=(0, None, None), static_broadcasted_argnums=1)(arr(8, 2), 2, arr(2)),
+ "in_axes_none_kw_mixed": lambda pm: pm(lambda x, y, *, z: x + y + z, in_axes=(0, None))(arr(8, 2), arr(2), z=arr(8, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED_AND_INSIDE))
+def test_grouped_and_inside(name):
+  compare_with_legacy(GROUPED_AND_INSIDE[name], pmap, rtol=1e-6, atol=1e-6)
