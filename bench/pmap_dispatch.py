@@ -48,6 +48,15 @@ WALL = {"matmul (8,512,512)"}
 PROCESS = {"first call"}
 
 
+def _chained(f, first, *rest):
+  """A step that feeds each call's output back in as the next call's first argument."""
+  state = [f(first, *rest)]
+  def step():
+    state[0] = f(state[0], *rest)
+    return state[0]
+  return step
+
+
 def _pmap_cases(pmap):
   """Case name -> (setup() -> step callable) for a pmap-like function."""
   import jax
@@ -57,11 +66,7 @@ def _pmap_cases(pmap):
 
   def tiny():
     f = pmap(lambda x: x + 1)
-    state = [f(zeros)]
-    def step():
-      state[0] = f(state[0])
-      return state[0]
-    return step
+    return _chained(f, zeros)
 
   def numpy_input():
     f = pmap(lambda x: x + 1)
@@ -74,20 +79,12 @@ def _pmap_cases(pmap):
 
   def pytree():
     f = pmap(lambda t: jax.tree.map(lambda a: a + 1, t))
-    state = [f({f"leaf{i:02d}": zeros for i in range(64)})]
-    def step():
-      state[0] = f(state[0])
-      return state[0]
-    return step
+    return _chained(f, {f"leaf{i:02d}": zeros for i in range(64)})
 
   def in_axes_none():
     f = pmap(lambda x, y: x + y, in_axes=(0, None))
     y = jnp.float32(2.0)
-    state = [f(zeros, y)]
-    def step():
-      state[0] = f(state[0], y)
-      return state[0]
-    return step
+    return _chained(f, zeros, y)
 
   def static_int():
     f = pmap(lambda x, n: x * n, static_broadcasted_argnums=(1,))
@@ -130,11 +127,7 @@ def _jit_cases(shard_map):
 
   def tiny():
     f = smap(lambda x: x + 1)
-    state = [f(zeros)]
-    def step():
-      state[0] = f(state[0])
-      return state[0]
-    return step
+    return _chained(f, zeros)
 
   def numpy_input():
     f = smap(lambda x: x + 1)
@@ -147,20 +140,12 @@ def _jit_cases(shard_map):
 
   def pytree():
     f = smap(lambda t: jax.tree.map(lambda a: a + 1, t))
-    state = [f({f"leaf{i:02d}": zeros for i in range(64)})]
-    def step():
-      state[0] = f(state[0])
-      return state[0]
-    return step
+    return _chained(f, {f"leaf{i:02d}": zeros for i in range(64)})
 
   def in_axes_none():
     f = smap(lambda x, y: x + y, in_specs=(P("i"), P()))
     y = jnp.float32(2.0)
-    state = [f(zeros, y)]
-    def step():
-      state[0] = f(state[0], y)
-      return state[0]
-    return step
+    return _chained(f, zeros, y)
 
   def static_int():
     f = jax.jit(lambda x, n: shard_map(lambda a: a * n, mesh=mesh, in_specs=P("i"),

@@ -6,8 +6,8 @@ Cases, cheapest first (each leaf independently):
 * already placed (our outputs, legacy pmap outputs and ``device_put_replicated``/
   ``device_put_sharded`` results whose blocks sit on the right devices): the same
   buffers under the target sharding object, no copy;
-* host values (numpy, Python and numpy scalars): one host-to-device transfer,
-  exactly what legacy does;
+* host values (numpy, Python and numpy scalars): one implicit host-to-device
+  transfer, exactly what legacy does (so ``jax.transfer_guard`` applies);
 * a single-device array (committed or not): sliced on its device, blocks copied
   device to device;
 * a multi-device array on the target's devices but laid out differently (another
@@ -24,10 +24,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+from jax._src import core
 from jax._src import dtypes
 from jax._src import prng
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
+from jax._src.interpreters import xla
 from jax._src.sharding_impls import GSPMDSharding, NamedSharding, PmapSharding
 
 from pmap_compat import outputs
@@ -83,9 +85,30 @@ def _single_device(x: Any) -> bool:
           and not dtypes.issubdtype(x.dtype, dtypes.extended))
 
 
+def _upload(x: Any, target: Any) -> Any:
+  """A host value on ``target`` through the implicit transfer jit's dispatch makes.
+
+  ``jax.device_put`` counts as an explicit transfer, which
+  ``transfer_guard("disallow")`` lets through; legacy pmap and jit move host
+  arguments implicitly, so the guard must see this upload the same way.
+  """
+  try:
+    value = xla.canonicalize_dtype(x)
+  except (TypeError, ValueError):
+    value = None  # not a JAX value: device_put raises its usual error for it
+  if (type(value) not in pxla.shard_arg_handlers or type(value) is ArrayImpl
+      or getattr(value, "dtype", None) == dtypes.float0):
+    return jax.device_put(x, target)  # nothing jit's dispatch would upload itself
+  placed = pxla.shard_args([target], [None], [None], [value], canonicalize=False)[0]
+  aval = core.abstractify(x)  # keeps a Python scalar's weak type, as jit's signature does
+  if aval.weak_type and not placed.aval.weak_type:
+    placed = ArrayImpl(aval, placed.sharding, placed._arrays, committed=True)
+  return placed
+
+
 def place(x: Any, target: Any) -> Any:
   """``x`` as a committed array with sharding ``target``; data moves only on device
-  (host values are transferred once, as legacy does)."""
+  (host values are transferred once, implicitly, as legacy does)."""
   if isinstance(target, PmapSharding):
     if not isinstance(x, jax.Array) or _single_device(x):
       # JAX's own sharding of host values / one-device arrays (what legacy pmap
@@ -94,7 +117,7 @@ def place(x: Any, target: Any) -> Any:
     if target in _named_for_pmap:
       return outputs.as_pmap_array(place(x, _named_for_pmap[target]))
   if not isinstance(x, jax.Array):
-    return jax.device_put(x, target)
+    return _upload(x, target)
   sharding = x.sharding
   if sharding == target and not isinstance(sharding, PmapSharding):
     return x

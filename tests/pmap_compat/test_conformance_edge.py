@@ -366,10 +366,6 @@ def test_transfer_guard_with_device_inputs_allows_the_call():
   compare_with_legacy(program, pmap)
 
 
-@pytest.mark.xfail(strict=True, reason="G -> D (pmap_compat_design.md 15:58): numpy inputs are placed by an "
-                   "explicit device_put on the first call, so transfer_guard('disallow') does not raise")
-
-
 def test_transfer_guard_on_first_call_with_numpy():
   def program(pm):
     with jax.transfer_guard("disallow"):
