@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Any, Callable, Sequence
 
 from jax._src import api as _jax_api
@@ -72,7 +73,9 @@ def _merge_static(dynamic: list, static: dict) -> tuple:
   return tuple(static[i] if i in static else next(it) for i in range(total))
 
 
-_compiled: dict = {}
+# Executables per jitted program, dropped with the program (and so with the user's
+# function, which cache.py holds weakly): a loop of fresh pmap(lambda ...) must not grow.
+_compiled: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
 
 
 def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
@@ -83,12 +86,14 @@ def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
   leaves, tree = tree_util.tree_flatten(
       ([a for i, a in enumerate(args) if i not in static], kwargs))
   sig = tuple((x.shape, x.dtype, x.aval.weak_type, x.sharding) for x in leaves)
-  key = (id(jitted), tree, tuple(sorted(static.items())), sig, config.trace_context())
-  hit = _compiled.get(key)
-  if hit is None or hit[0] is not jitted:
-    hit = (jitted, jitted.lower(*args, **kwargs).compile())
-    _compiled[key] = hit
-  return hit[1]
+  key = (tree, tuple(sorted(static.items())), sig, config.trace_context())
+  per_program = _compiled.get(jitted)
+  if per_program is None:
+    per_program = _compiled[jitted] = {}
+  executable = per_program.get(key)
+  if executable is None:
+    executable = per_program[key] = jitted.lower(*args, **kwargs).compile()
+  return executable
 
 
 def _is_extended(x: Any) -> bool:
