@@ -13,7 +13,7 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider
 
 from codemod.findings import Finding, Severity
-from codemod.sites import PMAP_NAMES
+from codemod.sites import PMAP_NAMES, pmap_imports_of
 
 
 class PmapToShimCommand(VisitorBasedCodemodCommand):
@@ -33,11 +33,7 @@ class PmapToShimCommand(VisitorBasedCodemodCommand):
     return False
 
   def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-    module = cst.Module([]).code_for_node(node.module) if node.module else ""
-    if module in ("jax", "jax.api") and not isinstance(node.names, cst.ImportStar):
-      for alias in node.names:
-        if alias.evaluated_name == "pmap":
-          self._imports.append((module, alias.evaluated_alias))
+    self._imports.extend(pmap_imports_of(node))
     return False
 
   def _is_pmap(self, node: cst.CSTNode) -> bool:

@@ -24,6 +24,14 @@ KNOWN_OPTIONS = ("fun", "axis_name", "in_axes", "out_axes", "static_broadcasted_
 _POSITIONAL = ("fun", "axis_name")
 
 
+def pmap_imports_of(node: cst.ImportFrom) -> list[tuple[str, Optional[str]]]:
+  """(module, alias) for each ``from jax import pmap [as alias]`` name in ``node``."""
+  module = cst.Module([]).code_for_node(node.module) if node.module else ""
+  if module not in ("jax", "jax.api") or isinstance(node.names, cst.ImportStar):
+    return []
+  return [(module, a.evaluated_alias) for a in node.names if a.evaluated_name == "pmap"]
+
+
 @dataclass
 class PmapOptions:
   """A site's pmap arguments, by pmap's parameter name."""
@@ -114,12 +122,9 @@ class References(RelatedPatterns):
     return False
 
   def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-    module = cst.Module([]).code_for_node(node.module) if node.module else ""
-    if module in ("jax", "jax.api") and not isinstance(node.names, cst.ImportStar):
-      for alias in node.names:
-        if alias.evaluated_name == "pmap":
-          self.pmap_imports.append((module, alias.evaluated_alias))
-          self.pmap_spellings.add(alias.evaluated_alias or "pmap")
+    for module, alias in pmap_imports_of(node):
+      self.pmap_imports.append((module, alias))
+      self.pmap_spellings.add(alias or "pmap")
     return False
 
   # Qualified names are computed lazily, per node: ask only where the spelling could be pmap.
