@@ -20,10 +20,10 @@ demo: $(STAMP)
 	$(PY) tools/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@set -e; for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done

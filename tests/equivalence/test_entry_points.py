@@ -30,6 +30,7 @@ def test_demo_prints_an_all_identical_table():
   assert all(re.search(r"\| yes +\|", l) for l in rows[1:]), "\n".join(rows)
 
 
+@pytest.mark.multiprocess
 def test_multiprocess_example_launches_two_processes_itself():
   script = os.path.join(equivalence.EXAMPLES, "multiprocess_sgd.py")
   r = subprocess.run([sys.executable, script, "--processes", "2"], capture_output=True,
