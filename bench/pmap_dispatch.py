@@ -57,6 +57,54 @@ def _chained(f, first, *rest):
   return step
 
 
+def _one_arg_cases(map1):
+  """The cases that differ between implementations only in how ``map1(fun)`` maps a
+  one-argument function over axis 0 of all devices."""
+  import jax
+  import numpy as np
+  zeros = np.zeros((N_DEVICES,), np.float32)
+
+  def tiny():
+    f = map1(lambda x: x + 1)
+    return _chained(f, zeros)
+
+  def numpy_input():
+    f = map1(lambda x: x + 1)
+    return lambda: f(zeros)
+
+  def pytree():
+    f = map1(lambda t: jax.tree.map(lambda a: a + 1, t))
+    return _chained(f, {f"leaf{i:02d}": zeros for i in range(64)})
+
+  def matmul():
+    f = map1(lambda a: a @ a)
+    a = f(np.full((N_DEVICES, 512, 512), 1e-3, np.float32))
+    return lambda: f(a).block_until_ready()
+
+  def out0():
+    out = map1(lambda x: x + 1)(zeros)
+    return lambda: out[0]
+
+  def first_call():
+    counter = [0]
+    def step():
+      counter[0] += 1
+      k = float(counter[0])
+      return map1(lambda x: x * 2 + k)(zeros).block_until_ready()  # a new function: cold caches
+    return step
+
+  return dict(tiny=tiny, numpy_input=numpy_input, pytree=pytree, matmul=matmul, out0=out0,
+              first_call=first_call)
+
+
+def _ordered(shared, **own):
+  """Case name -> setup, in CASES order."""
+  cases = dict(shared, **own)
+  order = ["tiny", "numpy_input", "psum", "pytree", "in_axes_none", "static_int", "matmul",
+           "out0", "first_call"]
+  return dict(zip(CASES, [cases[k] for k in order]))
+
+
 def _pmap_cases(pmap):
   """Case name -> (setup() -> step callable) for a pmap-like function."""
   import jax
@@ -64,22 +112,10 @@ def _pmap_cases(pmap):
   import numpy as np
   zeros = np.zeros((N_DEVICES,), np.float32)
 
-  def tiny():
-    f = pmap(lambda x: x + 1)
-    return _chained(f, zeros)
-
-  def numpy_input():
-    f = pmap(lambda x: x + 1)
-    return lambda: f(zeros)
-
   def psum():
     f = pmap(lambda x: jax.lax.psum(x, "i"), "i")
     x = f(zeros)
     return lambda: f(x)
-
-  def pytree():
-    f = pmap(lambda t: jax.tree.map(lambda a: a + 1, t))
-    return _chained(f, {f"leaf{i:02d}": zeros for i in range(64)})
 
   def in_axes_none():
     f = pmap(lambda x, y: x + y, in_axes=(0, None))
@@ -91,25 +127,8 @@ def _pmap_cases(pmap):
     x = f(zeros, 1)
     return lambda: f(x, 3)
 
-  def matmul():
-    f = pmap(lambda a: a @ a)
-    a = f(np.full((N_DEVICES, 512, 512), 1e-3, np.float32))
-    return lambda: f(a).block_until_ready()
-
-  def out0():
-    out = pmap(lambda x: x + 1)(zeros)
-    return lambda: out[0]
-
-  def first_call():
-    counter = [0]
-    def step():
-      counter[0] += 1
-      k = float(counter[0])
-      return pmap(lambda x: x * 2 + k)(zeros).block_until_ready()  # a new function: cold caches
-    return step
-
-  return dict(zip(CASES, [tiny, numpy_input, psum, pytree, in_axes_none, static_int, matmul,
-                          out0, first_call]))
+  return _ordered(_one_arg_cases(pmap), psum=psum, in_axes_none=in_axes_none,
+                  static_int=static_int)
 
 
 def _jit_cases(shard_map):
@@ -125,22 +144,10 @@ def _jit_cases(shard_map):
     return jax.jit(shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
                    **jit_kwargs)
 
-  def tiny():
-    f = smap(lambda x: x + 1)
-    return _chained(f, zeros)
-
-  def numpy_input():
-    f = smap(lambda x: x + 1)
-    return lambda: f(zeros)
-
   def psum():
     f = smap(lambda x: jax.lax.psum(x, "i"))
     x = f(zeros)
     return lambda: f(x)
-
-  def pytree():
-    f = smap(lambda t: jax.tree.map(lambda a: a + 1, t))
-    return _chained(f, {f"leaf{i:02d}": zeros for i in range(64)})
 
   def in_axes_none():
     f = smap(lambda x, y: x + y, in_specs=(P("i"), P()))
@@ -153,25 +160,8 @@ def _jit_cases(shard_map):
     x = f(zeros, 1)
     return lambda: f(x, 3)
 
-  def matmul():
-    f = smap(lambda a: a @ a)
-    a = f(np.full((N_DEVICES, 512, 512), 1e-3, np.float32))
-    return lambda: f(a).block_until_ready()
-
-  def out0():
-    out = smap(lambda x: x + 1)(zeros)
-    return lambda: out[0]
-
-  def first_call():
-    counter = [0]
-    def step():
-      counter[0] += 1
-      k = float(counter[0])
-      return smap(lambda x: x * 2 + k)(zeros).block_until_ready()
-    return step
-
-  return dict(zip(CASES, [tiny, numpy_input, psum, pytree, in_axes_none, static_int, matmul,
-                          out0, first_call]))
+  return _ordered(_one_arg_cases(smap), psum=psum, in_axes_none=in_axes_none,
+                  static_int=static_int)
 
 
 def _clock(case):
