@@ -1,10 +1,13 @@
-"""``.lower()`` / ``.trace()`` in multi-process jobs: host-local arguments, like legacy.
+"""What ``.lower()`` / ``.trace()`` return: jit's stage objects, adjusted to legacy pmap's.
 
-Each process passes its local slice, as for a call. We lower the global program
-(abstract global arguments on the global mesh), and the returned ``Lowered`` /
-``Compiled`` convert host-local arrays to global ones on the way in and back on
-the way out (``multihost``, issue 6), so ``f.lower(x).compile()(x)`` behaves as
-legacy's does. Single-process jobs never come here.
+``PmapTraced`` / ``PmapLowered`` / ``PmapCompiled`` are jit's ``Traced`` / ``Lowered`` /
+``Compiled`` (same data, same methods), except that the compiled object can also be called
+inside ``jax.disable_jit()``, as legacy pmap's can: jit's refuses there.
+
+In multi-process jobs each process passes host-local arguments, like legacy. We lower the
+global program (abstract global arguments on the global mesh), and the returned
+``Local*`` objects convert host-local arrays to global ones on the way in and back on
+the way out (``multihost``), so ``f.lower(x).compile()(x)`` behaves as legacy's does.
 """
 from __future__ import annotations
 
@@ -12,11 +15,60 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax._src import core
+from jax._src import config, core, stages
 from jax.tree_util import tree_flatten, tree_unflatten
 
 from pmap_compat import multihost, program
 from pmap_compat.config import PmapConfig
+
+
+class PmapCompiled(stages.Compiled):
+  """jit's ``Compiled``, callable under ``jax.disable_jit()`` too."""
+
+  @classmethod
+  def of(cls, compiled: stages.Compiled) -> PmapCompiled:
+    return cls(compiled._executable, compiled.args_info, compiled.out_tree,
+               no_kwargs=compiled._no_kwargs)
+
+  def __call__(self, *args, **kwargs):
+    if config.disable_jit.value:
+      # jit's C++ call path wants the Python function under disable_jit; an executable that
+      # is already compiled has nothing to fall back to and just runs, as legacy's does.
+      with config.disable_jit(False):
+        return super().__call__(*args, **kwargs)
+    return super().__call__(*args, **kwargs)
+
+
+class PmapLowered(stages.Lowered):
+  """jit's ``Lowered``; ``compile`` returns a ``PmapCompiled``."""
+
+  @classmethod
+  def of(cls, lowered: stages.Lowered) -> PmapLowered:
+    return cls(lowered._lowering, lowered.args_info, lowered.out_tree,
+               no_kwargs=lowered._no_kwargs)
+
+  def compile(self, compiler_options: Any = None) -> PmapCompiled:
+    return PmapCompiled.of(super().compile(compiler_options))
+
+
+class PmapTraced(stages.Traced):
+  """jit's ``Traced``; ``lower`` returns a ``PmapLowered``."""
+
+  @classmethod
+  def of(cls, traced: stages.Traced) -> PmapTraced:
+    return cls(traced.jaxpr, traced.args_info, traced.fun_name, traced._out_tree,
+               traced._lower_callable, traced._args_flat, traced._arg_names,
+               traced._num_consts)
+
+  def lower(self, **kwargs) -> PmapLowered:
+    return PmapLowered.of(super().lower(**kwargs))
+
+
+def as_pmap_stage(staged: stages.Traced | stages.Lowered) -> PmapTraced | PmapLowered:
+  """The pmap flavour of what jit's ``.trace`` / ``.lower`` returned."""
+  if isinstance(staged, stages.Lowered):
+    return PmapLowered.of(staged)
+  return PmapTraced.of(staged)
 
 
 def global_abstract_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict,
@@ -71,10 +123,10 @@ class LocalTraced(_Forward):
     return LocalLowered(self._inner.lower(*args, **kwargs), self._targets)
 
 
-def stage(method: str, jitted: Any, cfg: PmapConfig, fun: Callable, args: tuple,
+def stage_multiprocess(method: str, jitted: Any, cfg: PmapConfig, fun: Callable, args: tuple,
           kwargs: dict) -> Any:
   """``jitted.lower`` or ``jitted.trace`` on the global program, with local conversion."""
   g_args, g_kwargs, targets = global_abstract_args(cfg, fun, args, kwargs,
                                                    jitted.__wrapped__.meshes_used)
-  staged = getattr(jitted, method)(*g_args, **g_kwargs)
+  staged = as_pmap_stage(getattr(jitted, method)(*g_args, **g_kwargs))
   return (LocalLowered if method == "lower" else LocalTraced)(staged, targets)

@@ -24,10 +24,11 @@ class Entry:
   live one of them can be traced.
   """
 
-  __slots__ = ("cfg", "holders", "name", "top", "_spread", "__weakref__")
+  __slots__ = ("cfg", "holders", "info", "top", "_spread", "__weakref__")
 
-  def __init__(self, holder: Callable[[], Callable | None], cfg: PmapConfig, name: str):
-    self.cfg, self.holders, self.name = cfg, [holder], name
+  def __init__(self, holder: Callable[[], Callable | None], cfg: PmapConfig,
+               info: program.FunInfo):
+    self.cfg, self.holders, self.info = cfg, [holder], info
     self.top = self._make(spread=False)
     self._spread = None
 
@@ -44,9 +45,11 @@ class Entry:
       self.holders.append(weakref.ref(fun))
 
   def _make(self, spread: bool) -> Any:
-    staged = program.make_staged(self.fun_ref, self.cfg, spread, self.name)
-    return jax.jit(staged, static_argnums=self.cfg.static, donate_argnums=self.cfg.donate,
-                   keep_unused=True)
+    staged = program.make_staged(self.fun_ref, self.cfg, spread, self.info)
+    # No argnames: jit would infer them from the user's signature, but pmap's static and
+    # donated arguments are positional only.
+    return jax.jit(staged, static_argnums=self.cfg.static, static_argnames=(),
+                   donate_argnums=self.cfg.donate, donate_argnames=(), keep_unused=True)
 
   def spread(self) -> Any:
     """The variant used inside a user's jit: k-device maps may span all devices."""
@@ -61,10 +64,6 @@ class Entry:
 _BY_FUN: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
-def _fun_name(fun: Callable) -> str:
-  return getattr(fun, "__name__", None) or type(fun).__name__
-
-
 def entry_for(fun: Callable, cfg: PmapConfig) -> Entry:
   key = cfg.key()
   try:
@@ -73,10 +72,10 @@ def entry_for(fun: Callable, cfg: PmapConfig) -> Entry:
       per_fun = _BY_FUN[fun] = {}
     ref = weakref.ref(fun)
   except TypeError:  # unhashable or not weak-referenceable: a private, unshared entry
-    return Entry(lambda: fun, cfg, _fun_name(fun))
+    return Entry(lambda: fun, cfg, program.fun_info(fun, cfg))
   entry = per_fun.get(key)
   if entry is None:
-    entry = per_fun[key] = Entry(ref, cfg, _fun_name(fun))
+    entry = per_fun[key] = Entry(ref, cfg, program.fun_info(fun, cfg))
   else:
     entry.add_holder(fun)
   return entry

@@ -19,12 +19,11 @@ def check_axes_spec(spec: Any, which: str) -> None:
 
 
 def check_devices(devices: Sequence[Any] | None) -> tuple | None:
-  """Legacy rejects an empty list; duplicates would silently break the device mapping."""
+  """Duplicates would silently break the device mapping. An empty list is kept: legacy
+  rejects it when the function is called (``no_devices``), not when pmap is applied."""
   if devices is None:
     return None
   devices = tuple(devices)
-  if not devices:
-    raise ValueError("'devices' argument to pmap must be non-empty, or None.")
   seen: dict[int, Any] = {}
   repeated = []
   for d in devices:
@@ -37,6 +36,10 @@ def check_devices(devices: Sequence[Any] | None) -> tuple | None:
         f"{', '.join(str(d) for d in repeated)}. Each mapped position needs its own device; "
         f"pass {len(seen)} distinct devices.")
   return devices
+
+
+def no_devices() -> ValueError:
+  return ValueError("'devices' argument to pmap must be non-empty, or None.")
 
 
 def global_arg_shapes_removed() -> ValueError:
@@ -74,6 +77,17 @@ def devices_mismatch(size: int, devices: Sequence[Any]) -> ValueError:
       "Leading axis size of input to pmapped function must equal the number of local "
       f"devices passed to pmap. Got axis_size={size}, num_local_devices={len(devices)}.\n"
       f"(Local devices available to pmap: {names})")
+
+
+def nested_devices_mismatch(needed: int, size: int, devices: Sequence[Any]) -> ValueError:
+  """``devices=`` given, but the outer pmap and the pmaps nested in it need ``needed``."""
+  if needed == size:
+    return devices_mismatch(size, devices)
+  names = ", ".join(str(d) for d in devices)
+  return ValueError(
+      f"pmapped function requires {needed} local devices to run due to nested pmapped or "
+      f"other parallel functions, but only {len(devices)} are available.\n"
+      f"(outer axis size: {size}, local devices available to pmap: {names})")
 
 
 def too_many_devices(needed: int, available: int) -> ValueError:

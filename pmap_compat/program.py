@@ -9,6 +9,7 @@ pmaps met while tracing the body become extra mesh axes (see ``nesting``).
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -36,6 +37,8 @@ class CallArgs(NamedTuple):
 
 
 def match_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict) -> CallArgs:
+  if cfg.devices == ():
+    raise errors.no_devices()
   n = len(args)
   static = cfg.static  # legacy does not normalise negative positions here, nor do we
   if static and max(static) >= n:
@@ -178,10 +181,11 @@ def stage_top(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread:
   while True:
     total = math.prod(s for _, s in mesh_axes)
     # With devices=, a count that does not match yet may still be completed by nested
-    # pmaps found while tracing: trace on a provisional mesh, decide afterwards.
+    # pmaps found while tracing: trace on a provisional mesh over the backend's devices
+    # and decide once every nested pmap is known (legacy also checks after tracing).
     provisional = cfg.devices is not None and len(cfg.devices) != total
-    if provisional and total > len(cfg.devices):
-      raise errors.devices_mismatch(call.size, cfg.devices)
+    if provisional and total > len(meshes.backend_devices(cfg.backend, None)):
+      raise errors.nested_devices_mismatch(total, call.size, cfg.devices)
     mesh = meshes.build_mesh(mesh_axes, cfg.backend, None if provisional else cfg.devices,
                              spread)
     if spread:
@@ -192,7 +196,7 @@ def stage_top(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread:
       mesh_axes.append((need.name, need.size))
       continue
     if provisional:
-      raise errors.devices_mismatch(call.size, cfg.devices)
+      raise errors.nested_devices_mismatch(total, call.size, cfg.devices)
     meshes_used[call.size] = mesh
     return out
 
@@ -200,6 +204,8 @@ def stage_top(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread:
 def run_nested(cfg: PmapConfig, fun: Callable, frame: nesting.Frame, args: tuple,
                kwargs: dict) -> Any:
   """An inner pmap called while an outer pmap's body is traced."""
+  if cfg.devices == ():
+    raise errors.no_devices()
   if cfg.devices is not None:
     raise ValueError("Nested pmap with explicit devices argument.")
   call = match_args(cfg, fun, args, kwargs)
@@ -211,14 +217,47 @@ def run_nested(cfg: PmapConfig, fun: Callable, frame: nesting.Frame, args: tuple
                             lambda out: out_axes_normalised(cfg, out))
 
 
+class FunInfo(NamedTuple):
+  """What the jaxprs' DebugInfo says about the user's function (holds no reference to it)."""
+  name: str
+  sourceinfo: str                         # "f at file.py:12", as api_util.fun_sourceinfo
+  signature: inspect.Signature | None     # None: arguments are named args[0], ...
+
+
+def _argnums_fit(signature: inspect.Signature, cfg: PmapConfig) -> bool:
+  """Would jit accept ``cfg``'s argnums for this signature? Legacy pmap does not check them
+  when applied (a call with too few arguments gets its own error), so neither may we."""
+  try:
+    api_util._validate_argnums(signature, cfg.static, "static_argnums")
+    api_util._validate_argnums(signature, cfg.donate, "donate_argnums")
+  except ValueError:
+    return False
+  return True
+
+
+def fun_info(fun: Callable, cfg: PmapConfig) -> FunInfo:
+  name = getattr(fun, "__name__", None) or type(fun).__name__
+  signature = api_util.fun_signature(fun)
+  if signature is not None and not _argnums_fit(signature, cfg):
+    signature = None
+  return FunInfo(name, api_util.fun_sourceinfo(fun), signature)
+
+
 def make_staged(fun_ref: Callable[[], Callable], cfg: PmapConfig, spread: bool,
-                name: str) -> Callable:
-  """The function handed to ``jax.jit`` for this config; ``.meshes_used`` maps size -> mesh."""
+                info: FunInfo) -> Callable:
+  """The function handed to ``jax.jit`` for this config; ``.meshes_used`` maps size -> mesh.
+
+  It carries the user's name, source location and signature, so the DebugInfo jit builds
+  for it (``api_util.debug_info``) names the user's function and arguments in errors.
+  """
   meshes_used: dict[int, Mesh] = {}
 
   def staged(*args, **kwargs):
     return stage_top(cfg, fun_ref(), args, kwargs, spread, meshes_used)
-  staged.__name__ = staged.__qualname__ = name
+  staged.__name__ = staged.__qualname__ = info.name
+  staged.__fun_sourceinfo__ = info.sourceinfo
+  if info.signature is not None:
+    staged.__signature__ = info.signature
   staged.meshes_used = meshes_used
   return staged
 

@@ -92,8 +92,8 @@ def _ahead_of_time(entry: cache.Entry, fun: Callable, method: str) -> Callable:
 
   def stage(*args, **kwargs):
     if program.local_size_is_global():
-      return local(*args, **kwargs)
-    return aot.stage(method, entry.top, entry.cfg, fun, args, kwargs)
+      return aot.as_pmap_stage(local(*args, **kwargs))
+    return aot.stage_multiprocess(method, entry.top, entry.cfg, fun, args, kwargs)
   return stage
 
 

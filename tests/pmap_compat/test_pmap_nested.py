@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from legacy_messages import same_message
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_with_legacy
 
@@ -85,6 +86,25 @@ def test_unnamed_inner_pmap():
 
 def test_nested_needs_too_many_devices():
   compare_with_legacy(lambda pm: pm(pm(lambda v: v, "j"), "i")(arr(4, 4)), pmap)
+
+
+@pytest.mark.parametrize("outer_devices,shape", [
+    (1, (1, 4, 3)),      # one device for an outer size 1 over an inner size 4
+    (2, (2, 4, 3)),      # needs 8
+    (8, (2, 2, 3)),      # needs 4: too FEW nested positions for the devices given
+    (4, (2, 4, 2, 1)),   # a third level: needs 16, more than the backend has
+])
+def test_nested_needs_other_device_count_than_given(outer_devices, shape):
+  devices = jax.devices()[:outer_devices]
+
+  def program(pm):
+    inner = pm(lambda v: v * 2, "j") if len(shape) == 3 else pm(pm(lambda v: v * 2, "k"), "j")
+    return pm(inner, "i", devices=devices)(arr(*shape))
+  same_message(program)
+
+
+def test_inner_size_one_keeps_the_leading_axis_message():
+  same_message(lambda pm: pm(pm(lambda v: v, "j"), "i", devices=jax.devices()[:2])(arr(4, 1, 3)))
 
 
 def test_nested_unbound_axis_raises():

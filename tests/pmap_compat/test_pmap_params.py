@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from legacy_messages import same_message
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_call, compare_with_legacy
 
@@ -59,11 +60,19 @@ def test_duplicate_devices_raise_clear_error():
     pmap(lambda x: x, devices=[jax.devices()[0]] * 2)
 
 
-def test_empty_devices_raise_like_legacy():
-  with pytest.raises(ValueError, match="must be non-empty"):
-    jax.pmap(lambda x: x, devices=[])(arr(1))
-  with pytest.raises(ValueError, match="must be non-empty"):
-    pmap(lambda x: x, devices=[])
+def test_empty_devices_accepted_when_applied_like_legacy():
+  legacy = compare_with_legacy(lambda pm: callable(pm(lambda x: x, devices=[])), pmap)
+  assert legacy.value is True
+
+
+@pytest.mark.parametrize("use", ["call", "lower", "trace", "nested"])
+def test_empty_devices_raise_when_called_like_legacy(use):
+  def program(pm):
+    f = pm(lambda x: x * 2, devices=[])
+    if use == "nested":
+      return pm(f)(arr(2, 4))
+    return f(arr(1, 2)) if use == "call" else getattr(f, use)(arr(1, 2))
+  same_message(program)
 
 
 def test_backend_cpu():
