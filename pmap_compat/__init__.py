@@ -2,8 +2,35 @@
 
 Same signature, outputs and errors as ``jax.pmap`` in jax 0.6.0. ``patched()`` /
 ``patch()`` / ``unpatch()`` make ``jax.pmap`` itself resolve to it.
+
+``pmap_compat.testing`` (record a program's outputs, check them later, possibly on
+another JAX) uses only public JAX and numpy and imports on every JAX from 0.4.35 on.
+So this package imports nothing eagerly: the public names below load their modules
+(which build on JAX internals pinned to 0.6.0) on first access.
 """
-from pmap_compat.api import pmap
-from pmap_compat.patching import patch, patched, unpatch
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_LAZY = {
+    "pmap": "pmap_compat.api",
+    "patch": "pmap_compat.patching",
+    "patched": "pmap_compat.patching",
+    "unpatch": "pmap_compat.patching",
+}
 
 __all__ = ["pmap", "patch", "patched", "unpatch"]
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _LAZY:
+    raise AttributeError(f"module 'pmap_compat' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_LAZY[name]), name)
+  globals()[name] = value  # later lookups skip this hook
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))

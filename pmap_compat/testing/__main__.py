@@ -1,0 +1,106 @@
+"""`python -m pmap_compat.testing record|check ...` (see the package docstring)."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import traceback
+from typing import Sequence
+
+# Exit statuses.
+PASS, DIFFERS, NOT_COMPARED = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="python -m pmap_compat.testing",
+      description="Record a program's outputs, or check a new run against a recording.")
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  def common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", metavar="PROGRAM",
+                   help="a .py file or module name defining run(**kwargs) -> pytree")
+    p.add_argument("--function", default="run", metavar="NAME",
+                   help="the function to call instead of run")
+    p.add_argument("--kwargs", default="{}", metavar="JSON",
+                   help="keyword arguments for the function, as a JSON object")
+    p.add_argument("--patched", action="store_true",
+                   help="import and run the program under pmap_compat.patched()")
+
+  rec = sub.add_parser("record", help="run PROGRAM and store its outputs in DIR")
+  common(rec)
+  rec.add_argument("--out", required=True, metavar="DIR", help="where to write the recording")
+  chk = sub.add_parser("check", help="run PROGRAM and compare its outputs with a recording")
+  common(chk)
+  chk.add_argument("--against", required=True, metavar="DIR", help="the recording")
+  chk.add_argument("--rtol", type=float, default=None, metavar="R")
+  chk.add_argument("--atol", type=float, default=None, metavar="A")
+  chk.add_argument("--max-ulp", type=int, default=None, metavar="N")
+  return parser
+
+
+def _patched(enabled: bool) -> contextlib.AbstractContextManager:
+  if not enabled:
+    return contextlib.nullcontext()
+  try:
+    import pmap_compat  # pylint: disable=import-outside-toplevel
+    return pmap_compat.patched()
+  except Exception as e:  # pylint: disable=broad-except
+    import jax  # pylint: disable=import-outside-toplevel
+    raise RuntimeError(f"--patched: pmap_compat does not run on jax {jax.__version__} "
+                       f"({type(e).__name__}: {e})") from e
+
+
+def _emit(text: str) -> None:
+  """One write per process, so the reports of a multi-process job do not interleave."""
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.process_count() > 1:
+    prefix = f"[process {jax.process_index()}/{jax.process_count()}] "
+    text = "\n".join(prefix + line for line in text.splitlines())
+  sys.stdout.write(text + "\n")
+  sys.stdout.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+  import pmap_compat.testing as testing  # pylint: disable=import-outside-toplevel
+  from pmap_compat.testing import programs  # pylint: disable=import-outside-toplevel
+  kwargs = programs.parse_kwargs(args.kwargs)
+  with _patched(args.patched):
+    fn = programs.find_function(programs.load_program(args.program), args.function)
+    if args.command == "record":
+      recording = testing.record(fn, args.out, kwargs=kwargs)
+      _emit(f"recorded {len(recording.leaves)} leaves of {args.program}:{args.function} into "
+            f"{recording.directory} (jax {recording.producer['jax']}, "
+            f"{recording.producer['produced_by']})")
+      return PASS
+    report = testing.check(fn, args.against, rtol=args.rtol, atol=args.atol,
+                           max_ulp=args.max_ulp, kwargs=kwargs)
+  _emit(f"{args.program}:{args.function}\n{report}")
+  return PASS if report.ok else DIFFERS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  status = NOT_COMPARED
+  try:
+    status = _run(args)
+  except Exception as e:  # pylint: disable=broad-except
+    traceback.print_exc()
+    print(f"error: {type(e).__name__}: {e}\nnothing was {args.command}ed", file=sys.stderr)
+  finally:
+    _shutdown_distributed()
+  return status
+
+
+def _shutdown_distributed() -> None:
+  """A multi-process job must leave jax.distributed, else gloo processes can hang at exit."""
+  jax = sys.modules.get("jax")
+  if jax is None:
+    return
+  initialized = getattr(jax.distributed, "is_initialized", None)  # jax >= 0.5
+  if initialized is None or initialized():
+    jax.distributed.shutdown()  # a no-op on older jax when not initialized
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,330 @@
+"""Leaf-by-leaf comparison of a recording with a new run, and the report it produces.
+
+Per leaf the verdict is one of
+  identical   same kind, dtype, shape and bits (NaNs may differ in payload only)
+  within      values differ, every element within the tolerance
+  beyond      some element beyond the tolerance
+  mismatch    the leaf's kind, dtype or shape (or key implementation) differs
+  missing     recorded, but the new run has no leaf at this path
+  unexpected  the new run has a leaf at a path the recording does not
+Floating-point differences are measured in ulp (units in the last place: how many
+representable values lie between the two), absolute and relative (to the recorded
+value). An element is within tolerance when
+  - its ulp distance from the recorded value is at most `max_ulp`, or
+  - its difference is at most `max_ulp` ulp of the leaf's largest recorded magnitude
+    ("ulp at leaf scale": rounding in a sum or product is relative to its operands,
+    so a value that cancels toward zero may move many of its own ulp), or
+  - |actual - recorded| <= atol + rtol * |recorded|.
+`max_ulp` applies to floating leaves only: integer and bool leaves differ only under
+atol/rtol; PRNG keys and strings never.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pmap_compat.testing import recordings, trees
+
+# Default bound when the recording comes from another jax/jaxlib version (XLA changes
+# between releases reorder reductions and fuse differently). Measured on the shipped
+# examples, jax 0.10.2 (its own jax.pmap, and the codemod output) against legacy
+# jax.pmap on jax 0.6.0: at most 4 ulp at leaf scale (elementwise up to 34 ulp, in
+# values near zero). Twice that leaves room for loops that compound the differences;
+# a real change (a perturbed program) moves values by orders of magnitude more.
+CROSS_VERSION_MAX_ULP = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+  """How far a new run may be from the recording. `exact`: bit for bit."""
+  exact: bool
+  max_ulp: int = 0
+  rtol: float = 0.0
+  atol: float = 0.0
+  why: str = ""
+
+  def describe(self) -> str:
+    if self.exact:
+      return f"bit for bit ({self.why})" if self.why else "bit for bit"
+    parts = [f"max {self.max_ulp} ulp (elementwise or at leaf scale)"] + ([f"atol {self.atol:g}"] if self.atol else []) + (
+        [f"rtol {self.rtol:g}"] if self.rtol else [])
+    return " or ".join(parts) + (f" ({self.why})" if self.why else "")
+
+
+def choose_tolerance(recorded: dict, running: dict, *, rtol: float | None = None,
+                     atol: float | None = None, max_ulp: int | None = None) -> Tolerance:
+  """The given tolerance; else bit for bit on the same jax/jaxlib, else the cross-version bound."""
+  for name, value in (("rtol", rtol), ("atol", atol), ("max_ulp", max_ulp)):
+    if value is not None and (not isinstance(value, (int, float)) or value < 0):
+      raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+  if max_ulp is not None and int(max_ulp) != max_ulp:
+    raise ValueError(f"max_ulp must be a whole number of ulp, got {max_ulp!r}")
+  if rtol is not None or atol is not None or max_ulp is not None:
+    return Tolerance(False, int(max_ulp or 0), float(rtol or 0.0), float(atol or 0.0), "given")
+  versions = lambda p: (p.get("jax"), p.get("jaxlib"))  # noqa: E731
+  if versions(recorded) == versions(running):
+    return Tolerance(True, why=f"same jax {running.get('jax')} as the recording")
+  return Tolerance(False, CROSS_VERSION_MAX_ULP, why=f"default across versions: recorded on jax {recorded.get('jax')}, "
+                   f"running jax {running.get('jax')}")
+
+
+@dataclasses.dataclass
+class LeafReport:
+  """The verdict for one leaf (see the module docstring for `status`)."""
+  path: str
+  shape: tuple[int, ...] | None
+  dtype: str | None
+  status: str
+  detail: str = ""
+  max_ulp: int | None = None
+  max_abs: float | None = None
+  max_rel: float | None = None
+  scale_ulp: float | None = None  # max abs difference in ulp of the leaf's largest magnitude
+  differing: int = 0
+  size: int = 0
+
+  @property
+  def ok(self) -> bool:
+    return self.status in ("identical", "within")
+
+  def line(self, path_width: int = 0) -> str:
+    kind = f"{self.dtype}{list(self.shape)}" if self.shape is not None else str(self.dtype)
+    text = f"{trees.display_path(self.path):<{path_width}}  {kind:<18}  "
+    if self.status == "identical":
+      return text + "identical"
+    if self.status in ("within", "beyond"):
+      verdict = "within tolerance" if self.ok else "BEYOND TOLERANCE"
+      return text + f"{self.difference()}  {verdict}" + (f" ({self.detail})" if self.detail else "")
+    return text + f"{self.status.upper()}: {self.detail}"
+
+  def difference(self) -> str:
+    parts = [f"{self.differing} of {self.size} elements differ"]
+    if self.max_ulp is not None:
+      parts.append(f"max ulp {self.max_ulp} ({self.scale_ulp:.3g} at leaf scale)")
+    if self.max_abs is not None:
+      parts.append(f"max abs {self.max_abs:.3g}")
+    if self.max_rel is not None:
+      parts.append(f"max rel {self.max_rel:.3g}")
+    return ", ".join(parts)
+
+
+@dataclasses.dataclass
+class Report:
+  """The outcome of checking a run against a recording; `str(report)` is the full text."""
+  leaves: list[LeafReport]
+  structure: list[str]  # tree-structure differences, one line each
+  tolerance: Tolerance
+  recorded: dict
+  running: dict
+  label: str = ""
+
+  @property
+  def ok(self) -> bool:
+    return not self.structure and all(leaf.ok for leaf in self.leaves)
+
+  @property
+  def failures(self) -> list[LeafReport]:
+    return [leaf for leaf in self.leaves if not leaf.ok]
+
+  @property
+  def worst(self) -> LeafReport | None:
+    """The first failing leaf, else the one with the largest ulp (then abs) difference."""
+    if self.failures:
+      return self.failures[0]
+    differing = [leaf for leaf in self.leaves if leaf.status == "within"]
+    if not differing:
+      return None
+    return max(differing, key=lambda l: (l.max_ulp or 0, l.max_abs or 0.0))
+
+  def summary(self) -> str:
+    identical = sum(leaf.status == "identical" for leaf in self.leaves)
+    within = sum(leaf.status == "within" for leaf in self.leaves)
+    counts = f"{len(self.leaves)} leaves: {identical} identical, {within} within tolerance"
+    if self.ok:
+      return f"PASS ({counts})"
+    bad = [trees.display_path(l.path) for l in self.failures]
+    problems = ([f"tree structure differs ({len(self.structure)} place(s))"]
+                if self.structure else []) + (
+                    [f"{len(bad)} leaves fail: {', '.join(bad[:5])}"
+                     + (" ..." if len(bad) > 5 else "")] if bad else [])
+    return f"FAIL ({'; '.join(problems)}; {counts})"
+
+  def notes(self) -> list[str]:
+    """Known causes of differences, when the recording and this run disagree on them."""
+    was, now = (p.get("threefry_partitionable") for p in (self.recorded, self.running))
+    if None in (was, now) or was == now:
+      return []
+    return [f"note: jax_threefry_partitionable was {was} when recorded and is {now} now, so "
+            "random numbers differ (jax 0.5.0 changed its default); run with "
+            f"JAX_THREEFRY_PARTITIONABLE={int(bool(was))} to draw the recorded ones"]
+
+  def __str__(self) -> str:
+    rec, run = self.recorded, self.running
+    lines = ([self.label] if self.label else []) + [
+        f"recorded: jax {rec.get('jax')} ({rec.get('produced_by')}), "
+        f"{rec.get('platform')} x{rec.get('device_count')}",
+        f"running:  jax {run.get('jax')} ({run.get('produced_by')}), "
+        f"{run.get('platform')} x{run.get('device_count')}",
+        f"tolerance: {self.tolerance.describe()}"]
+    lines += self.notes() + self.structure
+    width = max([len(trees.display_path(l.path)) for l in self.leaves] + [0])
+    lines += ["  " + leaf.line(width) for leaf in self.leaves]
+    worst = self.worst
+    if worst is None:
+      lines.append("worst leaf: none, every leaf is identical")
+    else:
+      lines.append(f"worst leaf: {trees.display_path(worst.path)} ("
+                   f"{worst.difference() if worst.status in ('within', 'beyond') else worst.detail})")
+    lines.append(self.summary())
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _ordered_ints(x: np.ndarray) -> np.ndarray:
+  """Maps floats to integers whose difference counts the representable values between them."""
+  bits = x.view(np.dtype(f"int{8 * x.dtype.itemsize}"))
+  if x.dtype.itemsize < 8:
+    wide = bits.astype(np.int64)
+    return np.where(wide < 0, np.int64(-(2 ** (8 * x.dtype.itemsize - 1))) - wide, wide)
+  return np.where(bits < 0, np.iinfo(np.int64).min - bits, bits)
+
+
+def ulp_distance(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
+  """Elementwise ulp distance of two same-dtype real float arrays (uint64; NaNs excluded by caller)."""
+  a, b = _ordered_ints(expected), _ordered_ints(actual)
+  au, bu = a.view(np.uint64), b.view(np.uint64)
+  return np.where(a >= b, au - bu, bu - au)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+  return np.issubdtype(dtype, np.inexact) or (dtype.kind == "V" and _is_ml_float(dtype))
+
+
+def _is_ml_float(dtype: np.dtype) -> bool:
+  """bfloat16, float8_* and other ml_dtypes floats (numpy sees them as void)."""
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  try:
+    ml_dtypes.finfo(dtype)
+  except (ValueError, TypeError):
+    return False
+  return True
+
+
+def _real_parts(x: np.ndarray) -> list[np.ndarray]:
+  return [np.ascontiguousarray(x.real), np.ascontiguousarray(x.imag)] if np.iscomplexobj(x) \
+      else [x]
+
+
+def _isnan(x: np.ndarray) -> np.ndarray:
+  if not _is_float(x.dtype):
+    return np.zeros(x.shape, bool)
+  if np.iscomplexobj(x):
+    return np.isnan(x.real) | np.isnan(x.imag)
+  return np.isnan(x.astype(np.float64))
+
+
+def _bits_equal(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
+  """Elementwise: same bits, except that any NaN equals any NaN."""
+  if np.iscomplexobj(expected):
+    real, imag = (_bits_equal(e, a) for e, a in
+                  zip(_real_parts(expected), _real_parts(actual), strict=True))
+    return real & imag
+  bits = np.dtype(f"uint{8 * expected.dtype.itemsize}")
+  return (expected.view(bits) == actual.view(bits)) | (_isnan(expected) & _isnan(actual))
+
+
+def _leaf_ulp(x: np.ndarray) -> float:
+  """One ulp at the leaf's largest finite magnitude (the smallest subnormal if all are 0)."""
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  info = ml_dtypes.finfo(x.real.dtype if np.iscomplexobj(x) else x.dtype)
+  magnitudes = np.concatenate([np.abs(p.astype(np.float64)).ravel() for p in _real_parts(x)])
+  largest = magnitudes[np.isfinite(magnitudes)].max(initial=0.0)
+  if largest < float(info.tiny):
+    return float(info.smallest_subnormal)
+  return float(info.eps) * 2.0 ** np.floor(np.log2(largest))
+
+
+def compare_values(expected: np.ndarray, actual: np.ndarray, tol: Tolerance) -> dict:
+  """Status and difference statistics for two arrays of one dtype and shape."""
+  expected = np.ascontiguousarray(expected)
+  actual = np.ascontiguousarray(actual)
+  if expected.size == 0 or expected.dtype.itemsize == 0:  # float0 carries no values
+    return {"status": "identical"}
+  same = _bits_equal(expected, actual)
+  if same.all():
+    return {"status": "identical"}
+  stats: dict[str, Any] = {"differing": int((~same).sum()), "size": int(expected.size)}
+  wide = np.complex128 if np.iscomplexobj(expected) else np.float64
+  e64, a64 = expected.astype(wide), actual.astype(wide)
+  with np.errstate(invalid="ignore", over="ignore"):
+    abs_diff = np.abs(a64 - e64)
+  abs_diff = np.where(same, 0.0, np.where(np.isnan(abs_diff), np.inf, abs_diff))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    rel = np.where(abs_diff == 0, 0.0, abs_diff / np.abs(e64))
+  stats["max_abs"], stats["max_rel"] = float(abs_diff.max()), float(rel.max())
+  within = same | (abs_diff <= tol.atol + tol.rtol * np.abs(e64))
+  nan_mismatch = ~same & (_isnan(expected) | _isnan(actual))
+  if _is_float(expected.dtype):
+    ulps = np.zeros(expected.shape, np.uint64)
+    for e, a in zip(_real_parts(expected), _real_parts(actual), strict=True):
+      ulps = np.maximum(ulps, ulp_distance(e, a))
+    ulps = np.where(same | nan_mismatch, np.uint64(0), ulps)
+    stats["max_ulp"] = int(ulps.max())
+    finite = np.where(nan_mismatch, 0.0, abs_diff)
+    stats["scale_ulp"] = float(finite.max()) / _leaf_ulp(expected)
+    within |= (ulps <= np.uint64(tol.max_ulp)) | (finite <= tol.max_ulp * _leaf_ulp(expected))
+  if nan_mismatch.any():
+    stats["detail"] = f"{int(nan_mismatch.sum())} elements are NaN in one run only"
+  within &= ~nan_mismatch
+  stats["status"] = "within" if not tol.exact and within.all() else "beyond"
+  return stats
+
+
+# --------------------------------------------------------------------------- leaves
+
+
+def compare_leaf(recorded: recordings.Leaf, actual: recordings.Leaf, tol: Tolerance) -> LeafReport:
+  report = LeafReport(recorded.path, recorded.shape, recorded.dtype, "mismatch")
+  if recorded.kind != actual.kind:
+    report.detail = f"type differs: recorded {recorded.kind}, got {actual.kind}"
+  elif recorded.dtype != actual.dtype:
+    report.detail = f"dtype differs: recorded {recorded.dtype}, got {actual.dtype}"
+  elif tuple(recorded.shape) != tuple(actual.shape):
+    report.detail = (f"shape differs: recorded {tuple(recorded.shape)}, "
+                     f"got {tuple(actual.shape)}")
+  elif recorded.key_impl != actual.key_impl:
+    report.detail = (f"PRNG key implementation differs: recorded {recorded.key_impl}, "
+                     f"got {actual.key_impl}")
+  elif recorded.kind == "python.str":
+    if recorded.value == actual.value:
+      report.status = "identical"
+    else:
+      report.detail = f"value differs: recorded {recorded.value!r}, got {actual.value!r}"
+  else:
+    exact_only = recorded.kind == recordings.KEY_ARRAY  # key bits are identities, not numbers
+    stats = compare_values(recorded.value, actual.value,
+                           Tolerance(True) if exact_only else tol)
+    for name, value in stats.items():
+      setattr(report, name, value)
+  return report
+
+
+def compare(recorded: recordings.Recording, actual: recordings.Recording, tol: Tolerance,
+            label: str = "") -> Report:
+  """Compares every leaf of `actual` with `recorded` (matched by path)."""
+  structure = trees.differences(recorded.tree, actual.tree)
+  got = {leaf.path: leaf for leaf in actual.leaves}
+  leaves = []
+  for leaf in recorded.leaves:
+    if leaf.path in got:
+      leaves.append(compare_leaf(leaf, got.pop(leaf.path), tol))
+    else:
+      leaves.append(LeafReport(leaf.path, leaf.shape, leaf.dtype, "missing",
+                               "recorded, but not in this run's outputs"))
+  leaves += [LeafReport(l.path, l.shape, l.dtype, "unexpected", "not in the recording")
+             for l in got.values()]
+  return Report(leaves, structure, tol, recorded.producer, actual.producer, label)

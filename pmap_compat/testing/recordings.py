@@ -1,0 +1,216 @@
+"""Reading and writing recordings: `manifest.json` plus one `.npy` file per array leaf.
+
+The format is described in the package docstring (pmap_compat/testing/__init__.py);
+this module is its only reader and writer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import tempfile
+from typing import Any
+
+import jax
+import numpy as np
+
+from pmap_compat.testing import trees
+
+FORMAT = "pmap_compat.testing/1"
+MANIFEST = "manifest.json"
+LEAF_DIR = "leaves"
+PROCESS_DIR = "process_{}"
+
+# Leaf kinds: what the program returned at that position.
+JAX_ARRAY, KEY_ARRAY, NUMPY_ARRAY, NUMPY_SCALAR = "jax.Array", "jax.Array[key]", "numpy.ndarray", "numpy.scalar"
+PYTHON_KINDS = {bool: "python.bool", int: "python.int", float: "python.float",
+                complex: "python.complex", str: "python.str"}
+
+
+@dataclasses.dataclass
+class Leaf:
+  """One recorded (or freshly computed) output leaf.
+
+  `value` is a numpy array for every kind except python.str; for typed PRNG keys it
+  holds the key data (`jax.random.key_data`) and `key_impl` names the implementation.
+  `shape` and `dtype` are those of the leaf itself (a key array's own shape and dtype).
+  """
+  path: str
+  kind: str
+  dtype: str
+  shape: tuple[int, ...]
+  value: Any
+  key_impl: str | None = None
+
+
+@dataclasses.dataclass
+class Recording:
+  """A program's outputs: their structure, leaves, and what produced them."""
+  tree: dict
+  leaves: list[Leaf]
+  producer: dict
+  metadata: dict = dataclasses.field(default_factory=dict)
+  directory: str | None = None
+
+
+def dtype_name(dtype: Any) -> str:
+  return "float0" if dtype == jax.dtypes.float0 else str(np.dtype(dtype))
+
+
+def numpy_dtype(name: str) -> np.dtype:
+  """The numpy dtype for a recorded name, including ml_dtypes ones (bfloat16, int4, ...)."""
+  if name == "float0":
+    return np.dtype(jax.dtypes.float0)
+  try:
+    return np.dtype(name)
+  except TypeError:
+    import ml_dtypes  # a dependency of every jaxlib; registers bfloat16 & co with numpy
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def to_leaf(path: str, x: Any) -> Leaf:
+  """Converts one output leaf to host data; raises TypeError for what cannot be stored."""
+  if isinstance(x, jax.Array):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return Leaf(path, KEY_ARRAY, str(x.dtype), tuple(x.shape),
+                  np.asarray(jax.random.key_data(x)), key_impl=str(jax.random.key_impl(x)))
+    return Leaf(path, JAX_ARRAY, dtype_name(x.dtype), tuple(x.shape), np.asarray(x))
+  if isinstance(x, np.ndarray):
+    return Leaf(path, NUMPY_ARRAY, dtype_name(x.dtype), x.shape, x)
+  if isinstance(x, np.generic):
+    return Leaf(path, NUMPY_SCALAR, dtype_name(x.dtype), (), np.asarray(x))
+  kind = PYTHON_KINDS.get(type(x))
+  if kind == "python.str":
+    return Leaf(path, kind, "str", (), x)
+  if kind is not None:
+    value = np.asarray(x)
+    return Leaf(path, kind, dtype_name(value.dtype), (), value)
+  raise TypeError(f"output leaf at {trees.display_path(path)} is a {type(x).__name__}; a "
+                  "recording holds arrays (jax, numpy), numpy scalars, and python bool, int, "
+                  "float, complex and str")
+
+
+def outputs_to_leaves(outputs: Any) -> tuple[dict, list[Leaf]]:
+  tree, flat = trees.describe(outputs)
+  return tree, [to_leaf(path, x) for path, x in flat]
+
+
+def _storable(value: np.ndarray) -> tuple[np.ndarray, str | None]:
+  """numpy's .npy cannot name ml_dtypes (bfloat16, float8_*, int4): store their bits."""
+  if value.dtype.kind != "V":
+    return value, None
+  bits = np.dtype(f"uint{8 * value.dtype.itemsize}")
+  return value.view(bits), str(bits)
+
+
+def _jax_versions() -> dict:
+  import jaxlib  # pylint: disable=import-outside-toplevel
+  return {"jax": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", "?")}
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+  return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+
+
+def which_pmap() -> str:
+  """What `jax.pmap` is in this process right now."""
+  pmap = getattr(jax, "pmap", None)
+  if pmap is None:
+    return "none (this jax has no jax.pmap)"
+  if getattr(pmap, "__module__", "").startswith("pmap_compat"):
+    return "pmap_compat.pmap"
+  if _version_tuple(jax.__version__) >= (0, 10) or getattr(jax.config, "jax_pmap_shmap_merge",
+                                                           False):
+    return "jax.pmap (JAX's shard_map-based pmap)"
+  return "legacy jax.pmap"
+
+
+def producer_info(program: str | None, function: str | None, kwargs: dict | None,
+                  uses_pmap: bool | None) -> dict:
+  """Everything about the run that produced a recording (stored, and shown by `check`)."""
+  pmap = which_pmap()
+  produced_by = pmap if uses_pmap is not False else (
+      "code that does not call pmap (converted code / shard_map)")
+  return {**_jax_versions(), "numpy": np.__version__, "python": platform.python_version(),
+          "platform": jax.default_backend(), "device_count": jax.device_count(),
+          "process_index": jax.process_index(), "process_count": jax.process_count(),
+          "pmap": pmap, "produced_by": produced_by, "program": program, "function": function,
+          "kwargs": kwargs,
+          # jax 0.5.0 flipped its default, which changes every random number drawn.
+          "threefry_partitionable": getattr(jax.config, "jax_threefry_partitionable", None)}
+
+
+def process_directory(directory: str, process_index: int, process_count: int) -> str:
+  """Where one process's recording lives: DIR itself, or DIR/process_<i> in a multi-process job."""
+  if process_count == 1:
+    return directory
+  return os.path.join(directory, PROCESS_DIR.format(process_index))
+
+
+def write(directory: str, outputs: Any, producer: dict, metadata: dict | None = None) -> Recording:
+  """Writes a recording of `outputs` into `directory` (replacing one that is there)."""
+  tree, leaves = outputs_to_leaves(outputs)
+  parent = os.path.dirname(os.path.abspath(directory))
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=".recording-", dir=parent)
+  os.makedirs(os.path.join(staging, LEAF_DIR))
+  entries = []
+  for i, leaf in enumerate(leaves):
+    entry = {"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": list(leaf.shape)}
+    if leaf.key_impl is not None:
+      entry["key_impl"] = leaf.key_impl
+    if leaf.kind == "python.str":
+      entry["value"] = leaf.value
+    elif leaf.dtype != "float0":
+      data, stored_as = _storable(np.ascontiguousarray(leaf.value))
+      entry["file"] = f"{LEAF_DIR}/{i:05d}.npy"
+      if stored_as:
+        entry["stored_as"] = stored_as
+      np.save(os.path.join(staging, entry["file"]), data, allow_pickle=False)
+    entries.append(entry)
+  manifest = {"format": FORMAT, "producer": producer, "metadata": metadata or {}, "tree": tree,
+              "leaves": entries}
+  with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as f:
+    json.dump(manifest, f, indent=1, sort_keys=False)
+  if os.path.exists(directory):
+    shutil.rmtree(directory)
+  os.replace(staging, directory)  # readers never see a half-written recording
+  return Recording(tree, leaves, producer, metadata or {}, directory)
+
+
+def require(directory: str) -> None:
+  """Raises FileNotFoundError unless `directory` holds a recording (or one per process)."""
+  if not (os.path.exists(os.path.join(directory, MANIFEST)) or
+          os.path.exists(os.path.join(process_directory(directory, 0, 2), MANIFEST))):
+    raise FileNotFoundError(f"no recording at {directory}: {MANIFEST} is missing")
+
+
+def read(directory: str) -> Recording:
+  """Reads a recording; raises FileNotFoundError / ValueError naming what is wrong."""
+  path = os.path.join(directory, MANIFEST)
+  if not os.path.exists(path):
+    found = sorted(d for d in os.listdir(directory)) if os.path.isdir(directory) else []
+    hint = (f"; it holds {', '.join(found)} (a multi-process recording: one per process)"
+            if any(d.startswith("process_") for d in found) else "")
+    raise FileNotFoundError(f"no recording at {directory}: {MANIFEST} is missing{hint}")
+  with open(path, encoding="utf-8") as f:
+    manifest = json.load(f)
+  if manifest.get("format") != FORMAT:
+    raise ValueError(f"{path} is not a {FORMAT} recording (format {manifest.get('format')!r})")
+  leaves = []
+  for entry in manifest["leaves"]:
+    shape = tuple(entry["shape"])
+    if entry["kind"] == "python.str":
+      value = entry["value"]
+    elif entry["dtype"] == "float0":
+      value = np.zeros(shape, numpy_dtype("float0"))
+    else:
+      value = np.load(os.path.join(directory, entry["file"]), allow_pickle=False)
+      if "stored_as" in entry:
+        value = value.view(numpy_dtype(entry["dtype"]))
+    leaves.append(Leaf(entry["path"], entry["kind"], entry["dtype"], shape, value,
+                       entry.get("key_impl")))
+  return Recording(manifest["tree"], leaves, manifest["producer"], manifest.get("metadata", {}),
+                   directory)
