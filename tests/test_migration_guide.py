@@ -1,69 +1,191 @@
-"""Executes every Python and shell block of migration_guide.md, so the guide cannot rot.
+"""Executes every code block of migration_guide.md on jax 0.6.0 and jax 0.10.2.
 
-Each fenced ```python / ```sh block must be preceded by `<!-- block: NAME -->`;
-untagged blocks fail the suite instead of being skipped. Python blocks run in a
-fresh namespace in this process (8 CPU devices from conftest); shell blocks run
-under `bash -euo pipefail` from the repository root with the project's venv first
-on PATH. The by-hand blocks assert against legacy jax.pmap themselves.
+Each fenced ```python / ```sh block must follow a `<!-- block: NAME -->` line; untagged
+blocks fail the suite instead of being skipped. Words after the language are tags:
+
+  jax-0.6-only   runs on jax 0.6.0 only (pmap_compat, legacy jax.pmap)
+  two-envs       a shell block that names both environments itself; runs once
+  multiprocess   also runs as 2 processes x 4 CPU devices over gloo, on both lines
+
+On jax 0.6.0 Python blocks run in this process (8 CPU devices from conftest), each in
+a fresh namespace; on jax 0.10.2 they run together in one interpreter of that
+environment (tests/guide/run_blocks.py). Shell blocks run under `bash -euo pipefail`
+from the repository root with the environment's python first on PATH. The blocks
+check themselves against jax.pmap (or legacy recordings) on the JAX they run on.
 """
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
 import pytest
 
+from support import venvs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "migration_guide.md")
-TAGGED = re.compile(r"<!-- block: ([\w-]+) -->\n```(python|sh)\n(.*?)\n```", re.S)
-FENCE = re.compile(r"^```(python|sh)\s*$", re.M)
+README = os.path.join(ROOT, "README.md")
+RUN_BLOCKS = os.path.join(ROOT, "tests", "guide", "run_blocks.py")
+TAGGED = re.compile(r"<!-- block: ([\w-]+) -->\n```(python|sh)([^\n]*)\n(.*?)\n```", re.S)
+FENCE = re.compile(r"^```(python|sh)\b", re.M)
+TAGS = {"jax-0.6-only", "two-envs", "multiprocess"}
+NEW = venvs.NEWEST
 
 # Blocks that need a project piece which does not work yet: strict, so they fail
 # (XPASS) as soon as the piece lands and the entry must be deleted.
 XFAIL: dict[str, str] = {}
 
 
-def _blocks():
+@dataclasses.dataclass(frozen=True)
+class Block:
+  name: str
+  lang: str
+  tags: frozenset[str]
+  code: str
+
+  def runs_on(self, version: str) -> bool:
+    if "two-envs" in self.tags:
+      return version == "0.6.0"
+    return version == "0.6.0" or "jax-0.6-only" not in self.tags
+
+
+def _guide() -> str:
   with open(GUIDE, encoding="utf-8") as f:
-    text = f.read()
-  return text, TAGGED.findall(text)
+    return f.read()
 
 
-def _params():
-  for name, lang, code in _blocks()[1]:
-    marks = [pytest.mark.xfail(strict=True, reason=XFAIL[name])] if name in XFAIL else []
-    yield pytest.param(lang, code, id=name, marks=marks)
+def _blocks() -> list[Block]:
+  return [Block(name, lang, frozenset(tags.split()), code)
+          for name, lang, tags, code in TAGGED.findall(_guide())]
+
+
+def _params(version: str):
+  for b in _blocks():
+    if b.runs_on(version):
+      marks = [pytest.mark.xfail(strict=True, reason=XFAIL[b.name])] if b.name in XFAIL else []
+      yield pytest.param(b, id=b.name, marks=marks)
 
 
 def test_every_code_block_is_tagged_and_unique():
-  text, blocks = _blocks()
-  assert len(FENCE.findall(text)) == len(blocks), (
+  blocks = _blocks()
+  assert len(FENCE.findall(_guide())) == len(blocks), (
       "every ```python / ```sh block in migration_guide.md needs a `<!-- block: NAME -->` line")
-  names = [b[0] for b in blocks]
+  names = [b.name for b in blocks]
   assert len(set(names)) == len(names), f"duplicate block names: {names}"
   assert set(XFAIL) <= set(names), f"XFAIL names blocks that do not exist: {set(XFAIL) - set(names)}"
+  unknown = {b.name: sorted(b.tags - TAGS) for b in blocks if b.tags - TAGS}
+  assert not unknown, f"unknown block tags (known: {sorted(TAGS)}): {unknown}"
 
 
 def test_guide_has_no_unfilled_placeholders():
-  assert "_PLACEHOLDER" not in _blocks()[0]
+  assert "_PLACEHOLDER" not in _guide()
 
 
-@pytest.mark.parametrize("lang,code", list(_params()))
-def test_guide_block_runs(lang, code):
-  if lang == "python":
-    exec(compile(code, "migration_guide.md", "exec"), {"__name__": "__guide__"})  # pylint: disable=exec-used
-    return
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+def _run_shell(code: str, python: str) -> None:
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+  env.pop("PYTHONPATH", None)
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             PATH=os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""))
   r = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=300)
+                     capture_output=True, text=True, timeout=300, check=False)
   assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("block", list(_params("0.6.0")))
+def test_guide_block_runs_on_jax_0_6_0(block: Block):
+  if block.lang == "sh":
+    _run_shell(block.code, sys.executable)
+    return
+  exec(compile(block.code, f"migration_guide.md:{block.name}", "exec"),  # pylint: disable=exec-used
+       {"__name__": "__guide__"})
+
+
+def _run_blocks_job(version: str, blocks: list[Block], out_dir: str, processes: int
+                    ) -> list[dict[str, str]]:
+  """Runs the Python blocks in `processes` interpreters of `version`; one result map each."""
+  os.makedirs(out_dir, exist_ok=True)
+  spec = os.path.join(out_dir, "blocks.json")
+  with open(spec, "w", encoding="utf-8") as f:
+    json.dump([{"name": b.name, "code": b.code} for b in blocks], f)
+  python = venvs.python_for(version) if version != "0.6.0" else venvs.current_python()
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+  env.pop("PYTHONPATH", None)
+  env.update(JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
+  results = [os.path.join(out_dir, f"results_{i}.json") for i in range(processes)]
+  commands = [[python, "-W", "error::DeprecationWarning", RUN_BLOCKS, spec, path] for path in results]
+  if processes > 1:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    commands = [cmd + ["--distributed", f"127.0.0.1:{port}", str(i), str(processes)]
+                for i, cmd in enumerate(commands)]
+  procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for cmd in commands]
+  try:
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, out, path in zip(procs, outs, results, strict=True):
+    assert p.returncode == 0 and os.path.exists(path), f"exit {p.returncode}\n{out[-3000:]}"
+  loaded = []
+  for path in results:
+    with open(path, encoding="utf-8") as f:
+      loaded.append(json.load(f))
+  return loaded
+
+
+@pytest.fixture(scope="session")
+def new_jax_results(tmp_path_factory) -> dict[str, str]:
+  """Every Python block that runs on the newest line, run once per test session.
+
+  Under xdist the workers share the run's temp root, so the first one runs the job
+  (under a file lock) and the others read its results.
+  """
+  base = tmp_path_factory.getbasetemp()
+  root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  out_dir = os.path.join(root, f"guide-blocks-jax{NEW}")
+  os.makedirs(out_dir, exist_ok=True)
+  done = os.path.join(out_dir, "results_0.json")
+  with open(os.path.join(out_dir, "lock"), "w", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(done):
+      blocks = [b for b in _blocks() if b.lang == "python" and b.runs_on(NEW)]
+      _run_blocks_job(NEW, blocks, out_dir, processes=1)
+  with open(done, encoding="utf-8") as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize("block", list(_params(NEW)))
+def test_guide_block_runs_on_newest_jax(block: Block, new_jax_results: dict[str, str]):
+  if block.lang == "sh":
+    _run_shell(block.code, venvs.python_for(NEW))
+    return
+  assert new_jax_results[block.name] == "ok", new_jax_results[block.name]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("version", ["0.6.0", NEW])
+def test_multiprocess_blocks_run_unchanged_as_two_processes(version: str, tmp_path):
+  """The guide says its multi-host blocks run unchanged, one process per host: check it."""
+  blocks = [b for b in _blocks() if "multiprocess" in b.tags and b.runs_on(version)]
+  assert blocks, "the guide has no multiprocess blocks"
+  for i, results in enumerate(_run_blocks_job(version, blocks, str(tmp_path), processes=2)):
+    failed = {name: tb for name, tb in results.items() if tb != "ok"}
+    assert not failed, f"process {i}: " + "\n".join(f"{n}:\n{tb}" for n, tb in failed.items())
+    assert set(results) == {b.name for b in blocks}
 
 
 def test_every_test_the_guide_names_exists():
   """`file.py::test_name` (and `::test_name` after it on the same line) must be real tests."""
-  text = _blocks()[0]
   defined: dict[str, set[str]] = {}
   for dirpath, _, files in os.walk(os.path.join(ROOT, "tests")):
     for f in files:
@@ -71,7 +193,7 @@ def test_every_test_the_guide_names_exists():
         with open(os.path.join(dirpath, f), encoding="utf-8") as src:
           defined.setdefault(f, set()).update(re.findall(r"^def (test_\w+)", src.read(), re.M))
   named = []
-  for line in text.splitlines():
+  for line in _guide().splitlines():
     current = None
     for file, name in re.findall(r"`(test_\w+\.py)?::(test_\w+)", line):
       current = file or current
@@ -81,34 +203,38 @@ def test_every_test_the_guide_names_exists():
   assert not missing, f"the guide names tests that do not exist: {missing}"
 
 
-@pytest.mark.multiprocess
-def test_multihost_block_runs_unchanged_as_two_processes(tmp_path):
-  """The guide says the multi-host block runs unchanged, one process per host: check it."""
-  code = dict((name, c) for name, _, c in _blocks()[1])["multihost"]
-  prelude = ("import os, jax\n"
-             "jax.config.update('jax_cpu_collectives_implementation', 'gloo')\n"
-             "jax.distributed.initialize(os.environ['COORD'], num_processes=2,"
-             " process_id=int(os.environ['PID']))\n"
-             "assert jax.process_count() == 2 and jax.device_count() == 8\n")
-  script = tmp_path / "multihost_block.py"
-  # Explicit shutdown: with live arrays at interpreter exit, gloo processes can hang there.
-  script.write_text(prelude + code + "\nprint('block ok on process', jax.process_index())\n"
-                    "jax.distributed.shutdown()\n")
-  import socket
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             COORD=f"127.0.0.1:{port}")
-  procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, PID=str(i)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  try:
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for i, (p, out) in enumerate(zip(procs, outs)):
-    assert p.returncode == 0 and f"block ok on process {i}" in out, out[-3000:]
+def _table_rows(text: str, header_start: str) -> list[str]:
+  """The lines of the markdown table whose header line starts with `header_start`."""
+  lines = text.splitlines()
+  starts = [i for i, line in enumerate(lines) if line.startswith(header_start)]
+  assert len(starts) == 1, f"expected one table starting {header_start!r}, found {len(starts)}"
+  rows = []
+  for line in lines[starts[0]:]:
+    if not line.startswith("|"):
+      break
+    rows.append(line)
+  return rows
+
+
+def test_performance_numbers_are_the_readmes():
+  """The guide's performance table is rows of the README's benchmark table, verbatim."""
+  with open(README, encoding="utf-8") as f:
+    readme = f.read()
+  header = "| case | legacy | ours |"
+  readme_rows = set(_table_rows(readme, header))
+  guide_rows = _table_rows(_guide(), header)
+  assert len(guide_rows) > 2
+  stale = [row for row in guide_rows if row not in readme_rows]
+  assert not stale, f"guide rows not in the README's benchmark table: {stale}"
+
+
+def test_readme_version_matrix_rows_are_the_guides():
+  """README's version matrix repeats rows of the guide's, so the two cannot disagree."""
+  with open(README, encoding="utf-8") as f:
+    readme = f.read()
+  header = "| | 0.4.35–0.4.38 | 0.6.0 |"
+  readme_rows = _table_rows(readme, header)
+  guide_rows = set(_table_rows(_guide(), header))
+  assert len(readme_rows) > 2
+  differing = [row for row in readme_rows if row not in guide_rows]
+  assert not differing, f"README version-matrix rows not in the guide's matrix: {differing}"
