@@ -238,3 +238,17 @@ def test_readme_version_matrix_rows_are_the_guides():
   assert len(readme_rows) > 2
   differing = [row for row in readme_rows if row not in guide_rows]
   assert not differing, f"README version-matrix rows not in the guide's matrix: {differing}"
+
+
+def _github_anchor(heading: str) -> str:
+  """The id GitHub gives a markdown heading: lowercase, punctuation dropped, spaces to -."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_guide_links_to_its_own_sections_resolve():
+  text = _guide()
+  anchors = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+  links = re.findall(r"\]\(#([^)]+)\)", text)
+  assert links, "the guide links to none of its sections"
+  broken = sorted(set(links) - anchors)
+  assert not broken, f"links to sections that do not exist: {broken}"
