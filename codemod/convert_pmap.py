@@ -1,40 +1,50 @@
-"""Rewrites JAX pmap sites into ``jax.jit(_pmap_as_shard_map(...))`` with equivalent specs.
+"""Rewrites JAX pmap sites into ``jax.jit`` over ``shard_map`` with equivalent specs.
 
 Sites are found by meaning (QualifiedNameProvider): ``jax.pmap(f, ...)`` in any
 spelling, ``partial(jax.pmap, ...)(f)``, and the decorators ``@jax.pmap`` /
-``@partial(jax.pmap, ...)``. Each becomes
+``@partial(jax.pmap, ...)``. A decorator site becomes
 
-    jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")),
-            static_argnums=..., donate_argnums=...)
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    @on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
+                                    check_rep=False), drop_device_axis=True)
 
-(or the same as two decorators), where ``_pmap_as_shard_map`` is a small helper added
-to the file once (see ``codemod.runtime``). Directly nested pmaps (``pmap(pmap(f))``
-or stacked decorators) become one shard_map over a multi-axis mesh. A site that cannot
-be converted exactly is left as it is and reported as an ERROR with the reason;
-related patterns (device_put_replicated, process_count, ...) get report entries.
+and a call ``jax.jit(on_pmap_mesh(...)(f))``: the specs are pmap's in_axes / out_axes,
+``drop_device_axis`` is pmap's rank reduction, and ``on_pmap_mesh`` (from the support
+module the converted tree gets once, see ``codemod.support_module``) builds pmap's
+mesh on the first call. Directly nested pmaps become one shard_map over a multi-axis
+mesh. A site that cannot be converted exactly is left as it is and reported as an
+ERROR with the reason. With ``--target jax`` the names newest JAX removed are rewritten
+(the ``jax.tree_map`` family, ``device_put_replicated`` / ``device_put_sharded``) or
+reported. Findings go to the context's warnings (``self.warn``), one
+``line:col SEVERITY message`` each; the site counts to ``context.scratch``.
 """
 from __future__ import annotations
 
+import argparse
 import bisect
 from typing import Optional
 
 import libcst as cst
-from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import edits, runtime
-from codemod.findings import Finding, Severity
+from codemod import edits, removed_names, support_module
+from codemod.edits import Call, render
+from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
+from codemod.findings import SITES_KEY, Finding, Severity
 from codemod.sites import (PARTIAL_NAMES, PmapOptions, References, Site, contains, int_tuple,
                            is_none, qualified)
-from codemod.specs import NotLiteral, Unconvertible, read_axes, specs_source
 
 DEFAULT_AXIS = "pmap_axis"
+TARGETS = ("experimental", "jax")
 _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.PartitionSpec",
                          "jax.experimental.pjit.PartitionSpec",
                          "jax._src.partition_spec.PartitionSpec"})
 _INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "backend",
                     "axis_size")
+_SHARD_MAP = {"experimental": ("shard_map", "check_rep=False"),
+              "jax": ("jax.shard_map", "check_vma=False")}
 
 
 class ConvertPmapCommand(VisitorBasedCodemodCommand):
@@ -43,33 +53,74 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   DESCRIPTION = "Rewrite jax.pmap sites into jax.jit(shard_map(...)) with equivalent specs."
   METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider)
 
+  @staticmethod
+  def add_args(arg_parser: argparse.ArgumentParser) -> None:
+    arg_parser.add_argument(
+        "--target", choices=TARGETS, default="jax",
+        help="shard_map API to emit: jax.experimental.shard_map (jax < 0.6.1) or "
+             "jax.shard_map; jax also rewrites names newest JAX removed")
+    arg_parser.add_argument(
+        "--multihost", action="store_true",
+        help="convert host-local arrays to global ones and back around each site")
+    arg_parser.add_argument(
+        "--support-module", default=support_module.DEFAULT_NAME, metavar="MODULE",
+        help="dotted name the converted files import the shared run-time helpers from")
+    arg_parser.add_argument(
+        "--support-root", default=None, metavar="DIR",
+        help="write the support module under DIR when a file is converted (libcst's runner; "
+             "the project CLI chooses and writes it itself)")
+
   def __init__(self, context: CodemodContext, target: str = "experimental",
-               multihost: bool = False, source: Optional[str] = None) -> None:
+               multihost: bool = False, support_module: str = support_module.DEFAULT_NAME,
+               support_root: Optional[str] = None, source: Optional[str] = None) -> None:
     super().__init__(context)
-    self._source = source  # the file's text, when known: saves regenerating it
-    if target not in ("experimental", "jax"):
+    if target not in TARGETS:
       raise ValueError(f"target must be 'experimental' or 'jax', got {target!r}")
     self.target = target
     self.multihost = multihost
-    self.findings: list[Finding] = []
+    self.support_module = support_module
+    self.support_root = support_root
+    self._source = source  # the file's text, when the caller has it: saves regenerating it
+    self._reset()
+
+  def _reset(self) -> None:
+    """Per-file state (libcst's runner reuses one command for many files)."""
     self.sites_found = 0
     self.sites_converted = 0
+    self._applied = 0
     self._call_sites: dict[cst.Call, cst.BaseExpression] = {}
     self._def_sites: dict[cst.FunctionDef, list[tuple[tuple, list[cst.Decorator]]]] = {}
-    self._helper_before: Optional[int] = None
+    self._renames: dict[cst.CSTNode, cst.BaseExpression] = {}
     self._p = "P"
     self._site_lines: list[int] = []
     self._module: Optional[cst.Module] = None
     self._lines: Optional[list[str]] = None
     self._imports_requested = False
-    self._runtime_specs = False  # some site's axes are only known at run time
     self._pmap_imports: list[tuple[str, Optional[str]]] = []
+    self._partial_aliases: frozenset[str] = frozenset()
+
+  def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+    self._reset()
+    if self.support_root is not None:
+      status = support_module.status_at(self.support_root, self.support_module)
+      if status is support_module.Status.FOREIGN:
+        self._warn(1, 1, Severity.ERROR, support_module.foreign_message(
+            self.support_root, self.support_module))
+        return tree
+    new = super().transform_module_impl(tree)
+    if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
+      raise RuntimeError("a site planned for conversion was not rewritten")
+    self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
+    if self.support_root is not None and self.sites_converted:
+      support_module.write(self.support_root, self.support_module)
+    return new
 
   # ----- analysis (on the original tree, where metadata lives) -----
 
   def visit_Module(self, node: cst.Module) -> bool:
     self._module = node
-    refs = References(self.get_metadata, self.multihost)
+    self._partial_aliases = self._find_partial_aliases(node)
+    refs = References(self.get_metadata, self.multihost, self.target)
     node.visit(refs)
     self._pmap_imports = refs.pmap_imports
     ref_set = set(refs.refs)
@@ -90,20 +141,26 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         continue
       self.sites_found += 1
       self._convert(site)
-    self.findings.extend(refs.findings)
+    for finding in refs.findings:
+      self._warn(finding.line, finding.column, finding.severity, finding.message)
+    self._plan_renames(refs)
     converted_nodes = [s.node for s in sites if not s.absorbed and s.error is None]
-    if not converted_nodes:
+    edited = converted_nodes + list(self._renames)
+    if not edited:
       return False  # nothing to rewrite: skip the walk
-    self._helper_before = self._first_statement_with(node, converted_nodes)
     self._site_lines = sorted(self.get_metadata(PositionProvider, n).start.line
-                              for n in converted_nodes)
+                              for n in edited)
     return True
 
   def on_visit(self, node: cst.CSTNode) -> bool:
     # Only statements holding a converted site need their children walked.
     if self._site_lines and isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
       span = self.get_metadata(PositionProvider, node)
-      at = bisect.bisect_left(self._site_lines, span.start.line)
+      # A def's or class's position starts at its keyword; its decorators come before.
+      decorators = getattr(node, "decorators", ())
+      start = (self.get_metadata(PositionProvider, decorators[0]).start.line if decorators
+               else span.start.line)
+      at = bisect.bisect_left(self._site_lines, start)
       if at == len(self._site_lines) or self._site_lines[at] > span.end.line:
         super().on_visit(node)
         return False
@@ -123,9 +180,34 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     """``node`` when it is ``partial(pmap, ...)``."""
     if (isinstance(node, cst.Call) and node.args and node.args[0].keyword is None
         and not node.args[0].star and node.args[0].value in ref_set
-        and qualified(self.get_metadata, node.func) & PARTIAL_NAMES):
+        and self._is_partial(node.func)):
       return node
     return None
+
+  def _find_partial_aliases(self, module: cst.Module) -> frozenset[str]:
+    """Module-level names bound once to functools.partial (``partial = functools.partial``)."""
+    aliases = set()
+    for stmt in module.body:
+      if not isinstance(stmt, cst.SimpleStatementLine):
+        continue
+      for small in stmt.body:
+        if (isinstance(small, cst.Assign) and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and qualified(self.get_metadata, small.value) & PARTIAL_NAMES):
+          aliases.add(small.targets[0].target.value)
+    scope = self.get_metadata(ScopeProvider, module, None)
+    return frozenset(a for a in aliases if scope is None or len(scope[a]) == 1)
+
+  def _is_partial(self, node: cst.BaseExpression) -> bool:
+    if qualified(self.get_metadata, node) & PARTIAL_NAMES:
+      return True
+    if not (isinstance(node, cst.Name) and node.value in self._partial_aliases):
+      return False
+    scope = self.get_metadata(ScopeProvider, node, None)
+    # The module-level alias, unless a local name shadows it here.
+    return scope is not None and all(
+        isinstance(self.get_metadata(ScopeProvider, a.node, None), cst.metadata.GlobalScope)
+        for a in scope[node.value])
 
   def _call_site(self, call: cst.Call, ref_set: set, claimed: set) -> Optional[Site]:
     if call.func in ref_set:
@@ -227,16 +309,31 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if site.fundef is not None:
       return [site.fundef.body]
     fun = site.fun
-    if isinstance(fun, cst.Call) and qualified(self.get_metadata, fun.func) & PARTIAL_NAMES:
+    if isinstance(fun, cst.Call) and self._is_partial(fun.func):
       fun = fun.args[0].value if fun.args else fun
     if isinstance(fun, cst.Lambda):
       return [fun.body]
     if isinstance(fun, cst.Name):
       scope = self.get_metadata(ScopeProvider, fun, None)
       if scope is not None and fun.value in scope:
-        return [a.node.body for a in scope[fun.value]
-                if isinstance(getattr(a, "node", None), cst.FunctionDef)]
+        return [d.body for d in self._defs_reaching(fun, scope)]
     return []
+
+  def _defs_reaching(self, use: cst.Name, scope) -> list[cst.FunctionDef]:
+    """The defs of ``use``'s name that it can mean: the last one before it in the same
+    scope (a later cell or statement that redefines the name does not count), else all."""
+    defs = []
+    for assignment in scope[use.value]:
+      node = assignment.node
+      if isinstance(node, cst.Name):
+        continue  # an import or plain assignment, not a def
+      if isinstance(node, cst.FunctionDef):
+        defs.append(node)
+    line = self.get_metadata(PositionProvider, use).start.line
+    before = [d for d in defs if self.get_metadata(PositionProvider, d).end.line < line]
+    if before:
+      return [max(before, key=lambda d: self.get_metadata(PositionProvider, d).start.line)]
+    return defs
 
   def _spec_name(self, module: cst.Module, sites: list[Site]) -> str:
     """``P`` unless the file binds ``P`` to something other than PartitionSpec."""
@@ -248,14 +345,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       if names - _SPEC_NAMES:
         return "jax.sharding.PartitionSpec"
     return "P"
-
-  def _first_statement_with(self, module: cst.Module, nodes: list) -> int:
-    lines = [self.get_metadata(PositionProvider, n).start.line for n in nodes]
-    first = min(lines)
-    for i, stmt in enumerate(module.body):
-      if self.get_metadata(PositionProvider, stmt).end.line >= first:
-        return i
-    return len(module.body)
 
   # ----- building the replacement -----
 
@@ -305,45 +394,60 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     int_tuple(static, "static_broadcasted_argnums")
     int_tuple(outer.get("donate_argnums"), "donate_argnums")
 
+    partial = self._partial_spelling(levels)
+    shard_map, check = _SHARD_MAP[self.target]
+    mesh_kw = ["drop_device_axis=True"]
+    extra = {name: outer.get(name) for name in ("axis_size", "devices", "backend")
+             if outer.get(name) is not None and not is_none(outer.get(name))}
     axes = f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
-    helper_kw = [f"axes={axes}", f"in_specs={in_specs}",
-                 f"out_specs={out_specs}"]
+    if len(names) > 1 or "axis_size" in extra:
+      mesh_kw.append(f"axes={axes}")
     jit_kw = []
     if static is not None:
-      helper_kw.append(f"static_argnums={_code(static)}")
+      mesh_kw.append(f"static_argnums={_code(static)}")
       jit_kw.append(f"static_argnums={_code(static)}")
-    for name in ("axis_size", "devices", "backend"):
-      if outer.get(name) is not None and not is_none(outer.get(name)):
-        helper_kw.append(f"{name}={_code(outer.get(name))}")
+    mesh_kw.extend(f"{name}={_code(value)}" for name, value in extra.items())
     donate = outer.get("donate_argnums")
     if donate is not None:
       jit_kw.append(f"donate_argnums={_code(donate)}")
+    io_kw = [f"in_specs={in_specs}", f"out_specs={out_specs}"]
+    if self.multihost:
+      mesh_kw.append("across_hosts=True")
+      io_kw += [kw for kw in mesh_kw if kw.startswith(("axes=", "static_argnums="))]
 
     pos = self.get_metadata(PositionProvider, site.node).start
-    base = self._indent_of(pos.line)
+    smap = Call(partial, (shard_map, f"in_specs={in_specs}", f"out_specs={out_specs}", check))
+    on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
     if site.fundef is None:
       fun = levels[-1].fun
-      column = pos.column + (len(runtime.HOST_LOCAL_NAME) + 1 if self.multihost else 0)
-      inner = edits.format_call(runtime.HELPER_NAME, [_code(fun)] + helper_kw, base + edits.HANG * 2,
-                           len(base + edits.HANG))
-      text = edits.format_call("jax.jit", [inner] + jit_kw, base + edits.HANG, column)
+      fun_code = _code(fun)
+      # A function written over several lines is formatted as a stand-in, then moved in.
+      multi_line = "\n" in fun_code
+      call: Call = Call("jax.jit", (Call(on_mesh, (_FUN if multi_line else fun_code,)),
+                                    *jit_kw))
       if self.multihost:
-        text = f"{runtime.HOST_LOCAL_NAME}({text})"
+        call = Call("host_local_io", (call, *io_kw))
+      text = render(call, pos.column, len(self._indent_of(pos.line)))
+      if multi_line:
+        text = edits.place_argument(text, _FUN, fun_code,
+                                    self.get_metadata(PositionProvider, fun).start.column,
+                                    pos.column)
       self._call_sites[site.node] = edits.parse_expression(text)
     else:
-      partial = self._partial_spelling(levels)
-      column = len(base) + 1
-      jit = (edits.format_call(partial, ["jax.jit"] + jit_kw, base + edits.HANG, column)
-             if jit_kw else "jax.jit")
-      decorators = [jit, edits.format_call(partial, [runtime.HELPER_NAME] + helper_kw,
-                                      base + edits.HANG, column)]
+      column = len(self._indent_of(pos.line)) + 1  # after the "@"
+      decorators = [on_mesh, Call(partial, ("jax.jit", *jit_kw)) if jit_kw else "jax.jit"]
       if self.multihost:
-        decorators.insert(0, runtime.HOST_LOCAL_NAME)
+        decorators.append(Call(partial, ("host_local_io", *io_kw)))
       first = site.fundef.decorators[site.decorators[0]]
-      new = [cst.Decorator(edits.parse_expression(d)) for d in decorators]
+      new = [cst.Decorator(edits.parse_expression(
+                 d if isinstance(d, str) else render(d, column, column - 1)))
+             for d in reversed(decorators)]
       new[0] = new[0].with_changes(leading_lines=first.leading_lines)
       self._def_sites.setdefault(site.fundef, []).append((site.decorators, new))
-    self._add_imports(need_functools=site.fundef is not None)
+    support = ["on_pmap_mesh"] + (["host_local_io"] if self.multihost else [])
+    if "specs_from_axes(" in in_specs + out_specs:
+      support.append("specs_from_axes")
+    self._add_imports(partial, support)
 
   def _indent_of(self, line: int) -> str:
     if self._lines is None:
@@ -358,9 +462,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     except NotLiteral:
       if len(levels) > 1:
         raise
-      self._runtime_specs = True
       expr = _code(levels[0].options.get(what))
-      return f"{runtime.SPECS_NAME}({expr}, {names[0]}, outputs={what == 'out_axes'})"
+      return f"specs_from_axes({expr}, {names[0]}, outputs={what == 'out_axes'})"
     return specs_source(trees, names, self._p, outputs=what == "out_axes", what=what)
 
   def _axes(self, options: PmapOptions, name: str):
@@ -369,19 +472,25 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def _partial_spelling(self, levels: list[Site]) -> str:
     for level in levels:
-      expr = level.node.decorator
+      expr = level.node.decorator if isinstance(level.node, cst.Decorator) else None
       if isinstance(expr, cst.Call):
         return _code(expr.func)
     return "functools.partial"
 
-  def _add_imports(self, need_functools: bool) -> None:
+  def _import_support(self, name: str) -> None:
+    AddImportsVisitor.add_needed_import(self.context, self.support_module, name)
+
+  def _add_imports(self, partial: str, support_names: list[str]) -> None:
+    for name in support_names:
+      self._import_support(name)
     # AddImportsVisitor repeats an aliased import once per request, so ask once.
     if self._imports_requested:
       return
     self._imports_requested = True
     ctx = self.context
     AddImportsVisitor.add_needed_import(ctx, "jax")
-    AddImportsVisitor.add_needed_import(ctx, "functools")
+    if partial == "functools.partial":
+      AddImportsVisitor.add_needed_import(ctx, "functools")
     if self._p == "P":
       AddImportsVisitor.add_needed_import(ctx, "jax.sharding", "PartitionSpec", "P")
     if self.target == "experimental":
@@ -389,16 +498,54 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for module, alias in self._pmap_imports:
       RemoveImportsVisitor.remove_unused_import(ctx, module, "pmap", alias)
 
+  # ----- names newest JAX removed (--target jax) -----
+
+  def _plan_renames(self, refs: References) -> None:
+    if self.target != "jax":
+      return
+    for node, new_name in refs.renames:
+      self._renames[node] = edits.parse_expression(new_name)
+      self._report(node, Severity.INFO, f"{_code(node)} rewritten to {new_name}, which "
+                   "newest JAX keeps")
+    for node, support_name in refs.support_calls:
+      self._renames[node] = cst.Name(support_name)
+      self._import_support(support_name)
+      self._report(node, Severity.INFO, removed_names.SUPPORT_CALL_MESSAGE.format(
+          old=_code(node), new=support_name, module=self.support_module))
+    for module, name, alias in refs.removed_imports:
+      RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
+    if self._renames:
+      AddImportsVisitor.add_needed_import(self.context, "jax")
+
+  # ----- reporting -----
+
   def _report(self, node: cst.CSTNode, severity: Severity, message: str) -> None:
     pos = self.get_metadata(PositionProvider, node).start
-    self.findings.append(Finding(pos.line, pos.column + 1, severity, message))
+    self._warn(pos.line, pos.column + 1, severity, message)
+
+  def _warn(self, line: int, column: int, severity: Severity, message: str) -> None:
+    self.warn(Finding(line, column, severity, message).format_warning())
 
   # ----- applying it -----
+
+  def _rename(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+    new = self._renames.get(original)
+    if new is None:
+      return updated
+    return new.with_changes(lpar=getattr(updated, "lpar", ()), rpar=getattr(updated, "rpar", ()))
+
+  def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+    return self._rename(original_node, updated_node)
+
+  def leave_Attribute(self, original_node: cst.Attribute,
+                      updated_node: cst.Attribute) -> cst.BaseExpression:
+    return self._rename(original_node, updated_node)
 
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
     replacement = self._call_sites.get(original_node)
     if replacement is None:
       return updated_node
+    self._applied += 1
     return replacement.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef,
@@ -413,28 +560,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       if i in replace:
         skip, new = replace[i]
         out.extend(new)
+        self._applied += 1
       elif i not in skip:
         out.append(dec)
     return updated_node.with_changes(decorators=out)
 
-  def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-    if self._helper_before is None or self._helper_before >= len(updated_node.body):
-      return updated_node
-    # Mark the statement the helpers go before; the import passes may rebuild it.
-    body = list(updated_node.body)
-    at = self._helper_before
-    body[at] = edits.mark_anchor(body[at])
-    return updated_node.with_changes(body=body)
 
-  def transform_module(self, tree: cst.Module) -> cst.Module:
-    """Runs the rewrite and the import passes, then adds the helper block (once)."""
-    tree = Codemod.transform_module(self, tree)  # this command's own pass
-    tree = edits.add_imports_in_head(tree, self.context)
-    if RemoveImportsVisitor.CONTEXT_KEY in self.context.scratch:
-      tree = RemoveImportsVisitor(self.context).transform_module(tree)
-    if self._helper_before is None:
-      return tree
-    return edits.insert_helpers(tree, self.target, self.multihost, self._runtime_specs)
+_FUN = "__pmap_to_shmap_function__"  # stands for a multi-line function while formatting
 
 
 def _code(node: cst.CSTNode) -> str:

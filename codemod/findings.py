@@ -1,8 +1,17 @@
-"""Report entries: one ``file:line:col SEVERITY message`` line per finding, plus totals."""
+"""Report entries: one ``file:line:col SEVERITY message`` line per finding, plus totals.
+
+The command reports through libcst's context: each finding is a warning
+``line:col SEVERITY message`` (what ``python -m libcst.tool codemod`` prints), and the
+site counts sit in ``context.scratch[SITES_KEY]``; the project CLI reads both back.
+"""
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
+
+SITES_KEY = "pmap_to_shmap.sites"  # (found, converted) for the file just transformed
+_WARNING_RE = re.compile(r"(\d+):(\d+) (INFO|WARNING|ERROR) (.*)", re.S)
 
 
 class Severity(str, enum.Enum):
@@ -19,7 +28,18 @@ class Finding:
   message: str
 
   def format(self, path: str) -> str:
-    return f"{path}:{self.line}:{self.column} {self.severity.value} {self.message}"
+    return f"{path}:{self.format_warning()}"
+
+  def format_warning(self) -> str:
+    return f"{self.line}:{self.column} {self.severity.value} {self.message}"
+
+  @classmethod
+  def from_warning(cls, text: str) -> "Finding":
+    match = _WARNING_RE.fullmatch(text)
+    if match is None:  # a warning from libcst itself or another command
+      return cls(1, 1, Severity.WARNING, text)
+    return cls(int(match.group(1)), int(match.group(2)), Severity(match.group(3)),
+               match.group(4))
 
 
 @dataclass

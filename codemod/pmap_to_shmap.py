@@ -3,19 +3,28 @@
 By default a unified diff is printed and nothing is written; ``--in-place`` writes the
 files, ``--check`` exits 1 when anything would change (for CI). The report (stderr, or
 ``--report FILE``) has one ``file:line:col SEVERITY message`` line per finding and the
-totals. Exit status: 0 ok, 1 changes pending under --check, 2 internal error or bad path.
+totals. Exit status: 0 ok, 1 changes pending under --check, 2 internal error, bad path
+or a foreign file where the support module goes.
+
+A thin layer over ``ConvertPmapCommand`` (which ``python -m libcst.tool codemod`` runs
+too): it adds notebooks, parallel jobs, the report, and the support module the
+converted files import, written once under ``--support-root`` (default: the directory
+holding every PATH).
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Sequence
 
+from codemod import support_module
+from codemod.files import write_atomically
 from codemod.findings import FileResult, Totals
-from codemod.runner import Options, discover, transform_file, write_atomically
+from codemod.runner import Options, discover, transform_file
 
 _PROGRESS_FROM = 100  # files; smaller runs print no progress lines
 
@@ -52,7 +61,41 @@ def build_parser() -> argparse.ArgumentParser:
                  help="shard_map: rewrite to jax.jit(shard_map); shim: jax.pmap -> pmap_compat.pmap")
   p.add_argument("--multihost", action="store_true",
                  help="emit host-local <-> global conversions for multi-process code")
+  p.add_argument("--support-module", default=support_module.DEFAULT_NAME, metavar="MODULE",
+                 help="dotted name of the shared module the converted files import "
+                      f"(default: {support_module.DEFAULT_NAME})")
+  p.add_argument("--support-root", metavar="DIR",
+                 help="directory the support module is written under, the one on sys.path "
+                      "when the converted code runs (default: the directory holding every PATH)")
   return p
+
+
+def default_support_root(paths: Sequence[str]) -> str:
+  dirs = [os.path.abspath(p if os.path.isdir(p) else os.path.dirname(p) or ".") for p in paths]
+  return os.path.commonpath(dirs)
+
+
+def _support_module_change(args, results: list[FileResult]) -> tuple[str, bytes] | None:
+  """(path, text) of the support module when a converted file imports it and the copy
+  under the support root is missing or stale; None otherwise."""
+  needle = f"from {args.support_module} import".encode("utf-8")
+
+  def imports_it(result: FileResult) -> bool:
+    if result.changed:
+      return needle in (result.new_source or b"")
+    try:
+      with open(result.path, "rb") as f:  # converted by an earlier run
+        return needle in f.read()
+    except OSError:
+      return False  # already reported as unreadable
+
+  if not any(imports_it(r) for r in results if not r.internal_error):
+    return None
+  if support_module.status_at(args.support_root, args.support_module) is (
+      support_module.Status.CURRENT):
+    return None
+  return (support_module.path_for(args.support_root, args.support_module),
+          support_module.source().encode("utf-8"))
 
 
 def _run_all(files: list[str], options: Options, jobs: int) -> list[FileResult]:
@@ -88,10 +131,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"pmap-to-shmap: error: no such file or directory: {', '.join(missing)}",
           file=sys.stderr)
     return 2
+  args.support_root = args.support_root or default_support_root(args.paths)
+  try:
+    support_path = support_module.path_for(args.support_root, args.support_module)
+  except ValueError as e:
+    print(f"pmap-to-shmap: error: {e}", file=sys.stderr)
+    return 2
+  if (args.strategy == "shard_map" and support_module.status_at(
+      args.support_root, args.support_module) is support_module.Status.FOREIGN):
+    print(f"pmap-to-shmap: error: "
+          f"{support_module.foreign_message(args.support_root, args.support_module)}",
+          file=sys.stderr)
+    return 2
   options = Options(target=args.target or default_target(), strategy=args.strategy,
-                    multihost=args.multihost)
-  files = list(dict.fromkeys(discover(args.paths)))
+                    multihost=args.multihost, support_module=args.support_module)
+  files = [f for f in dict.fromkeys(discover(args.paths))
+           if os.path.abspath(f) != os.path.abspath(support_path)]
   results = _run_all(files, options, args.jobs)
+  support = _support_module_change(args, results)
 
   totals = Totals()
   lines = []
@@ -104,6 +161,16 @@ def main(argv: Sequence[str] | None = None) -> int:
       write_atomically(result.path, result.new_source)
     elif not args.check:
       sys.stdout.write(result.diff)
+  if support is not None:
+    path, text = support
+    old = support_module.read(args.support_root, args.support_module)
+    verb = "written" if old is None else "updated from an older version"
+    lines.append(f"{path}:1:1 INFO support module {args.support_module} {verb}; the converted "
+                 "files import it")
+    if args.in_place:
+      support_module.write(args.support_root, args.support_module)
+    elif not args.check:
+      sys.stdout.write(_new_file_diff(path, old or "", text.decode("utf-8")))
   lines.append(totals.format())
   report = "\n".join(lines) + "\n"
   if args.report:
@@ -114,9 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   sys.stdout.flush()
   if totals.internal_errors:
     return 2
-  if args.check and totals.files_changed:
+  if args.check and (totals.files_changed or support is not None):
     return 1
   return 0
+
+
+def _new_file_diff(path: str, old: str, new: str) -> str:
+  return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                      fromfile="/dev/null" if not old else f"a/{path}",
+                                      tofile=f"b/{path}"))
 
 
 if __name__ == "__main__":

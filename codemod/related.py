@@ -1,9 +1,12 @@
-"""Report entries for patterns around pmap that the rewrite does not change.
+"""Patterns around pmap: report entries, and (``--target jax``) names newest JAX removed.
 
-``jax.device_put_replicated`` / ``device_put_sharded`` (removed from newer JAX), the
-``x[0]`` / ``unreplicate`` idiom on pmap outputs, ``jax.local_device_count()``-sized
-reshapes, and multi-process code (``process_count`` / ``process_index``) run without
-``--multihost``. Each entry says what to do; none of them edits the code.
+``jax.device_put_replicated`` / ``device_put_sharded`` (removed from newer JAX: rewritten
+for ``--target jax``, reported otherwise), the ``jax.tree_map`` family (rewritten for
+``--target jax``), other removed modules (reported), the ``x[0]`` / ``unreplicate``
+idiom on pmap outputs, ``jax.local_device_count()``-sized reshapes, and multi-process
+code run without ``--multihost`` (converted sites raise at run time with more than one
+process, so this is a pointer, not a silent hazard). Rewrites are collected here and
+applied by the command.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider
 
+from codemod import removed_names
 from codemod.findings import Finding, Severity
 
 _REPLICATED = frozenset({"jax.device_put_replicated", "jax.api.device_put_replicated"})
@@ -54,26 +58,71 @@ GUIDANCE = {
         Severity.WARNING,
         "multi-process code (process_count / process_index): rerun the codemod with "
         "--multihost so the converted sites convert host-local arrays to global ones "
-        "and back; otherwise each process's shard_map spans only its own devices"),
+        "and back; without it they raise when more than one process runs"),
 }
 
 
 class RelatedPatterns(cst.CSTVisitor):
   """Collects report entries for the related patterns into ``findings``."""
 
-  def __init__(self, get_metadata: Callable, multihost: bool):
+  def __init__(self, get_metadata: Callable, multihost: bool, target: str):
     self.get_metadata = get_metadata
     self.multihost = multihost
+    self.rewrite_removed = target == "jax"
     self.findings: list[Finding] = []
+    self.renames: list[tuple[cst.CSTNode, str]] = []        # node -> dotted replacement
+    self.support_calls: list[tuple[cst.CSTNode, str]] = []  # callee -> support function
+    self.removed_imports: list[tuple[str, str, str | None]] = []  # (module, name, alias)
     self._reshape_depth = 0
 
   def _names(self, node: cst.CSTNode) -> set[str]:
     return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
 
   def _add(self, node: cst.CSTNode, kind: str) -> None:
-    severity, message = GUIDANCE[kind]
+    self._finding(node, *GUIDANCE[kind])
+
+  def _finding(self, node: cst.CSTNode, severity: Severity, message: str) -> None:
     pos = self.get_metadata(PositionProvider, node).start
     self.findings.append(Finding(pos.line, pos.column + 1, severity, message))
+
+  # ----- names newest JAX removed -----
+
+  def removed_name(self, node: cst.CSTNode) -> bool:
+    """Records ``node`` (a Name or Attribute) if it names something newest JAX removed."""
+    if not self.rewrite_removed:
+      return False
+    names = self._names(node)
+    for name in names:
+      if name in removed_names.TREE_RENAMES:
+        self.renames.append((node, removed_names.TREE_RENAMES[name]))
+        return True
+      if name in removed_names.SUPPORT_CALLS:
+        self.support_calls.append((node, removed_names.SUPPORT_CALLS[name]))
+        return True
+    advice = removed_names.reported(names)
+    if advice:
+      self._finding(node, Severity.WARNING, advice)
+      return True
+    return False
+
+  def removed_imports_of(self, node: cst.Import | cst.ImportFrom) -> None:
+    """Reports imports of removed modules; notes ``from jax import tree_map`` for removal."""
+    if not self.rewrite_removed:
+      return
+    if isinstance(node, cst.Import):
+      modules = [cst.Module([]).code_for_node(a.name) for a in node.names]
+    else:
+      module = cst.Module([]).code_for_node(node.module) if node.module else ""
+      modules = [module]
+      if not isinstance(node.names, cst.ImportStar):
+        for alias in node.names:
+          full = f"{module}.{alias.evaluated_name}"
+          modules.append(full)
+          if full in removed_names.TREE_RENAMES or full in removed_names.SUPPORT_CALLS:
+            self.removed_imports.append((module, alias.evaluated_name, alias.evaluated_alias))
+    advice = removed_names.reported(set(modules))
+    if advice:
+      self._finding(node, Severity.WARNING, advice)
 
   def visit_Call(self, node: cst.Call) -> None:
     if _is_reshape(node):
@@ -83,6 +132,8 @@ class RelatedPatterns(cst.CSTVisitor):
     if last not in _LAST_NAMES:
       return  # qualified names are lazy and costly: only resolve plausible callees
     names = self._names(func)
+    if self.rewrite_removed and names & (_REPLICATED | _SHARDED):
+      return  # rewritten (the callee is recorded as a removed name)
     if names & _REPLICATED:
       self._add(node, "replicated")
     elif names & _SHARDED:
@@ -117,9 +168,3 @@ def _is_reshape(node: cst.Call) -> bool:
   return ((isinstance(func, cst.Attribute) and func.attr.value == "reshape")
           or (isinstance(func, cst.Name) and func.value == "reshape"))
 
-
-def related_findings(module: cst.Module, get_metadata: Callable, multihost: bool) -> list[Finding]:
-  """The report entries for ``module``'s pmap-adjacent patterns."""
-  visitor = RelatedPatterns(get_metadata, multihost)
-  module.visit(visitor)
-  return visitor.findings

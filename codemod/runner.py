@@ -2,17 +2,15 @@
 
 ``transform_file`` never raises: a file that cannot be parsed becomes an ERROR
 entry and is skipped; a crash inside the transform is an internal error (exit 2).
-Files are written through a temporary file in the same directory and renamed over
-the original, so an interrupted run never leaves a half-written file; the bytes
-libcst writes back keep the file's encoding and newline style.
+The command is the one ``python -m libcst.tool codemod`` runs; this layer only reads
+files, passes the options, and collects what the command reported to its context.
+The bytes libcst writes back keep the file's encoding and newline style.
 """
 from __future__ import annotations
 
 import difflib
 import os
 import re
-import stat
-import tempfile
 import traceback
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -20,8 +18,8 @@ from typing import Iterator, Sequence
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from codemod import notebook
-from codemod.findings import FileResult, Finding, Severity
+from codemod import notebook, removed_names, support_module
+from codemod.findings import SITES_KEY, FileResult, Finding, Severity
 
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "venv", "build",
                         "dist"})
@@ -32,6 +30,7 @@ class Options:
   target: str = "experimental"
   strategy: str = "shard_map"
   multihost: bool = False
+  support_module: str = support_module.DEFAULT_NAME
 
 
 def discover(paths: Sequence[str]) -> Iterator[str]:
@@ -43,7 +42,7 @@ def discover(paths: Sequence[str]) -> Iterator[str]:
     for root, dirs, files in os.walk(path):
       dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
       for name in sorted(files):
-        if name.endswith((".py", ".ipynb")):
+        if name.endswith((".py", ".ipynb", ".md")):
           yield os.path.join(root, name)
 
 
@@ -53,17 +52,29 @@ def make_command(options: Options, context: CodemodContext, source: str | None =
     return PmapToShimCommand(context)
   from codemod.convert_pmap import ConvertPmapCommand
   return ConvertPmapCommand(context, target=options.target, multihost=options.multihost,
-                            source=source)
+                            support_module=options.support_module, source=source)
+
+
+@dataclass
+class Transformed:
+  module: cst.Module
+  findings: list[Finding]
+  sites_found: int
+  sites_converted: int
 
 
 def transform_module(module: cst.Module, options: Options, filename: str = "<string>",
-                     source: str | None = None):
-  """Runs the command on a parsed module: (new module, command with its findings).
+                     source: str | None = None) -> Transformed:
+  """Runs the command on a parsed module and collects what it reported to the context.
 
   ``source`` is the module's text when the caller has it (it must be ``module.code``).
   """
-  command = make_command(options, CodemodContext(filename=filename), source)
-  return command.transform_module(module), command
+  context = CodemodContext(filename=filename)
+  new = make_command(options, context, source).transform_module(module)
+  found, converted = context.scratch.get(SITES_KEY, (0, 0))
+  findings = sorted((Finding.from_warning(w) for w in context.warnings),
+                    key=lambda f: (f.line, f.column))
+  return Transformed(new, findings, found, converted)
 
 
 def transform_file(path: str, options: Options) -> FileResult:
@@ -77,6 +88,8 @@ def transform_file(path: str, options: Options) -> FileResult:
   try:
     if path.endswith(".ipynb"):
       _transform_notebook(raw, result, options)
+    elif path.endswith(".md"):
+      _transform_markdown(raw, result, options)
     else:
       _transform_python(raw, result, options)
   except Exception:  # pylint: disable=broad-except
@@ -97,7 +110,8 @@ def _parse_error(result: FileResult, e: cst.ParserSyntaxError) -> None:
 # A file none of whose text matches these has nothing to convert or report; it is
 # still parsed (unparsable files are reported) but needs no metadata or rewrite.
 _KEYWORDS = re.compile(r"pmap|device_put_(?:replicated|sharded)|process_(?:count|index)"
-                       r"|host_(?:count|id)|jax_utils")
+                       r"|host_(?:count|id)|jax_utils|"
+                       + "|".join(sorted(removed_names.LAST_NAMES)))
 
 
 def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
@@ -107,13 +121,11 @@ def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
     _parse_error(result, e)
     return
   text = raw.decode(module.encoding)
-  if not _KEYWORDS.search(text):
+  if not _KEYWORDS.search(text) or support_module.is_support_module(text):
     return
-  new, command = transform_module(module, options, result.path, source=text)
-  _collect(result, command)
-  if not result.sites_converted:
-    return  # nothing was rewritten (report entries only)
-  new_text = new.code
+  out = transform_module(module, options, result.path, source=text)
+  _collect(result, out)
+  new_text = out.module.code
   if new_text != text:
     result.changed, result.new_source = True, new_text.encode(module.encoding)
     result.diff = _diff(text, new_text, result.path)
@@ -132,21 +144,44 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
     return
   if not _KEYWORDS.search(code.source):
     return
-  new, command = transform_module(module, options, result.path, source=code.source)
-  _collect(result, command)
+  out = transform_module(module, options, result.path, source=code.source)
+  _collect(result, out)
   for i, f in enumerate(result.findings):
     cell, line = notebook.cell_of(code, f.line)
     result.findings[i] = Finding(line, f.column, f.severity, f"cell {cell + 1}: {f.message}")
-  new_raw = notebook.write_notebook(code, new.code)
+  new_raw = notebook.write_notebook(code, out.module.code, raw)
   if new_raw is not None:
     result.changed, result.new_source = True, new_raw
-    result.diff = _diff(code.source, new.code, result.path + " (code cells)")
+    result.diff = _diff(code.source, out.module.code, result.path + " (code cells)")
 
 
-def _collect(result: FileResult, command) -> None:
-  result.findings.extend(sorted(command.findings, key=lambda f: (f.line, f.column)))
-  result.sites_found = command.sites_found
-  result.sites_converted = command.sites_converted
+def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> None:
+  """MyST / jupytext markdown notebooks: their code cells are converted like a notebook's."""
+  text = raw.decode("utf-8")
+  code = notebook.read_markdown(text)
+  if code is None or not _KEYWORDS.search(code.source):
+    return  # plain markdown, or no code the codemod handles
+  try:
+    module = cst.parse_module(code.source)
+  except cst.ParserSyntaxError as e:
+    _parse_error(result, e)
+    return
+  out = transform_module(module, options, result.path, source=code.source)
+  _collect(result, out)
+  for i, f in enumerate(result.findings):
+    cell, line = notebook.cell_of(code, f.line)
+    result.findings[i] = Finding(code.first_lines[cell] + line, f.column, f.severity,
+                                 f"code cell {cell + 1}: {f.message}")
+  new_text = notebook.write_markdown(code, out.module.code)
+  if new_text is not None:
+    result.changed, result.new_source = True, new_text.encode("utf-8")
+    result.diff = _diff(text, new_text, result.path)
+
+
+def _collect(result: FileResult, out: Transformed) -> None:
+  result.findings.extend(out.findings)
+  result.sites_found = out.sites_found
+  result.sites_converted = out.sites_converted
 
 
 def _diff(old: str, new: str, path: str) -> str:
@@ -154,20 +189,3 @@ def _diff(old: str, new: str, path: str) -> str:
                                       new.splitlines(keepends=True),
                                       fromfile=f"a/{path}", tofile=f"b/{path}"))
 
-
-def write_atomically(path: str, data: bytes) -> None:
-  """Replaces ``path`` with ``data`` via a temporary file and a rename, keeping its mode."""
-  directory = os.path.dirname(os.path.abspath(path))
-  mode = stat.S_IMODE(os.stat(path).st_mode)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".pmap-to-shmap-", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise

@@ -12,7 +12,7 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider
 
-from codemod.findings import Finding, Severity
+from codemod.findings import SITES_KEY, Finding, Severity
 from codemod.sites import PMAP_NAMES, pmap_imports_of
 
 
@@ -24,10 +24,14 @@ class PmapToShimCommand(VisitorBasedCodemodCommand):
 
   def __init__(self, context: CodemodContext) -> None:
     super().__init__(context)
-    self.findings: list[Finding] = []
-    self.sites_found = 0
-    self.sites_converted = 0
     self._imports: list[tuple[str, str | None]] = []
+    self._replaced = 0
+
+  def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+    self._imports, self._replaced = [], 0  # libcst's runner reuses a command across files
+    new = super().transform_module_impl(tree)
+    self.context.scratch[SITES_KEY] = (self._replaced, self._replaced)
+    return new
 
   def visit_Import(self, node: cst.Import) -> bool:
     return False
@@ -42,10 +46,9 @@ class PmapToShimCommand(VisitorBasedCodemodCommand):
 
   def _replace(self, original: cst.CSTNode) -> cst.BaseExpression:
     pos = self.get_metadata(PositionProvider, original).start
-    self.sites_found += 1
-    self.sites_converted += 1
-    self.findings.append(Finding(pos.line, pos.column + 1, Severity.INFO,
-                                 "pmap replaced by pmap_compat.pmap"))
+    self._replaced += 1
+    self.warn(Finding(pos.line, pos.column + 1, Severity.INFO,
+                      "pmap replaced by pmap_compat.pmap").format_warning())
     AddImportsVisitor.add_needed_import(self.context, "pmap_compat")
     for module, alias in self._imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, "pmap", alias)

@@ -14,8 +14,9 @@ from typing import Optional
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 
+from codemod import removed_names
+from codemod.axes_to_specs import Unconvertible
 from codemod.related import RelatedPatterns
-from codemod.specs import Unconvertible
 
 PMAP_NAMES = frozenset({"jax.pmap", "jax.api.pmap", "jax._src.api.pmap"})
 PARTIAL_NAMES = frozenset({"functools.partial"})
@@ -92,7 +93,6 @@ class Site:
   inner: Optional["Site"] = None         # a pmap applied directly inside this one
   absorbed: bool = False                 # this site is another site's `inner`
   error: Optional[str] = None
-  refs: list = field(default_factory=list)
 
   def levels(self) -> list["Site"]:
     chain, site = [], self
@@ -110,18 +110,20 @@ class References(RelatedPatterns):
   """Every expression that names JAX's pmap, and every Call/def for site analysis; in the
   same walk, the related patterns that only get report entries."""
 
-  def __init__(self, get_metadata, multihost: bool):
-    super().__init__(get_metadata, multihost)
+  def __init__(self, get_metadata, multihost: bool, target: str):
+    super().__init__(get_metadata, multihost, target)
     self.refs: list[cst.CSTNode] = []
     self.calls: list[cst.Call] = []
     self.defs: list[cst.FunctionDef] = []
     self.pmap_imports: list[tuple[str, Optional[str]]] = []
     self.pmap_spellings: set[str] = {"pmap"}
 
-  def visit_Import(self, node) -> bool:
+  def visit_Import(self, node: cst.Import) -> bool:
+    self.removed_imports_of(node)
     return False
 
   def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    self.removed_imports_of(node)
     for module, alias in pmap_imports_of(node):
       self.pmap_imports.append((module, alias))
       self.pmap_spellings.add(alias or "pmap")
@@ -132,11 +134,15 @@ class References(RelatedPatterns):
     if node.attr.value == "pmap" and qualified(self.get_metadata, node) & PMAP_NAMES:
       self.refs.append(node)
       return False
+    if node.attr.value in removed_names.LAST_NAMES and self.removed_name(node):
+      return False
     return True
 
   def visit_Name(self, node: cst.Name) -> None:
     if node.value in self.pmap_spellings and qualified(self.get_metadata, node) & PMAP_NAMES:
       self.refs.append(node)
+    elif node.value in removed_names.LAST_NAMES:
+      self.removed_name(node)
 
   def visit_Call(self, node: cst.Call) -> None:
     self.calls.append(node)
@@ -159,7 +165,7 @@ class _Contains(cst.CSTVisitor):
     return True
 
 
-def contains(root: cst.CSTNode, targets: set, exclude: cst.CSTNode | None = None) -> list:
-  finder = _Contains(targets - {root, exclude})
+def contains(root: cst.CSTNode, targets: set) -> list:
+  finder = _Contains(targets - {root})
   root.visit(finder)
   return finder.found

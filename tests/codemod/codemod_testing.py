@@ -1,7 +1,9 @@
-"""Shared pieces for the codemod tests: rewriting source, loading it as a module, and the
-``jax.shard_map`` keyword adapter that stands in for jax>=0.6.1's API on jax 0.6.0."""
+"""Shared pieces for the codemod tests: rewriting source, loading it as a module (with the
+support module the converted code imports), and the ``jax.shard_map`` keyword adapter
+that stands in for jax>=0.6.1's API on jax 0.6.0."""
 from __future__ import annotations
 
+import ast
 import builtins
 import sys
 import textwrap
@@ -11,14 +13,26 @@ import jax
 import libcst as cst
 from jax.experimental.shard_map import shard_map as experimental_shard_map
 
+from codemod import support_module
 from codemod.runner import Options, transform_module
 
 
 def rewrite(source: str, **options) -> tuple[str, list]:
   """The codemod's output for ``source`` and its findings."""
   module = cst.parse_module(textwrap.dedent(source))
-  new, command = transform_module(module, Options(**options))
-  return new.code, command.findings
+  out = transform_module(module, Options(**options))
+  return out.module.code, out.findings
+
+
+def support() -> types.ModuleType:
+  """The support module, as the converted code imports it (one instance per test run)."""
+  name = support_module.DEFAULT_NAME
+  if name not in sys.modules:
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    exec(compile(support_module.source(), module.__file__, "exec"), module.__dict__)
+    sys.modules[name] = module
+  return sys.modules[name]
 
 
 def keyword_shard_map(f, *, mesh, in_specs, out_specs, check_vma=True):
@@ -49,6 +63,7 @@ def _importer(real_import):
 
 def load(source: str, name: str, *, with_jax_shard_map: bool = False) -> types.ModuleType:
   """Executes ``source`` as a fresh module (registered while it runs, for dataclasses)."""
+  support()
   module = types.ModuleType(name)
   module.__file__ = f"<{name}>"
   if with_jax_shard_map:
@@ -63,32 +78,50 @@ def load(source: str, name: str, *, with_jax_shard_map: bool = False) -> types.M
 
 from libcst.codemod import CodemodTest  # noqa: E402
 
-from codemod import runtime  # noqa: E402
 from codemod.convert_pmap import ConvertPmapCommand  # noqa: E402
 
-HELPERS = "# <pmap-to-shmap helpers>\n"
 IMPORTS = ("import functools\nfrom jax.sharding import PartitionSpec as P\n"
-           "from jax.experimental.shard_map import shard_map\n")
+           "from jax.experimental.shard_map import shard_map\n"
+           "from pmap_shard_map import on_pmap_mesh\n")
+
+
+def normalized(source: str) -> tuple[list[str], list[str]]:
+  """A module's imports (as a sorted multiset) and its other statements, layout aside."""
+  tree = ast.parse(textwrap.dedent(source))
+  imports = sorted(ast.dump(s) for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom)))
+  rest = [ast.dump(s) for s in tree.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
+  return imports, rest
+
+
+SUPPORT_IMPORT = "from pmap_shard_map import on_pmap_mesh\n"
 
 
 class PmapCodemodTest(CodemodTest):
-  """CodemodTest for ConvertPmapCommand; ``HELPERS`` in an expected output stands for the
-  helper block the codemod adds (its text is tested on its own and by execution)."""
+  """CodemodTest for ConvertPmapCommand.
+
+  ``assertConverts`` compares code, not layout (the layout has tests of its own, which
+  use ``assertCodemod`` directly); an expected output without a ``pmap_shard_map``
+  import gets the ``on_pmap_mesh`` one every converted file has.
+  """
 
   TRANSFORM = ConvertPmapCommand
 
   def assertConverts(self, before: str, after: str, *, target: str = "experimental",
-                     multihost: bool = False, runtime_specs: bool = False) -> None:
-    helpers = runtime.helper_source(target, multihost, runtime_specs=runtime_specs)
-    after = textwrap.dedent(after).replace(HELPERS, helpers)
-    self.assertCodemod(before, after, target=target, multihost=multihost)
+                     multihost: bool = False) -> None:
+    after = textwrap.dedent(after)
+    if "from pmap_shard_map import" not in after:
+      after = SUPPORT_IMPORT + after
+    new, _ = rewrite(before, target=target, multihost=multihost)
+    self.assertEqual(normalized(after), normalized(new), f"\n--- got ---\n{new}")
+    again, _ = rewrite(new, target=target, multihost=multihost)
+    self.assertEqual(again, new, "a second run changed the output")
 
   def assertUnchanged(self, before: str, **options) -> None:
     self.assertCodemod(before, before, **options)
 
 
 TOP = ("import jax\nimport functools\nfrom jax.sharding import PartitionSpec as P\n"
-       "from jax.experimental.shard_map import shard_map\n")
+       "from jax.experimental.shard_map import shard_map\nfrom pmap_shard_map import on_pmap_mesh\n")
 
 
 class SiteTest(PmapCodemodTest):
@@ -96,7 +129,7 @@ class SiteTest(PmapCodemodTest):
 
   def assertSite(self, before_stmt: str, after_stmt: str, **options) -> None:
     before = "import jax\n\n" + textwrap.dedent(before_stmt).strip("\n") + "\n"
-    after = TOP + "\n\n" + HELPERS + "\n\n" + textwrap.dedent(after_stmt).strip("\n") + "\n"
+    after = TOP + "\n" + textwrap.dedent(after_stmt).strip("\n") + "\n"
     self.assertConverts(before, after, **options)
 
   def assertSiteError(self, before_stmt: str, reason: str, **options) -> None:

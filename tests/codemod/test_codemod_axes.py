@@ -7,46 +7,42 @@ class InAxesTest(SiteTest):
 
   def test_default_maps_everything_on_axis_0(self):
     self.assertSite('g = jax.pmap(f, "i")',
-                    'g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+                    'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))')
 
   def test_int_axis_puts_nones_before_the_name(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=2)', '''
         g = jax.jit(
-            _pmap_as_shard_map(f, axes=("i",), in_specs=P(None, None, "i"), out_specs=P("i")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P(None, None, "i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_tuple_with_none(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=(0, None, 1))', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=(P("i"), P(), P(None, "i")), out_specs=P("i")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=(P("i"), P(), P(None, "i")), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_single_element_tuple_stays_a_tuple(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=(1,))', '''
         g = jax.jit(
-            _pmap_as_shard_map(f, axes=("i",), in_specs=(P(None, "i"),), out_specs=P("i")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=(P(None, "i"),), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_top_level_list_is_the_argument_tuple(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=[0, None])', '''
         g = jax.jit(
-            _pmap_as_shard_map(f, axes=("i",), in_specs=(P("i"), P()), out_specs=P("i")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=(P("i"), P()), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_dict_pytree_element_by_element(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=({"w": 0, "b": None}, 1))', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=({"w": P("i"), "b": P()}, P(None, "i")),
-                out_specs=P("i")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=({"w": P("i"), "b": P()}, P(None, "i")), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_nested_tuple_pytree(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=((0, None), 0))', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=((P("i"), P()), P("i")), out_specs=P("i")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=((P("i"), P()), P("i")), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_axis_name_given_as_a_constant(self):
     self.assertSite('g = jax.pmap(f, axis_name=AXIS, in_axes=(0, None))', '''
         g = jax.jit(
-            _pmap_as_shard_map(f, axes=(AXIS,), in_specs=(P(AXIS), P()), out_specs=P(AXIS)))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=(P(AXIS), P()), out_specs=P(AXIS), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_negative_axis_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", in_axes=-1)', "negative in_axes -1")
@@ -64,22 +60,17 @@ class InAxesTest(SiteTest):
         import functools
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
-
-
-        # <pmap-to-shmap helpers>
-
+        from pmap_shard_map import on_pmap_mesh, specs_from_axes
 
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=_pmap_specs_from_axes(my_axes, "i", outputs=False),
-                out_specs=P("i")))
-        """, runtime_specs=True)
+            on_pmap_mesh(functools.partial(shard_map, in_specs=specs_from_axes(my_axes, "i", outputs=False), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        """)
 
   def test_computed_out_axes_become_specs_at_run_time(self):
     source = 'import jax\n\ng = jax.pmap(f, "i", out_axes=(0,) * 3)\n'
     new, findings = rewrite(source)
-    assert 'out_specs=_pmap_specs_from_axes((0,) * 3, "i", outputs=True)' in new
-    assert "def _pmap_specs_from_axes(" in new
+    assert 'out_specs=specs_from_axes((0,) * 3, "i", outputs=True)' in new
+    assert "from pmap_shard_map import on_pmap_mesh, specs_from_axes" in new
     assert [f.severity.value for f in findings] == ["INFO"]
 
   def test_non_literal_axes_in_nested_pmaps_are_reported(self):
@@ -90,17 +81,16 @@ class OutAxesTest(SiteTest):
 
   def test_none_is_replicated(self):
     self.assertSite('g = jax.pmap(f, "i", out_axes=None)',
-                    'g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P()))')
+                    'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P(), check_rep=False), drop_device_axis=True)(f))')
 
   def test_nonzero_axis(self):
     self.assertSite('g = jax.pmap(f, "i", out_axes=1)', '''
-        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P(None, "i")))''')
+        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P(None, "i"), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_pytree_of_axes(self):
     self.assertSite('g = jax.pmap(f, "i", out_axes=(0, None, {"m": 1}))', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=P("i"), out_specs=(P("i"), P(), {"m": P(None, "i")})))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=(P("i"), P(), {"m": P(None, "i")}), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_negative_out_axis_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", out_axes=-1)', "negative out_axes -1")

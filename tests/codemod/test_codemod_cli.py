@@ -1,5 +1,6 @@
 """The command line: modes and exit codes, the report, in-place writes, notebooks,
 unparsable files, encodings and newline styles, parallel jobs, idempotence."""
+import difflib
 import json
 import os
 import subprocess
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from codemod import pmap_to_shmap
+from codemod import pmap_to_shmap, support_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
@@ -57,7 +58,9 @@ def test_in_place_then_second_run_changes_nothing(tree, capsys):
   code, _, _ = run_cli("--in-place", tree, capsys=capsys)
   assert code == 0
   written = (tree / "pkg" / "site.py").read_text()
-  assert "jax.pmap" not in written and "_pmap_as_shard_map(f" in written
+  assert "jax.pmap" not in written and "drop_device_axis=True)(f)" in written
+  assert "from pmap_shard_map import on_pmap_mesh" in written
+  assert (tree / "pmap_shard_map.py").read_text() == support_module.source()
   assert not list((tree / "pkg").glob(".pmap-to-shmap-*"))
   code, out, err = run_cli("--check", tree, capsys=capsys)
   assert code == 0 and out == "", out
@@ -143,7 +146,7 @@ def test_notebook_code_cells_are_converted(tmp_path, capsys):
   assert cells[0].startswith("%matplotlib inline\nimport jax\n")
   assert cells[1] == "jax.pmap(f) in prose\n"
   assert cells[2].startswith("!nvidia-smi\n") and "jax.pmap" not in cells[2]
-  assert "_pmap_as_shard_map(" in cells[2] and "def _pmap_as_shard_map(" in "".join(cells)
+  assert "on_pmap_mesh(" in cells[2] and "from pmap_shard_map import on_pmap_mesh" in cells[0]
   assert f"{path}:2:8 INFO cell 2: pmap converted" in err
   code, _, _ = run_cli("--check", path, capsys=capsys)
   assert code == 0
@@ -198,3 +201,106 @@ def test_byte_order_mark_is_kept(tmp_path, capsys):
   run_cli("--in-place", path, capsys=capsys)
   raw = path.read_bytes()
   assert raw.startswith(b"\xef\xbb\xbfimport jax\n") and b"jax.jit(" in raw
+
+
+# ----- the support module the converted files import -----
+
+def test_support_module_is_written_once_next_to_the_paths_and_shown_in_the_diff(tree, capsys):
+  code, out, err = run_cli(tree, capsys=capsys)
+  assert code == 0
+  assert f"+++ b/{tree / 'pmap_shard_map.py'}" in out and "--- /dev/null" in out
+  assert not (tree / "pmap_shard_map.py").exists()  # a diff writes nothing
+  assert "INFO support module pmap_shard_map written" in err
+
+
+def test_support_module_location_and_name_follow_the_flags(tree, capsys):
+  root = tree / "lib"
+  code, _, _ = run_cli("--in-place", "--support-root", root, "--support-module", "shared.smap",
+                       tree / "pkg", capsys=capsys)
+  assert code == 0
+  assert (root / "shared" / "smap.py").read_text() == support_module.source()
+  assert "from shared.smap import on_pmap_mesh" in (tree / "pkg" / "site.py").read_text()
+
+
+def test_stale_support_module_is_replaced(tree, capsys):
+  path = tree / "pmap_shard_map.py"
+  body = "# an older helper body\n"
+  import hashlib
+  path.write_text(f"# Written by pmap-to-shmap: support module v1 "
+                  f"sha256:{hashlib.sha256(body.encode()).hexdigest()}. Do not edit.\n" + body)
+  assert support_module.status_at(str(tree), "pmap_shard_map") is support_module.Status.STALE
+  code, _, err = run_cli("--in-place", tree, capsys=capsys)
+  assert code == 0 and "updated from an older version" in err
+  assert path.read_text() == support_module.source()
+
+
+@pytest.mark.parametrize("content", ["def on_pmap_mesh(*a, **k): ...\n", "EDITED"])
+def test_foreign_or_edited_support_module_is_never_overwritten(tree, capsys, content):
+  path = tree / "pmap_shard_map.py"
+  text = content if content != "EDITED" else support_module.source().replace("import math", "")
+  path.write_text(text)
+  code, _, err = run_cli("--in-place", tree, capsys=capsys)
+  assert code == 2 and "--support-module" in err and "not written by pmap-to-shmap" in err
+  assert path.read_text() == text
+  assert (tree / "pkg" / "site.py").read_text() == SITE
+
+
+def test_check_counts_a_missing_support_module_as_a_change(tree, capsys):
+  run_cli("--in-place", tree, capsys=capsys)
+  (tree / "pmap_shard_map.py").unlink()
+  code, _, _ = run_cli("--check", tree, capsys=capsys)
+  assert code == 1
+
+
+# ----- notebooks keep their layout -----
+
+@pytest.mark.parametrize("indent,ensure_ascii,newline", [(2, False, "\n"), (1, True, ""),
+                                                          (4, False, "\n")])
+def test_notebook_json_layout_is_kept_so_only_changed_cells_differ(
+    tmp_path, capsys, indent, ensure_ascii, newline):
+  nb = _notebook([
+      _code_cell("import jax\nname = 'caf\u00e9 \u2013 \"q\" \\\\ /'"),
+      {"cell_type": "markdown", "metadata": {"z": 1, "a": 2}, "source": ["# title \u00e9\n"]},
+      _code_cell("step = jax.pmap(lambda x: x * 2, axis_name='d')"),
+  ])
+  original = json.dumps(nb, indent=indent, ensure_ascii=ensure_ascii) + newline
+  path = tmp_path / "layout.ipynb"
+  path.write_text(original, encoding="utf-8")
+  code, _, err = run_cli("--in-place", path, capsys=capsys)
+  assert code == 0, err
+  new = path.read_text(encoding="utf-8")
+  changed = json.loads(new)
+  assert json.dumps(changed, indent=indent, ensure_ascii=ensure_ascii) + newline == new
+  # Every changed line is a line of a code cell's source (a string in its "source" list).
+  changed_lines = [l[2:] for l in difflib.ndiff(original.splitlines(), new.splitlines())
+                   if l[:2] in ("- ", "+ ")]
+  sources = {line for cell in nb["cells"] + changed["cells"] if cell["cell_type"] == "code"
+             for line in cell["source"]}
+  assert changed_lines and all(json.loads(l.strip().rstrip(",")) in sources
+                               for l in changed_lines), changed_lines
+  assert changed["cells"][1] == nb["cells"][1]
+
+
+def test_myst_markdown_code_cells_are_converted(tmp_path, capsys):
+  text = ("---\njupytext:\n  text_representation:\n    format_name: myst\n---\n\n# Title\n\n"
+          "Prose mentioning jax.pmap(f).\n\n```{code-cell} ipython3\n:tags: [hide-output]\n"
+          "import jax\n```\n\nMore prose.\n\n```{code-cell} ipython3\n"
+          "step = jax.pmap(lambda x: x * 2, axis_name='d')\n```\n")
+  path = tmp_path / "page.md"
+  path.write_text(text)
+  code, _, err = run_cli("--in-place", path, capsys=capsys)
+  assert code == 0, err
+  new = path.read_text()
+  assert "Prose mentioning jax.pmap(f)." in new and ":tags: [hide-output]\nimport jax\n" in new
+  assert "jax.pmap(lambda" not in new and "on_pmap_mesh(" in new
+  assert f"{path}:19:8 INFO code cell 2: pmap converted" in err
+  assert new.split("```{code-cell} ipython3\nstep")[0].count("\n") > 0
+  code, _, _ = run_cli("--check", path, capsys=capsys)
+  assert code == 0
+
+
+def test_plain_markdown_is_left_alone(tmp_path, capsys):
+  path = tmp_path / "notes.md"
+  path.write_text("Use `jax.pmap(f)`:\n\n```python\ng = jax.pmap(f)\n```\n")
+  code, out, _ = run_cli(path, capsys=capsys)
+  assert code == 0 and out == ""

@@ -27,13 +27,10 @@ class DecoratorFormsTest(PmapCodemodTest):
             return x * 2
         """, top("""
 
-        # <pmap-to-shmap helpers>
 
 
         @jax.jit
-        @functools.partial(
-            _pmap_as_shard_map, axes=("pmap_axis",), in_specs=P("pmap_axis"),
-            out_specs=P("pmap_axis"))
+        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)
         def step(x):
             return x * 2
         """))
@@ -53,11 +50,10 @@ class DecoratorFormsTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
         @functools.partial(jax.jit, donate_argnums=(0,))
-        @functools.partial(_pmap_as_shard_map, axes=("batch",), in_specs=P("batch"), out_specs=P("batch"))
+        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("batch"), out_specs=P("batch"), check_rep=False), drop_device_axis=True)
         def step(params, x):
             return params
         """.replace('@functools.partial(_pmap_as_shard_map, axes=("batch",), in_specs=P("batch"), out_specs=P("batch"))',
@@ -74,16 +70,14 @@ class DecoratorFormsTest(PmapCodemodTest):
         """, """
         from functools import partial
         import jax
-        import functools
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
         @jax.jit
-        @partial(_pmap_as_shard_map, axes=("i",), in_specs=P("i"), out_specs=P("i"))
+        @on_pmap_mesh(partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)
         def step(x):
             return x
         """)
@@ -100,15 +94,12 @@ class DecoratorFormsTest(PmapCodemodTest):
             return x
         """, top("""
 
-        # <pmap-to-shmap helpers>
 
 
         @trace
         # the step
         @jax.jit
-        @functools.partial(
-            _pmap_as_shard_map, axes=("pmap_axis",), in_specs=P("pmap_axis"),
-            out_specs=P("pmap_axis"))
+        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)
         @jax.checkpoint
         def step(x):
             return x
@@ -124,14 +115,11 @@ class DecoratorFormsTest(PmapCodemodTest):
                 return x
         """, top("""
 
-        # <pmap-to-shmap helpers>
 
 
         class Model:
             @jax.jit
-            @functools.partial(
-                _pmap_as_shard_map, axes=("pmap_axis",), in_specs=P("pmap_axis"),
-                out_specs=P("pmap_axis"))
+            @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)
             def apply(x):
                 return x
         """))
@@ -154,44 +142,44 @@ class CallFormsTest(PmapCodemodTest):
 
   def test_name(self):
     self._one('g = jax.pmap(f, "i")',
-              'g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+              'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))')
 
   def test_attribute_function(self):
     self._one('g = jax.pmap(model.apply, "i")',
-              'g = jax.jit(\n    _pmap_as_shard_map(model.apply, axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(model.apply))')
 
   def test_lambda(self):
     self._one('g = jax.pmap(lambda x: x + 1, "i")',
-              'g = jax.jit(\n    _pmap_as_shard_map(lambda x: x + 1, axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(lambda x: x + 1))')
 
   def test_partial_function(self):
     self._one('g = jax.pmap(functools.partial(f, k=2), "i")',
-              'g = jax.jit(\n    _pmap_as_shard_map(\n        functools.partial(f, k=2), axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(functools.partial(f, k=2)))')
 
   def test_call_expression_function(self):
     self._one('g = jax.pmap(make_step(config), "i")',
-              'g = jax.jit(\n    _pmap_as_shard_map(\n        make_step(config), axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(make_step(config)))')
 
   def test_fun_keyword(self):
     self._one('g = jax.pmap(fun=f, axis_name="i")',
-              'g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))')
+              'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))')
 
   def test_invoked_immediately(self):
     self._one('y = jax.pmap(f, "i")(x)',
-              'y = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))(x)')
+              'y = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))(x)')
 
   def test_passed_on(self):
     self._one('run(jax.pmap(f, "i"), data)',
-              'run(jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i"))), data)')
+              'run(jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f)), data)')
 
   def test_partial_then_called(self):
     self._one('g = functools.partial(jax.pmap, axis_name="i")(f)',
-              'g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))',
+              'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))',
               prelude="import functools\n")
 
   def test_parenthesised_site_keeps_parentheses(self):
     self._one('g = (jax.pmap(f, "i"))',
-              'g = (jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i"))))')
+              'g = (jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f)))')
 
   def test_assigned_to_attribute_and_returned_in_method(self):
     self.assertConverts("""
@@ -205,19 +193,16 @@ class CallFormsTest(PmapCodemodTest):
                 return jax.pmap(self.evaluate, "b")
         """, top("""
 
-        # <pmap-to-shmap helpers>
 
 
         class Trainer:
             def __init__(self):
                 self.step = jax.jit(
-                    _pmap_as_shard_map(
-                        self.train, axes=("b",), in_specs=P("b"), out_specs=P("b")))
+                    on_pmap_mesh(functools.partial(shard_map, in_specs=P("b"), out_specs=P("b"), check_rep=False), drop_device_axis=True)(self.train))
 
             def eval_fn(self):
                 return jax.jit(
-                    _pmap_as_shard_map(
-                        self.evaluate, axes=("b",), in_specs=P("b"), out_specs=P("b")))
+                    on_pmap_mesh(functools.partial(shard_map, in_specs=P("b"), out_specs=P("b"), check_rep=False), drop_device_axis=True)(self.evaluate))
         """))
 
   def test_two_sites_share_one_helper_block(self):
@@ -228,11 +213,10 @@ class CallFormsTest(PmapCodemodTest):
         b = jax.pmap(g, "j")
         """, top("""
 
-        # <pmap-to-shmap helpers>
 
 
-        a = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))
-        b = jax.jit(_pmap_as_shard_map(g, axes=("j",), in_specs=P("j"), out_specs=P("j")))
+        a = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        b = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("j"), out_specs=P("j"), check_rep=False), drop_device_axis=True)(g))
         """))
 
   def test_pmap_as_a_value_is_reported_and_left(self):

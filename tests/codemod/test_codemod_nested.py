@@ -2,7 +2,7 @@
 not statically clear is reported and left unchanged."""
 import textwrap
 
-from codemod_testing import HELPERS, TOP, PmapCodemodTest, SiteTest, rewrite
+from codemod_testing import TOP, PmapCodemodTest, SiteTest, rewrite
 
 
 class NestedTest(SiteTest):
@@ -10,33 +10,28 @@ class NestedTest(SiteTest):
   def test_pmap_of_pmap(self):
     self.assertSite('g = jax.pmap(jax.pmap(f, "j"), "i")', '''
         g = jax.jit(
-            _pmap_as_shard_map(f, axes=("i", "j"), in_specs=P("i", "j"), out_specs=P("i", "j")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))(f))''')
 
   def test_inner_axes_are_placed_in_the_original_array(self):
     # outer maps axis 1; inner maps axis 1 of what is left, i.e. axis 2 of the original.
     self.assertSite('g = jax.pmap(jax.pmap(f, "j", in_axes=1), "i", in_axes=1)', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i", "j"), in_specs=P(None, "i", "j"), out_specs=P("i", "j")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P(None, "i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))(f))''')
 
   def test_inner_axis_before_outer_axis(self):
     self.assertSite('g = jax.pmap(jax.pmap(f, "j", in_axes=0, out_axes=1), "i", in_axes=1)', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i", "j"), in_specs=P("j", "i"), out_specs=P("i", None, "j")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("j", "i"), out_specs=P("i", None, "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))(f))''')
 
   def test_per_argument_axes_with_none(self):
     self.assertSite('g = jax.pmap(jax.pmap(f, "m", in_axes=(0, None)), "d", in_axes=(0, 0), out_axes=None)', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("d", "m"), in_specs=(P("d", "m"), P("d")), out_specs=P("m")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=(P("d", "m"), P("d")), out_specs=P("m"), check_rep=False), drop_device_axis=True, axes=("d", "m"))(f))''')
 
   def test_unnamed_levels_get_distinct_default_names(self):
     self.assertSite('g = jax.pmap(jax.pmap(f))', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("pmap_axis", "pmap_axis_1"), in_specs=P("pmap_axis", "pmap_axis_1"),
-                out_specs=P("pmap_axis", "pmap_axis_1")))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis", "pmap_axis_1"), out_specs=P("pmap_axis", "pmap_axis_1"), check_rep=False), drop_device_axis=True, axes=("pmap_axis", "pmap_axis_1"))(f))''')
 
   def test_same_axis_name_twice_is_reported(self):
     self.assertSiteError('g = jax.pmap(jax.pmap(f, "i"), "i")', "share an axis name")
@@ -68,12 +63,10 @@ class NestedDecoratorsTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
         @jax.jit
-        @functools.partial(
-            _pmap_as_shard_map, axes=("i", "j"), in_specs=P("i", "j"), out_specs=P("i", "j"))
+        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))
         def step(x):
             return jax.lax.psum(x, ("i", "j"))
         """)

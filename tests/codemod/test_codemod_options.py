@@ -8,39 +8,35 @@ class OptionsTest(SiteTest):
   def test_static_argnums_go_to_jit_and_the_helper(self):
     self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=(2,))', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=P("i"), out_specs=P("i"), static_argnums=(2,)),
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=(2,))(f),
             static_argnums=(2,))''')
 
   def test_donate_argnums_go_to_jit(self):
     self.assertSite('g = jax.pmap(f, "i", donate_argnums=(0, 1))', '''
         g = jax.jit(
-            _pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")),
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f),
             donate_argnums=(0, 1))''')
 
   def test_static_and_donate_together(self):
     self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=1, donate_argnums=0)', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=P("i"), out_specs=P("i"), static_argnums=1),
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=1)(f),
             static_argnums=1, donate_argnums=0)''')
 
   def test_devices_go_to_the_mesh(self):
     self.assertSite('g = jax.pmap(f, "i", devices=jax.devices()[:4])', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=P("i"), out_specs=P("i"), devices=jax.devices()[:4]))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, devices=jax.devices()[:4])(f))''')
 
   def test_backend_and_axis_size(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=None, axis_size=4, backend="cpu")', '''
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=P(), out_specs=P("i"), axis_size=4, backend="cpu"))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P(), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, backend="cpu")(f))''')
 
   def test_explicit_none_axis_name_gets_the_default(self):
     self.assertSite('g = jax.pmap(f, axis_name=None, out_axes=None)', '''
         g = jax.jit(
-            _pmap_as_shard_map(f, axes=("pmap_axis",), in_specs=P("pmap_axis"), out_specs=P()))''')
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P(), check_rep=False), drop_device_axis=True)(f))''')
 
   def test_global_arg_shapes_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", global_arg_shapes=((8,),))', "global_arg_shapes")

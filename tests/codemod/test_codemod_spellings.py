@@ -1,5 +1,5 @@
 """Rule: pmap sites are found by meaning, whatever the spelling; other `pmap`s are untouched."""
-from codemod_testing import HELPERS, PmapCodemodTest
+from codemod_testing import PmapCodemodTest
 
 
 class SpellingTest(PmapCodemodTest):
@@ -16,12 +16,10 @@ class SpellingTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("pmap_axis",), in_specs=P("pmap_axis"), out_specs=P("pmap_axis")))
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)(f))
         """)
 
   def test_from_import_is_removed(self):
@@ -36,10 +34,9 @@ class SpellingTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
-        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))
+        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
         """)
 
   def test_from_import_with_alias(self):
@@ -55,10 +52,9 @@ class SpellingTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
-        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))
+        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
         """)
 
   def test_module_alias(self):
@@ -74,10 +70,9 @@ class SpellingTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
-        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))
+        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
         """)
 
   def test_jax_api_path(self):
@@ -94,10 +89,9 @@ class SpellingTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
-        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))
+        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
         """)
 
   def test_own_function_named_pmap_is_untouched(self):

@@ -1,6 +1,5 @@
-"""Rule: --target picks the shard_map API the helper calls; --multihost adds the host-local
-<-> global conversion; neither changes how the sites themselves read."""
-from codemod import runtime
+"""Rule: --target picks the shard_map API the sites call; --multihost adds the host-local
+<-> global conversion around the jitted site."""
 from codemod_testing import PmapCodemodTest, SiteTest, rewrite
 
 
@@ -17,10 +16,9 @@ class TargetTest(SiteTest):
         from jax.sharding import PartitionSpec as P
 
 
-        # <pmap-to-shmap helpers>
 
 
-        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))
+        g = jax.jit(on_pmap_mesh(functools.partial(jax.shard_map, in_specs=P("i"), out_specs=P("i"), check_vma=False), drop_device_axis=True)(f))
         """, target="jax")
 
   def test_multihost_wraps_the_jitted_function(self):
@@ -35,11 +33,13 @@ class TargetTest(SiteTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
-        g = _pmap_host_local_io(jax.jit(
-            _pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i"))))
+        from pmap_shard_map import host_local_io, on_pmap_mesh
+
+        g = host_local_io(jax.jit(
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, across_hosts=True)(f)),
+            in_specs=P("i"), out_specs=P("i"))
         """, multihost=True)
 
   def test_multihost_decorator_gets_an_outer_decorator(self):
@@ -56,14 +56,13 @@ class TargetTest(SiteTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
-        @_pmap_host_local_io
+        from pmap_shard_map import host_local_io, on_pmap_mesh
+
+        @functools.partial(host_local_io, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"))
         @jax.jit
-        @functools.partial(
-            _pmap_as_shard_map, axes=("pmap_axis",), in_specs=P("pmap_axis"),
-            out_specs=P("pmap_axis"))
+        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True, across_hosts=True)
         def step(x):
             return x
         """, multihost=True)
@@ -82,13 +81,10 @@ class TargetTest(SiteTest):
         P = 3
 
 
-        # <pmap-to-shmap helpers>
 
 
         g = jax.jit(
-            _pmap_as_shard_map(
-                f, axes=("i",), in_specs=jax.sharding.PartitionSpec("i"),
-                out_specs=jax.sharding.PartitionSpec("i")))
+            on_pmap_mesh(functools.partial(shard_map, in_specs=jax.sharding.PartitionSpec("i"), out_specs=jax.sharding.PartitionSpec("i"), check_rep=False), drop_device_axis=True)(f))
         """)
 
   def test_existing_partitionspec_import_is_reused(self):
@@ -104,26 +100,10 @@ class TargetTest(SiteTest):
         from jax.experimental.shard_map import shard_map
 
 
-        # <pmap-to-shmap helpers>
 
 
-        g = jax.jit(_pmap_as_shard_map(f, axes=("i",), in_specs=P("i"), out_specs=P("i")))
+        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
         """)
-
-
-def test_helper_text_differs_only_in_the_shard_map_call():
-  exp = runtime.helper_source("experimental").splitlines()
-  new = runtime.helper_source("jax").splitlines()
-  changed = [(a, b) for a, b in zip(exp, new) if a != b]
-  assert len(exp) + 2 == len(new)
-  assert any("shard_map(per_device, mesh, specs, out_specs, check_rep=False)" in a
-             for a, _ in changed)
-  assert "check_vma=False)" in "\n".join(new)
-
-
-def test_helper_follows_the_file_indentation():
-  two = runtime.helper_source("experimental", indent="  ")
-  assert "\n  if devices is None:\n    pool = " in two
 
 
 def test_output_is_idempotent_for_every_fixture():

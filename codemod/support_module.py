@@ -1,0 +1,98 @@
+"""The shared module converted files import (``pmap_shard_map`` by default), as text.
+
+Its body is ``codemod/support_source.py``; the copy written into a converted tree starts
+with a header line carrying a version and the hash of the body, so a rerun can tell an
+up-to-date copy (left alone) from an older one (replaced) and from a file it did not
+write or that was edited since (never overwritten: an error names the flag to pick
+another name). One text serves every --target and --multihost choice, so separate
+runs over one tree agree on it.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import re
+
+from codemod import files
+
+VERSION = 2
+DEFAULT_NAME = "pmap_shard_map"
+_HEADER = "# Written by pmap-to-shmap: support module v{version} sha256:{digest}. Do not edit.\n"
+_HEADER_RE = re.compile(
+    r"# Written by pmap-to-shmap: support module v(\d+) sha256:([0-9a-f]{64})\. Do not edit\.")
+
+
+def _body() -> str:
+  with open(os.path.join(os.path.dirname(__file__), "support_source.py"), encoding="utf-8") as f:
+    return f.read()
+
+
+def source() -> str:
+  """The module's full text, header included."""
+  body = _body()
+  digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+  return _HEADER.format(version=VERSION, digest=digest) + body
+
+
+class Status(enum.Enum):
+  MISSING = "missing"
+  CURRENT = "current"  # this version, unedited
+  STALE = "stale"      # written by an earlier version of the codemod, unedited
+  FOREIGN = "foreign"  # not written by the codemod, or edited since
+
+
+def status_of(text: str | None) -> Status:
+  if text is None:
+    return Status.MISSING
+  first, _, body = text.partition("\n")
+  match = _HEADER_RE.fullmatch(first)
+  if not match or hashlib.sha256(body.encode("utf-8")).hexdigest() != match.group(2):
+    return Status.FOREIGN
+  return Status.CURRENT if text == source() else Status.STALE
+
+
+def is_support_module(text: str) -> bool:
+  """Whether ``text`` starts with the header a written support module has."""
+  return _HEADER_RE.match(text) is not None
+
+
+def path_for(root: str, name: str) -> str:
+  """Where module ``name`` (dotted) lives under the directory ``root``."""
+  if not name or not all(part.isidentifier() for part in name.split(".")):
+    raise ValueError(f"--support-module must be a dotted module name, got {name!r}")
+  return os.path.join(root, *name.split(".")) + ".py"
+
+
+def read(root: str, name: str) -> str | None:
+  path = path_for(root, name)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8", newline="") as f:
+    return f.read()
+
+
+def status_at(root: str, name: str) -> Status:
+  return status_of(read(root, name))
+
+
+def foreign_message(root: str, name: str) -> str:
+  return (f"{path_for(root, name)} exists but was not written by pmap-to-shmap (or was edited "
+          f"since), so the converted files cannot import {name} from it; choose another "
+          "name with --support-module")
+
+
+def write(root: str, name: str) -> bool:
+  """Writes the module under ``root`` unless an up-to-date copy is there; True if written.
+
+  Raises ``FileExistsError`` for a foreign file (never overwritten).
+  """
+  status = status_at(root, name)
+  if status is Status.FOREIGN:
+    raise FileExistsError(foreign_message(root, name))
+  if status is Status.CURRENT:
+    return False
+  path = path_for(root, name)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  files.write_atomically(path, source().encode("utf-8"))
+  return True

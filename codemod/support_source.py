@@ -1,0 +1,259 @@
+"""The run-time part of code converted from ``jax.pmap`` to ``jax.jit`` over ``shard_map``.
+
+pmap-to-shmap writes this file once per converted tree; the converted sites import it.
+A site reads like this::
+
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  @on_pmap_mesh(functools.partial(shard_map, in_specs=(P("i"), P()), out_specs=P("i")),
+                drop_device_axis=True)
+  def step(params, lr): ...
+
+``on_pmap_mesh`` supplies the one thing a site cannot write at import time: the mesh
+pmap ran on (the first n local devices for a mapped axis of size n), built on the first
+call so importing a converted file does not start JAX's backend. ``drop_device_axis``
+is pmap's rank reduction: each device's function sees its slice without the mapped
+axis, and its outputs get the axis back where ``out_specs`` put it. With more than one
+process, legacy pmap spanned every host: a site converted without ``--multihost``
+raises instead of silently reducing over one host's devices only.
+"""
+import functools
+import math
+
+import jax
+import numpy as np
+
+PartitionSpec = jax.sharding.PartitionSpec
+
+
+def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None, static_argnums=(),
+                 axis_size=None, devices=None, backend=None, across_hosts=False):
+  """Decorator: ``fun`` -> a function for ``jax.jit`` that runs ``shard_map_partial``
+  (shard_map with in_specs / out_specs filled in) over pmap's mesh.
+
+  ``axes`` lists the mesh axes, outer first, when the specs alone do not say
+  (nested pmaps, or axis_size). ``static_argnums`` arguments reach ``fun`` unchanged
+  (their in_specs entries are ignored); keyword arguments are mapped over their leading
+  axes, as pmap mapped them.
+  """
+  static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+  options = (drop_device_axis, axes, static_argnums, axis_size,
+             None if devices is None else tuple(devices), backend, across_hosts)
+
+  def decorate(fun):
+    # A site evaluated again (say, in a loop) gets the same function back, so jax.jit
+    # reuses its trace as a re-created pmap did.
+    try:
+      key = (fun, shard_map_partial.func, repr(sorted(shard_map_partial.keywords.items())),
+             options)
+      hash(key)
+    except TypeError:
+      return _sharded(fun, shard_map_partial, *options)
+    if key not in _WRAPPERS:
+      if len(_WRAPPERS) >= 256:
+        _WRAPPERS.pop(next(iter(_WRAPPERS)))
+      _WRAPPERS[key] = _sharded(fun, shard_map_partial, *options)
+    return _WRAPPERS[key]
+
+  return decorate
+
+
+_WRAPPERS = {}
+
+
+def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axis_size,
+             devices, backend, across_hosts):
+  in_specs = shard_map_partial.keywords["in_specs"]
+  out_specs = shard_map_partial.keywords["out_specs"]
+  axes = tuple(axes) if axes is not None else _axes_of(in_specs, out_specs)
+
+  @functools.wraps(fun)
+  def sharded(*args, **kwargs):
+    if jax.process_count() > 1 and not across_hosts:
+      raise RuntimeError(
+          f"{getattr(fun, '__name__', fun)!r} was converted from jax.pmap for a single "
+          f"process, but {jax.process_count()} processes are running: its collectives would "
+          "span this host's devices only. Rerun pmap-to-shmap with --multihost.")
+    dynamic_specs = _dynamic(in_specs, args, static_argnums)
+    dynamic = tuple(arg for i, arg in enumerate(args) if i not in static_argnums)
+    specs = (dynamic_specs, PartitionSpec(*axes))  # (positional, keyword) arguments
+    sizes = axis_sizes(axes, specs, (dynamic, kwargs), axis_size)
+    mesh = pmap_mesh(axes, sizes, devices, backend, across_hosts)
+
+    def per_device(dynamic, kwargs):
+      if drop_device_axis:
+        dynamic, kwargs = _drop_mapped_axes(specs, (dynamic, kwargs))
+      remaining = iter(dynamic)
+      full = [args[i] if i in static_argnums else next(remaining) for i in range(len(args))]
+      out = fun(*full, **kwargs)
+      return _restore_mapped_axes(out_specs, out) if drop_device_axis else out
+
+    return shard_map_partial(per_device, mesh=mesh, in_specs=specs)(dynamic, kwargs)
+
+  return sharded
+
+
+def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=()):
+  """Each process passes and gets back host-local arrays, as it did under pmap.
+
+  Wraps the jitted site (converted with --multihost): arguments become arrays over the
+  mesh of every process's devices, and the outputs this process's part again.
+  """
+  from jax.experimental import multihost_utils
+
+  static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+  axes = tuple(axes) if axes is not None else _axes_of(in_specs, out_specs)
+
+  @functools.wraps(jitted)
+  def call(*args, **kwargs):
+    positions = [i for i in range(len(args)) if i not in static_argnums]
+    dynamic = tuple(args[i] for i in positions)
+    specs = (_dynamic(in_specs, args, static_argnums), PartitionSpec(*axes))
+    local = axis_sizes(axes, specs, (dynamic, kwargs), None)
+    sizes = (local[0] * jax.process_count(),) + local[1:]
+    mesh = pmap_mesh(axes, sizes, None, None, True)
+    dynamic, kwargs = multihost_utils.host_local_array_to_global_array(
+        (dynamic, kwargs), mesh, specs)
+    full = list(args)
+    for i, value in zip(positions, dynamic, strict=True):
+      full[i] = value
+    out = jitted(*full, **kwargs)
+    return multihost_utils.global_array_to_host_local_array(out, mesh, out_specs)
+
+  return call
+
+
+@functools.lru_cache(maxsize=64)
+def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
+  """The mesh pmap ran on: the first prod(sizes) devices (local ones unless across_hosts),
+  laid out row-major. Axis types are given, not left to the JAX version's default."""
+  if devices is not None:
+    pool = list(devices)
+  elif across_hosts:
+    pool = sorted(jax.devices(backend), key=lambda d: d.process_index)
+  else:
+    pool = jax.local_devices(backend=backend)
+  needed = math.prod(sizes)
+  if needed > len(pool) or (devices is not None and needed != len(pool)):
+    raise ValueError(f"the mapped axes have sizes {sizes} ({needed} devices) but "
+                     f"{len(pool)} devices are available to map over")
+  auto = (jax.sharding.AxisType.Auto,) * len(axes) if hasattr(jax.sharding, "AxisType") else None
+  grid = np.array(pool[:needed]).reshape(sizes)
+  if auto is None:
+    return jax.sharding.Mesh(grid, axes)
+  return jax.sharding.Mesh(grid, axes, axis_types=auto)
+
+
+def specs_from_axes(axes, axis_name, outputs=False):
+  """in_axes / out_axes known only at run time, as specs: k -> P(None, ..., axis_name)."""
+  if isinstance(axes, list) and not outputs:
+    axes = tuple(axes)  # pmap reads a top-level in_axes list as the argument tuple
+
+  def to_spec(axis):
+    if axis is None:
+      return PartitionSpec()
+    if not isinstance(axis, int) or axis < 0:
+      raise ValueError(f"pmap axes must be non-negative ints or None, got {axis!r}")
+    return PartitionSpec(*([None] * axis), axis_name)
+
+  return jax.tree.map(to_spec, axes, is_leaf=lambda x: x is None)
+
+
+def device_put_replicated(x, devices):
+  """What jax.device_put_replicated returned: x stacked once per device, slice i on
+  devices[i] (pytrees leaf by leaf)."""
+  devices = list(devices)
+  if not devices:
+    raise ValueError("device_put_replicated needs a non-empty sequence of devices")
+  sharding = _stacked_sharding(devices)
+  return jax.tree.map(
+      lambda v: jax.device_put(jax.numpy.stack([jax.numpy.asarray(v)] * len(devices)),
+                               sharding), x)
+
+
+def device_put_sharded(shards, devices):
+  """What jax.device_put_sharded returned: the shards stacked, shard i on devices[i]."""
+  devices = list(devices)
+  if len(shards) != len(devices):
+    raise ValueError(f"device_put_sharded got {len(shards)} shards for {len(devices)} devices")
+  sharding = _stacked_sharding(devices)
+  return jax.tree.map(
+      lambda *xs: jax.device_put(jax.numpy.stack([jax.numpy.asarray(v) for v in xs]),
+                                 sharding), *shards)
+
+
+def _stacked_sharding(devices):
+  return jax.sharding.NamedSharding(pmap_mesh(("devices",), (len(devices),), tuple(devices)),
+                                    PartitionSpec("devices"))
+
+
+def _is_spec(x):
+  return isinstance(x, PartitionSpec)
+
+
+def _axes_of(*specs):
+  """The mesh axis names the specs use, in order of appearance."""
+  names = []
+  for spec in jax.tree.leaves(specs, is_leaf=_is_spec):
+    for entry in spec:
+      for name in entry if isinstance(entry, tuple) else (entry,):
+        if name is not None and name not in names:
+          names.append(name)
+  if len(names) != 1:
+    raise ValueError(f"pmap's specs use the mesh axes {names}; pass axes=(...) in mesh order")
+  return tuple(names)
+
+
+def _dynamic(in_specs, args, static_argnums):
+  """The in_specs of the non-static positional arguments (one spec applies to all)."""
+  if _is_spec(in_specs):
+    return in_specs
+  if len(in_specs) != len(args):
+    raise ValueError(f"pmap in_axes has {len(in_specs)} entries but the function was "
+                     f"called with {len(args)} positional arguments")
+  return tuple(s for i, s in enumerate(in_specs) if i not in static_argnums)
+
+
+def _mapped(spec):
+  """The array axes a spec maps, with their mesh axis: P(None, "i") -> [(1, "i")]."""
+  return [(axis, name) for axis, name in enumerate(spec) if name is not None]
+
+
+def axis_sizes(axes, specs, tree, axis_size):
+  """Each mesh axis's size, read off the arguments mapped over it (as pmap did)."""
+  sizes = {}
+
+  def record(spec, subtree):
+    for leaf in jax.tree.leaves(subtree):
+      for axis, name in _mapped(spec):
+        if axis >= np.ndim(leaf):
+          raise ValueError(f"pmap in_axes maps axis {axis} of an argument of rank "
+                           f"{np.ndim(leaf)}")
+        size = np.shape(leaf)[axis]
+        if sizes.setdefault(name, size) != size:
+          raise ValueError(f"pmap got inconsistent sizes for the mapped axis {name!r}: "
+                           f"{sizes[name]} and {size}")
+
+  jax.tree.map(record, specs, tree, is_leaf=_is_spec)
+  if axis_size is not None and len(axes) == 1:
+    sizes.setdefault(axes[0], axis_size)
+  missing = [name for name in axes if name not in sizes]
+  if missing:
+    raise ValueError(f"no argument is mapped over {missing}; pass axis_size to pmap")
+  return tuple(sizes[name] for name in axes)
+
+
+def _drop_mapped_axes(specs, tree):
+  """pmap hid the mapped axes from the function; shard_map keeps them as size-1 blocks."""
+  def drop(spec, subtree):
+    axes = tuple(axis for axis, _ in _mapped(spec))
+    return jax.tree.map(lambda leaf: jax.lax.squeeze(leaf, axes), subtree) if axes else subtree
+  return jax.tree.map(drop, specs, tree, is_leaf=_is_spec)
+
+
+def _restore_mapped_axes(specs, tree):
+  """Puts the mapped axes back on the function's outputs, where out_specs placed them."""
+  def restore(spec, subtree):
+    axes = tuple(axis for axis, _ in _mapped(spec))
+    return (jax.tree.map(lambda leaf: jax.lax.expand_dims(leaf, axes), subtree) if axes
+            else subtree)
+  return jax.tree.map(restore, specs, tree, is_leaf=_is_spec)
