@@ -217,15 +217,22 @@ def _table_rows(text: str, header_start: str) -> list[str]:
 
 
 def test_performance_numbers_are_the_readmes():
-  """The guide's performance table is rows of the README's benchmark table, verbatim."""
+  """The guide's performance table is rows of the README's benchmark table, verbatim,
+  and every measured figure its prose quotes is in that table."""
   with open(README, encoding="utf-8") as f:
     readme = f.read()
   header = "| case | legacy | ours |"
-  readme_rows = set(_table_rows(readme, header))
+  readme_rows = _table_rows(readme, header)
   guide_rows = _table_rows(_guide(), header)
   assert len(guide_rows) > 2
-  stale = [row for row in guide_rows if row not in readme_rows]
+  stale = [row for row in guide_rows if row not in set(readme_rows)]
   assert not stale, f"guide rows not in the README's benchmark table: {stale}"
+  section = _guide().split("### Performance after migration", 1)[1].split("\n## ", 1)[0]
+  measured = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.×])", "\n".join(readme_rows)))
+  quoted = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.×])", section))
+  assert quoted, "the performance section quotes no figures"
+  unknown = sorted(quoted - measured)
+  assert not unknown, f"figures in the guide's performance section not in the README's table: {unknown}"
 
 
 def test_readme_version_matrix_rows_are_the_guides():
