@@ -19,7 +19,7 @@ from jax._src.mesh import AbstractMesh, Mesh
 from jax._src.tree_util import broadcast_prefix, prefix_errors
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from shard_map_impl import errors
+from shard_map_impl import debug_names, errors
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import (Specs, canonicalize_spec, divisibility_failures,
                                   rank_failures, spec_axes, spec_leaf_problems,
@@ -131,9 +131,6 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
 
 def _call(f, mesh, in_specs, out_specs, check_rep, auto, args) -> Any:
   args_flat, in_tree = tree_flatten(args)
-  dbg = api_util.debug_info("shard_map", f, args, {})
-  fun, out_tree = api_util.flatten_fun_nokwargs(lu.wrap_init(f, debug_info=dbg),
-                                                in_tree)
   try:
     specs_flat = broadcast_prefix(in_specs, args, is_leaf=lambda x: x is None)
   except ValueError:
@@ -142,6 +139,9 @@ def _call(f, mesh, in_specs, out_specs, check_rep, auto, args) -> Any:
   # Arguments with spec None are closed over as constants, not mapped.
   dyn = [i for i, s in enumerate(specs_flat) if s is not None]
   dyn_specs = [specs_flat[i] for i in dyn]
+  dbg = debug_names.for_arguments(api_util.debug_info("shard_map", f, args, {}), dyn)
+  fun, out_tree = api_util.flatten_fun_nokwargs(lu.wrap_init(f, debug_info=dbg),
+                                                in_tree)
   fun, dyn_args = api_util.argnums_partial(fun, tuple(dyn), args_flat, False)
   _check_args(f, mesh, in_tree, in_specs, dyn, dyn_specs, dyn_args)
   in_names = tuple(canonicalize_spec(s) for s in dyn_specs)

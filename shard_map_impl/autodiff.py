@@ -18,6 +18,7 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import ad
 from jax._src.util import split_list
 
+from shard_map_impl import debug_names as dn
 from shard_map_impl import residuals as rs
 from shard_map_impl.primitive import register_trace_rule
 
@@ -47,6 +48,9 @@ def jvp_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
   primals, tangents = zip(*map(trace.to_primal_tangent_pair, tracers)) if tracers else ((), ())
   nonzero_in = tuple(type(t) is not ad.Zero for t in tangents)
   body, nonzero_out = _flat_tangents(ad.jvp_subtrace(fun, trace.tag), nonzero_in)
+  # Tangent inputs and outputs follow the primals, unnamed.
+  body = dn.renamed(body, fun.debug_info, (*fun.debug_info.arg_names, *dn.unnamed(sum(nonzero_in))),
+                    lambda paths: (*paths, *dn.unnamed(sum(nonzero_out()))))
 
   def out_names():
     names = out_names_thunk()
@@ -94,6 +98,9 @@ def linearize_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk
   fresh_axes = rs.newly_manual_axes(mesh, auto)
   primal_fun, aux = ad.linearize_subtrace(fun, trace.tag, nonzero_in, fun.debug_info)
   promoter = _Promoter(aux)
+  # The primal half returns the fresh residuals (unnamed) before the outputs.
+  primal_fun = dn.renamed(primal_fun, fun.debug_info, fun.debug_info.arg_names,
+                          lambda paths: (*dn.unnamed(sum(promoter.fresh_mask()[0])), *paths))
 
   def fresh_residual_names():
     fresh, res_avals = promoter.fresh_mask()

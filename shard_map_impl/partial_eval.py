@@ -20,6 +20,7 @@ from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 from jax._src.util import merge_lists, partition_list, split_list
 
+from shard_map_impl import debug_names as dn
 from shard_map_impl import residuals as rs
 from shard_map_impl.manual import body_context, shard_aval, unshard_aval
 from shard_map_impl.primitive import make_eqn_params, register_trace_rule
@@ -68,6 +69,11 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_name
 
   traced = pe.trace_to_subjaxpr_nounits_fwd2(fun, trace.tag, fun.debug_info, False)
   known_fun, split_thunk = _known_half(traced, in_knowns, unknown_avals)
+  # The known half takes the known inputs; returns known outputs, then residuals.
+  known_fun = dn.renamed(
+      known_fun, fun.debug_info, dn.kept(fun.debug_info.arg_names, in_knowns),
+      lambda paths: (*dn.kept(paths, split_thunk().out_knowns),
+                     *dn.unnamed(len(split_thunk().fresh_avals))))
 
   def fresh_names() -> list:
     return [rs.residual_names(mesh, check_rep, fresh_axes, a)
@@ -94,7 +100,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_name
   demote = [f and rs.is_scalar(a) for f, a in
             zip(split.fresh, _fresh_slots(split))]
   with body_context(mesh, auto, check_rep):  # jaxpr checks need the body's axis env
-    hoisted = pe.convert_constvars_jaxpr(split.jaxpr)
+    hoisted = pe.convert_constvars_jaxpr(dn.consistent(split.jaxpr))
   body = rs.retrace_jaxpr(hoisted, mesh=mesh, auto=auto, check_rep=check_rep,
                           demote_inputs=demote)
 

@@ -13,17 +13,13 @@ from typing import Any, Callable, Sequence
 from jax._src import core
 from jax._src import linear_util as lu
 
+from shard_map_impl.device_witness import WITNESS_PARAM, witness_for
+
 TraceRule = Callable[..., Sequence[Any]]
 
 # trace type -> rule(trace, prim, fun, tracers, *, mesh, in_names,
 #                    out_names_thunk, check_rep, rewrite, auto)
 _trace_rules: dict[type, TraceRule] = {}
-
-# Names of the parameters a staged equation carries (besides the hidden
-# device witness, see ``make_eqn_params``).
-EQN_PARAM_NAMES = ("jaxpr", "mesh", "in_names", "out_names", "check_rep",
-                   "rewrite", "auto")
-WITNESS_PARAM = "device_witness"
 
 
 def register_trace_rule(trace_type: type) -> Callable[[TraceRule], TraceRule]:
@@ -103,14 +99,12 @@ def make_eqn_params(*, jaxpr: core.Jaxpr, mesh, in_names, out_names,
 
   Always build equation params with this function (or copy an existing
   equation's params with ``dict(eqn.params, ...)``): besides the documented
-  params it attaches a hidden device witness, a one-equation jaxpr that
-  tells ``jit``'s device assignment which devices a concrete mesh uses.
+  params it attaches a hidden device witness (see ``device_witness``).
   """
-  from shard_map_impl import integration  # local: integration imports us
   params = dict(jaxpr=jaxpr, mesh=mesh, in_names=tuple(in_names),
                 out_names=tuple(out_names), check_rep=check_rep,
                 rewrite=rewrite, auto=frozenset(auto))
-  witness = integration.device_witness(mesh)
+  witness = witness_for(mesh)
   if witness is not None:
     params[WITNESS_PARAM] = witness
   return params

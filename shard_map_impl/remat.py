@@ -15,6 +15,7 @@ from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 from jax._src.util import partition_list
 
+from shard_map_impl import debug_names
 from shard_map_impl import residuals as rs
 from shard_map_impl.manual import body_context, unshard_aval
 from shard_map_impl.primitive import shard_map_p
@@ -42,6 +43,10 @@ def remat_rule(saveable, unks_in, inst_in, eqn: core.JaxprEqn) -> tuple:
   with body_context(mesh, auto, check_rep):
     known, staged, unks_out, inst_out, num_res = pe.partial_eval_jaxpr_custom(
         params["jaxpr"], unks_in, inst_in, False, False, saveable)
+  known = known.replace(debug_info=debug_names.known_half(
+      params["jaxpr"].debug_info, [not u for u in unks_in], [not u for u in unks_out],
+      num_res))
+  known, staged = debug_names.consistent(known), debug_names.consistent(staged)
   n_outs = len(known.outvars) - num_res
   in_fwd, out_fwd = _forwarding(known, n_outs)
   fresh = [i is None and o is None for i, o in zip(in_fwd, out_fwd)]

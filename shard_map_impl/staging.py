@@ -15,7 +15,7 @@ from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
-from shard_map_impl import errors
+from shard_map_impl import debug_names, errors
 from shard_map_impl.manual import body_context, shard_aval, unshard_aval, axis_env
 from shard_map_impl.primitive import WITNESS_PARAM, make_eqn_params, register_trace_rule, shard_map_p
 from shard_map_impl import replication
@@ -31,7 +31,7 @@ def trace_body(fun: lu.WrappedFun, mesh, in_names: Sequence[dict],
     jaxpr, out_avals, consts, attrs = pe.trace_to_jaxpr_dynamic(fun, local_avals)
   if attrs:
     raise NotImplementedError("shard_map bodies may not mutate jax attrs")
-  return jaxpr, out_avals, consts
+  return debug_names.consistent(jaxpr), out_avals, consts
 
 
 def output_rank_failures(out_names: Sequence[dict], out_avals) -> list:
