@@ -16,14 +16,15 @@ from typing import Any, Callable
 import jax
 import numpy as np
 from jax._src import config, core, stages
-from jax.tree_util import tree_flatten, tree_unflatten
+from jax.tree_util import tree_flatten, tree_leaves, tree_unflatten
 
-from pmap_compat import multihost, program
+from pmap_compat import inputs, multihost, program
 from pmap_compat.config import PmapConfig
 
 
 class PmapCompiled(stages.Compiled):
-  """jit's ``Compiled``, callable under ``jax.disable_jit()`` too."""
+  """jit's ``Compiled``, also callable under ``jax.disable_jit()`` and with arguments on
+  other devices or in other layouts (moved on device first), as legacy pmap's is."""
 
   @classmethod
   def of(cls, compiled: stages.Compiled) -> PmapCompiled:
@@ -31,12 +32,33 @@ class PmapCompiled(stages.Compiled):
                no_kwargs=compiled._no_kwargs)
 
   def __call__(self, *args, **kwargs):
+    try:
+      return self._run(args, kwargs)
+    except ValueError:  # jit's refusal of input shardings; nothing has run yet
+      placed = self._placed(args, kwargs)
+      if placed is None:
+        raise
+    return self._run(*placed)
+
+  def _run(self, args: tuple, kwargs: dict) -> Any:
     if config.disable_jit.value:
       # jit's C++ call path wants the Python function under disable_jit; an executable that
       # is already compiled has nothing to fall back to and just runs, as legacy's does.
       with config.disable_jit(False):
         return super().__call__(*args, **kwargs)
     return super().__call__(*args, **kwargs)
+
+  def _placed(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """The arguments moved onto the compiled input shardings; None if none could move."""
+    leaves, tree = tree_flatten((args, kwargs))
+    targets = tree_leaves(self.input_shardings)
+    if tree != self.in_tree or len(targets) != len(leaves):
+      return None  # jit's own error (tree or arity mismatch) says it best
+    try:
+      moved = inputs.place_leaves(leaves, targets)
+    except Exception:  # pylint: disable=broad-except
+      return None
+    return None if moved is None else tree_unflatten(tree, moved)
 
 
 class PmapLowered(stages.Lowered):
@@ -77,17 +99,14 @@ def global_abstract_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: di
   call, mesh, shardings = program.input_shardings(cfg, fun, args, kwargs, False, meshes_used)
   size = mesh.shape[mesh.axis_names[0]]
   structs = []
-  for x, d, s in zip(call.leaves, call.in_axes, shardings):
+  for x, d, s in zip(call.leaves, call.in_axes, shardings, strict=True):
     aval = core.get_aval(x)
     shape = list(np.shape(x))
     if d is not None:
       shape[d] = size
     structs.append(jax.ShapeDtypeStruct(tuple(shape), aval.dtype, sharding=s,
                                         weak_type=aval.weak_type))
-  dyn, new_kwargs = tree_unflatten(call.in_tree, structs)
-  dyn = iter(dyn)
-  new_args = tuple(call.static_values[i] if i in call.static_values else next(dyn)
-                   for i in range(call.n_args))
+  new_args, new_kwargs = call.rebuild(structs)
   return new_args, new_kwargs, shardings
 
 
@@ -123,10 +142,9 @@ class LocalTraced(_Forward):
     return LocalLowered(self._inner.lower(*args, **kwargs), self._targets)
 
 
-def stage_multiprocess(method: str, jitted: Any, cfg: PmapConfig, fun: Callable, args: tuple,
-          kwargs: dict) -> Any:
+def stage_multiprocess(method: str, jitted: Any, meshes_used: dict, cfg: PmapConfig,
+                       fun: Callable, args: tuple, kwargs: dict) -> Any:
   """``jitted.lower`` or ``jitted.trace`` on the global program, with local conversion."""
-  g_args, g_kwargs, targets = global_abstract_args(cfg, fun, args, kwargs,
-                                                   jitted.__wrapped__.meshes_used)
+  g_args, g_kwargs, targets = global_abstract_args(cfg, fun, args, kwargs, meshes_used)
   staged = as_pmap_stage(getattr(jitted, method)(*g_args, **g_kwargs))
   return (LocalLowered if method == "lower" else LocalTraced)(staged, targets)

@@ -77,7 +77,7 @@ def mapped_size(fun: Callable, args: tuple, kwargs: dict, leaves: Sequence[Any],
   """
   if not leaves:
     raise errors.no_arguments(args, kwargs)
-  sizes = {np.shape(x)[d] for x, d in zip(leaves, axes) if d is not None}
+  sizes = {np.shape(x)[d] for x, d in zip(leaves, axes, strict=True) if d is not None}
   if not sizes:
     if axis_size is None:
       raise errors.nothing_mapped()

@@ -8,16 +8,24 @@ The staged program holds ``f`` weakly, so dropping the last wrapper frees the en
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
+from jax.sharding import Mesh
 
 from pmap_compat import program
 from pmap_compat.config import PmapConfig
 
 
+class Program(NamedTuple):
+  """One staged program: its jit, and the meshes its traces chose (mapped size -> Mesh),
+  which the slow path reads to place inputs where the compiled program expects them."""
+  jitted: Any
+  meshes: dict[int, Mesh]
+
+
 class Entry:
-  """The jit objects for one (function, config): top-level calls and calls under a trace.
+  """The programs for one (function, config): top-level calls and calls under a trace.
 
   ``holders`` are (weak) references to the functions of the live wrappers: equal but
   distinct callables (e.g. two ``obj.method`` bound methods) share an entry, and any
@@ -30,7 +38,7 @@ class Entry:
                info: program.FunInfo):
     self.cfg, self.holders, self.info = cfg, [holder], info
     self.top = self._make(spread=False)
-    self._spread = None
+    self._spread: Program | None = None
 
   def fun_ref(self) -> Callable:
     for holder in self.holders:
@@ -44,21 +52,23 @@ class Entry:
     if not any(h() is fun for h in self.holders):
       self.holders.append(weakref.ref(fun))
 
-  def _make(self, spread: bool) -> Any:
-    staged = program.make_staged(self.fun_ref, self.cfg, spread, self.info)
+  def _make(self, spread: bool) -> Program:
+    meshes: dict[int, Mesh] = {}
+    staged = program.make_staged(self.fun_ref, self.cfg, spread, self.info, meshes)
     # No argnames: jit would infer them from the user's signature, but pmap's static and
     # donated arguments are positional only.
-    return jax.jit(staged, static_argnums=self.cfg.static, static_argnames=(),
-                   donate_argnums=self.cfg.donate, donate_argnames=(), keep_unused=True)
+    jitted = jax.jit(staged, static_argnums=self.cfg.static, static_argnames=(),
+                     donate_argnums=self.cfg.donate, donate_argnames=(), keep_unused=True)
+    return Program(jitted, meshes)
 
-  def spread(self) -> Any:
-    """The variant used inside a user's jit: k-device maps may span all devices."""
+  def program(self, spread: bool) -> Program:
+    """``spread``: the variant used inside a user's jit, where k-device maps may span all
+    devices."""
+    if not spread:
+      return self.top
     if self._spread is None:
       self._spread = self._make(spread=True)
     return self._spread
-
-  def jits(self) -> list:
-    return [j for j in (self.top, self._spread) if j is not None]
 
 
 _BY_FUN: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()

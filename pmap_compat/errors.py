@@ -156,7 +156,7 @@ def inconsistent_sizes(fun: Callable, args: tuple, kwargs: dict,
   labelled = [(_arg_label(fun, p, len(args)), x)
               for p, x in tree_flatten_with_path(args)[0]]
   labelled += [(f"kwargs{keystr(p)}", x) for p, x in tree_flatten_with_path(kwargs)[0]]
-  sizes = [None if d is None else np.shape(x)[d] for (_, x), d in zip(labelled, axes)]
+  sizes = [None if d is None else np.shape(x)[d] for (_, x), d in zip(labelled, axes, strict=True)]
   first_at = {}
   for i, s in enumerate(sizes):
     if s is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
+import functools
 from typing import Any, Callable, Sequence
 
 from jax._src import api as _jax_api
@@ -31,12 +31,13 @@ from jax._src import dtypes
 from jax._src import mesh as mesh_lib
 from jax._src import sharding_impls
 from jax._src import tree_util
+from jax._src import util
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
 from jax._src.lib import pmap_lib
 from jax._src.mesh import Mesh
 
-from pmap_compat import inputs, multihost, outputs
+from pmap_compat import arguments, inputs, multihost, outputs
 
 __all__ = ["Plan", "make_dispatcher", "run", "compiled_for"]
 
@@ -52,30 +53,27 @@ class Plan:
   mesh: Mesh
   in_shardings_flat: tuple
   static_argnums: tuple = ()
-  donate_argnums: tuple = ()  # informational: donation is compiled into ``jitted``
 
 
 def make_dispatcher(fun: Callable, cache_miss: Callable, static_argnums: Sequence[int]) -> Any:
-  """The C++ dispatcher; ``cache_miss(*args, **kwargs) -> (outs, fastpath_or_None)``."""
-  return pmap_lib.pmap(fun, cache_miss, tuple(static_argnums), inputs.shard_arg_fallback,
-                       pytree_registry=tree_util.default_registry)
+  """The C++ dispatcher; ``cache_miss(*args, **kwargs) -> (outs, fastpath_or_None)``.
+
+  Registered with jax.clear_caches(), as legacy pmap's dispatchers are."""
+  dispatcher = pmap_lib.pmap(fun, cache_miss, tuple(static_argnums), inputs.shard_arg_fallback,
+                             pytree_registry=tree_util.default_registry)
+  _jax_api._pmap_cache_clears.add(dispatcher)
+  return dispatcher
 
 
-def _split_static(args: tuple, static_argnums: Sequence[int]) -> tuple[list, dict]:
-  static = {i: args[i] for i in static_argnums if i < len(args)}
-  dynamic = [a for i, a in enumerate(args) if i not in static]
-  return dynamic, static
+_MAX_EXECUTABLES_PER_PROGRAM = 64
 
 
-def _merge_static(dynamic: list, static: dict) -> tuple:
-  it = iter(dynamic)
-  total = len(dynamic) + len(static)
-  return tuple(static[i] if i in static else next(it) for i in range(total))
-
-
-# Executables per jitted program, dropped with the program (and so with the user's
-# function, which cache.py holds weakly): a loop of fresh pmap(lambda ...) must not grow.
-_compiled: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+@functools.partial(util.weakref_lru_cache, maxsize=4096, trace_context_in_key=False)
+def _executables(jitted: Callable) -> dict:
+  """The executable table of one jitted program, dropped with the program (and so with the
+  user's function, which cache.py holds weakly: a loop of fresh pmap(lambda ...) must not
+  grow) and by jax.clear_caches()."""
+  return {}
 
 
 def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
@@ -87,11 +85,11 @@ def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
       ([a for i, a in enumerate(args) if i not in static], kwargs))
   sig = tuple((x.shape, x.dtype, x.aval.weak_type, x.sharding) for x in leaves)
   key = (tree, tuple(sorted(static.items())), sig, config.trace_context())
-  per_program = _compiled.get(jitted)
-  if per_program is None:
-    per_program = _compiled[jitted] = {}
+  per_program = _executables(jitted)
   executable = per_program.get(key)
   if executable is None:
+    if len(per_program) >= _MAX_EXECUTABLES_PER_PROGRAM:
+      del per_program[next(iter(per_program))]  # the oldest signature
     executable = per_program[key] = jitted.lower(*args, **kwargs).compile()
   return executable
 
@@ -116,7 +114,7 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
     return None
   if config.debug_nans.value or config.debug_infs.value:
     return None
-  in_pmap = [outputs.named_to_pmap(s, x.ndim) for s, x in zip(in_shardings, leaves)]
+  in_pmap = [outputs.named_to_pmap(s, x.ndim) for s, x in zip(in_shardings, leaves, strict=True)]
   if any(p is None for p in in_pmap) or not all(type(o) is ArrayImpl for o in outs):
     return None
   out_pmap = [o.sharding for o in outs]
@@ -124,8 +122,6 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
     return None
   if not in_shardings and not outs:
     return None  # nothing to tell the devices from; such calls are rare and cheap
-  for p, s in zip(in_pmap, in_shardings):
-    inputs.remember_target(p, s)
   devices = list(in_shardings[0]._device_assignment) if in_shardings else list(
       outs[0].sharding._device_assignment)
   return _jax_api._PmapFastpathData(
@@ -136,7 +132,7 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
       out_pytree_def=out_tree,
       input_devices=devices,
       input_indices=[tuple(p.devices_indices_map(x.shape).values())
-                     for p, x in zip(in_pmap, leaves)],
+                     for p, x in zip(in_pmap, leaves, strict=True)],
       input_array_shardings=in_pmap,
       out_avals=[o.aval for o in outs],
       out_array_shardings=out_pmap,
@@ -161,7 +157,7 @@ def run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, A
 
 
 def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, Any]:
-  dynamic, static = _split_static(args, plan.static_argnums)
+  dynamic, static = arguments.split_static(args, plan.static_argnums)
   leaves, in_tree = tree_util.tree_flatten((tuple(dynamic), kwargs))
   targets = plan.in_shardings_flat
   multiprocess = multihost.is_multiprocess()
@@ -170,7 +166,7 @@ def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, 
   else:
     placed = inputs.place_leaves(leaves, targets) or leaves
   dyn_placed, kw_placed = tree_util.tree_unflatten(in_tree, placed)
-  call_args = _merge_static(list(dyn_placed), static)
+  call_args = arguments.merge_static(dyn_placed, static)
   compiled = compiled_for(jitted, call_args, kw_placed, static)
   executable = compiled._executable
   out_flat = list(executable.unsafe_call(*placed))
@@ -180,7 +176,7 @@ def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, 
     result = multihost.global_to_local(out_flat)
     local_targets = [multihost.local_view(t) for t in targets]
     local_args = [jax.ShapeDtypeStruct(multihost.local_shape(x, t), x.dtype)
-                  for x, t in zip(placed, targets)]
+                  for x, t in zip(placed, targets, strict=True)]
     fast = _fastpath_data(executable, local_args, local_targets, result, compiled.out_tree)
   else:
     result = outputs.wrap_outputs(out_flat)

@@ -21,11 +21,12 @@ through as is; ``place`` is the general entry point for the slow path.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 from jax._src import core
 from jax._src import dtypes
+from jax._src import util
 from jax._src import prng
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
@@ -34,24 +35,14 @@ from jax._src.sharding_impls import GSPMDSharding, NamedSharding, PmapSharding
 
 from pmap_compat import outputs
 
-__all__ = ["place", "place_leaves", "shard_arg_fallback", "remember_target"]
-
-_identity_jits: dict = {}
-_named_for_pmap: dict = {}
+__all__ = ["place", "place_leaves", "shard_arg_fallback"]
 
 
-def remember_target(pmap_sharding: PmapSharding, named: NamedSharding) -> None:
-  """Records the NamedSharding a dispatcher's PmapSharding stands for."""
-  _named_for_pmap[pmap_sharding] = named
-
-
-def _reshard_program(target: Any):
-  """A cached jit that reshards its input to ``target`` on device."""
-  fn = _identity_jits.get(target)
-  if fn is None:
-    fn = jax.jit(lambda a: a, out_shardings=target)
-    _identity_jits[target] = fn
-  return fn
+@util.cache(max_size=256, trace_context_in_key=False)
+def _reshard_program(target: Any) -> Any:
+  """A jit that reshards its input to ``target`` on device (cached; jax.clear_caches()
+  empties the cache)."""
+  return jax.jit(lambda a: a, out_shardings=target)
 
 
 def _rewrap(x: ArrayImpl, target: Any) -> ArrayImpl:
@@ -64,7 +55,7 @@ def _jit_visible(x: ArrayImpl) -> ArrayImpl:
   through the host); same buffers."""
   if not isinstance(x.sharding, PmapSharding):
     return x
-  named = outputs.named_of_pmap(x.sharding, x.shape)
+  named = outputs.named_of_pmap_cached(x.sharding, x.shape)
   if named is None:
     raise NotImplementedError(f"pmap_compat: cannot reshard an input with {x.sharding}")
   return _rewrap(x, named)
@@ -114,8 +105,9 @@ def place(x: Any, target: Any) -> Any:
       # JAX's own sharding of host values / one-device arrays (what legacy pmap
       # does here): a host transfer for host values, on-device slices otherwise.
       return pxla.shard_args([target], [None], [None], [x])[0]
-    if target in _named_for_pmap:
-      return outputs.as_pmap_array(place(x, _named_for_pmap[target]))
+    named = outputs.named_of_pmap_cached(target, x.shape)
+    if named is not None:
+      return outputs.as_pmap_array(place(x, named))
   if not isinstance(x, jax.Array):
     return _upload(x, target)
   sharding = x.sharding
@@ -142,13 +134,15 @@ def place(x: Any, target: Any) -> Any:
   return jax.device_put(_one_device_copy(x), target)
 
 
-def place_leaves(leaves: Sequence[Any], targets: Sequence[Any]) -> list | None:
-  """``place`` for each leaf (``targets`` aligned with ``leaves``); None when every
-  leaf was already in place, so callers can keep their original arguments."""
-  if len(leaves) != len(targets):
-    raise ValueError(f"internal: {len(leaves)} arguments but {len(targets)} shardings")
-  placed = [place(x, s) for x, s in zip(leaves, targets)]
-  return None if all(p is x for p, x in zip(placed, leaves)) else placed
+def place_leaves(leaves: Sequence[Any], targets: Sequence[Any],
+                 select: Callable[[Any], bool] | None = None) -> list | None:
+  """``place`` for each leaf (``select``ed ones only, when given); a tracer gets a
+  ``jax.device_put`` (a sharding constraint in a trace). None when every leaf was already
+  in place, so callers can keep their original arguments."""
+  placed = [x if select is not None and not select(x)
+            else jax.device_put(x, s) if isinstance(x, core.Tracer) else place(x, s)
+            for x, s in zip(leaves, targets, strict=True)]
+  return None if all(p is x for p, x in zip(placed, leaves, strict=True)) else placed
 
 
 def shard_arg_fallback(x: Any, target: PmapSharding) -> Any:

@@ -35,9 +35,9 @@ def _replay(jaxpr: core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> li
   def read(v):
     return v.val if isinstance(v, core.Literal) else env[v]
 
-  for v, x in zip(jaxpr.constvars, consts):
+  for v, x in zip(jaxpr.constvars, consts, strict=True):
     env[v] = x
-  for v, x in zip(jaxpr.invars, args):
+  for v, x in zip(jaxpr.invars, args, strict=True):
     env[v] = x
   for eqn in jaxpr.eqns:
     ins = [read(v) for v in eqn.invars]
@@ -51,7 +51,7 @@ def _replay(jaxpr: core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> li
       outs = eqn.primitive.bind(*subfuns, *ins, **params)
       if not eqn.primitive.multiple_results:
         outs = [outs]
-    for v, x in zip(eqn.outvars, outs):
+    for v, x in zip(eqn.outvars, outs, strict=True):
       env[v] = x
   return [read(v) for v in jaxpr.outvars]
 

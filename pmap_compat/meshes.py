@@ -13,14 +13,12 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax._src import util
 from jax.sharding import Mesh
 
 from pmap_compat import errors
 
 SPREAD_AXIS = "_pmap_compat_replica"
-
-_MESHES: dict[tuple, Mesh] = {}
-
 
 def backend_devices(backend: str | None, devices: tuple | None) -> tuple:
   """``devices``, else every device of the job (multi-process) or of this process."""
@@ -50,8 +48,11 @@ def build_mesh(axes: Sequence[tuple[Any, int]], backend: str | None, devices: tu
       shape += (len(pool) // total,)
       total = len(pool)
     chosen = pool[:total]
-  key = (names, shape, tuple(d.id for d in chosen), chosen[0].platform)
-  mesh = _MESHES.get(key)
-  if mesh is None:
-    mesh = _MESHES[key] = Mesh(np.array(chosen, dtype=object).reshape(shape), names)
-  return mesh
+  return _mesh(names, shape, tuple(chosen))
+
+
+@util.cache(max_size=256, trace_context_in_key=False)
+def _mesh(names: tuple, shape: tuple, devices: tuple) -> Mesh:
+  """One Mesh object per layout, so shardings over it compare and hash cheaply (cached;
+  jax.clear_caches() empties the cache)."""
+  return Mesh(np.array(devices, dtype=object).reshape(shape), names)

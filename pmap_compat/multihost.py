@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from jax._src import core
 from jax._src import prng
+from jax._src import util
 from jax._src.array import ArrayImpl
 from jax._src.mesh import Mesh
 from jax._src.sharding_impls import NamedSharding
@@ -40,14 +41,10 @@ def is_multiprocess() -> bool:
   return jax.process_count() > 1
 
 
-_local_meshes: dict = {}
-
-
+@util.cache(max_size=256, trace_context_in_key=False)
 def _local_mesh(mesh: Mesh) -> Mesh:
-  """The sub-mesh of ``mesh`` this process owns (same axis names)."""
-  found = _local_meshes.get(mesh)
-  if found is not None:
-    return found
+  """The sub-mesh of ``mesh`` this process owns (same axis names; cached, jax.clear_caches()
+  empties the cache)."""
   me = jax.process_index()
   grid = np.asarray(mesh.devices)
   mine = np.vectorize(lambda d: d.process_index == me, otypes=[bool])(grid)
@@ -56,15 +53,13 @@ def _local_mesh(mesh: Mesh) -> Mesh:
     raise ValueError(f"process {me} owns no device of the pmap mesh {mesh}")
   lo = [int(w.min()) for w in where]
   hi = [int(w.max()) + 1 for w in where]
-  block = grid[tuple(slice(a, b) for a, b in zip(lo, hi))]
+  block = grid[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))]
   if block.size != int(mine.sum()):
     raise ValueError(
         f"process {me}'s devices do not form a block of the pmap mesh "
         f"{dict(mesh.shape)}; pmap needs each process's devices contiguous along the "
         "mapped axes (the default device order)")
-  found = Mesh(block, mesh.axis_names)
-  _local_meshes[mesh] = found
-  return found
+  return Mesh(block, mesh.axis_names)
 
 
 def local_view(sharding: NamedSharding) -> NamedSharding:
@@ -111,7 +106,7 @@ def _one_to_global(x: Any, target: NamedSharding) -> Any:
 
 def local_to_global(leaves: Sequence[Any], targets: Sequence[NamedSharding]) -> list:
   """Host-local leaves (legacy pmap's per-process arguments) as global arrays."""
-  return [_one_to_global(x, t) for x, t in zip(leaves, targets)]
+  return [_one_to_global(x, t) for x, t in zip(leaves, targets, strict=True)]
 
 
 def _one_to_local(y: Any) -> Any:

@@ -45,10 +45,6 @@ class _State(threading.local):
 _STATE = _State()
 
 
-def current() -> Frame | None:
-  return _STATE.frame
-
-
 class outer_body:
   """Context: the outermost pmap's body is being traced over the given mesh axes."""
 
@@ -89,7 +85,7 @@ def run_nested(name: Any, leaves: list, in_axes: tuple, invoke: Callable[[list],
   frame = _STATE.frame
   idx = lax.axis_index(name)
   picked = [x if d is None else lax.dynamic_index_in_dim(x, idx, d, keepdims=False)
-            for x, d in zip(leaves, in_axes)]
+            for x, d in zip(leaves, in_axes, strict=True)]
   frame.depth += 1
   frame.active.append(name)
   try:
@@ -99,7 +95,7 @@ def run_nested(name: Any, leaves: list, in_axes: tuple, invoke: Callable[[list],
     frame.active.pop()
   out_leaves, out_tree = tree_flatten(out)
   gathered = [y if d is None else _gather(y, name, d)
-              for y, d in zip(out_leaves, out_axes_for(out))]
+              for y, d in zip(out_leaves, out_axes_for(out), strict=True)]
   return tree_unflatten(out_tree, gathered)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from jax._src import core
 from jax._src import dtypes
 from jax._src import prng
+from jax._src import util
 from jax._src.array import ArrayImpl
 from jax._src.mesh import Mesh
 from jax._src.partition_spec import PartitionSpec
@@ -28,8 +29,8 @@ from jax._src.sharding_impls import NamedSharding, PmapSharding
 from jax._src.sharding_specs import (Chunked, NoSharding, Replicated, ShardedAxis,
                                      ShardingSpec)
 
-__all__ = ["pmap_sharding_of", "named_of_pmap", "named_to_pmap", "as_pmap_array", "wrap_outputs",
-           "same_blocks"]
+__all__ = ["pmap_sharding_of", "named_of_pmap", "named_of_pmap_cached", "named_to_pmap",
+           "as_pmap_array", "wrap_outputs", "same_blocks"]
 
 
 def _names_of(entry: Any) -> tuple:
@@ -113,19 +114,18 @@ def same_blocks(a: Any, b: Any, shape: tuple, ordered: bool = True) -> bool:
     return False
 
 
-_pmap_cache: dict = {}
+# Slow path only (shardings are hashable); jax.clear_caches() empties both caches.
+_pmap_sharding_cached = util.cache(max_size=1024, trace_context_in_key=False)(pmap_sharding_of)
+named_of_pmap_cached = util.cache(max_size=1024, trace_context_in_key=False)(named_of_pmap)
 
 
 def named_to_pmap(sharding: Any, ndim: int) -> PmapSharding | None:
-  """Cached ``pmap_sharding_of`` (slow path only; shardings are hashable)."""
+  """Cached ``pmap_sharding_of`` for any sharding (None when it has no PmapSharding twin)."""
   if isinstance(sharding, PmapSharding):
     return sharding
   if not isinstance(sharding, NamedSharding):
     return None
-  key = (sharding, ndim)
-  if key not in _pmap_cache:
-    _pmap_cache[key] = pmap_sharding_of(sharding, ndim)
-  return _pmap_cache[key]
+  return _pmap_sharding_cached(sharding, ndim)
 
 
 def as_pmap_array(x: Any) -> Any:

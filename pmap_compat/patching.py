@@ -41,10 +41,6 @@ def unpatch() -> None:
       _original = None
 
 
-def is_patched() -> bool:
-  return _depth > 0
-
-
 @contextlib.contextmanager
 def patched() -> Iterator[None]:
   """``with pmap_compat.patched(): ...`` runs the block with ``jax.pmap`` being ours."""

@@ -21,41 +21,47 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.tree_util import tree_flatten, tree_unflatten
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import errors, keys, meshes, multihost, nesting
+from pmap_compat import arguments, errors, keys, meshes, multihost, nesting
 from pmap_compat._backend import shard_map
 from pmap_compat.config import PmapConfig
 
 
 class CallArgs(NamedTuple):
   """One call's arguments matched against the config (trace time or slow path only)."""
-  static_values: dict[int, Any]   # position -> value of each static argument
-  n_args: int
+  static: dict[int, Any]          # position -> value of each static argument
   in_tree: Any                    # treedef of (dynamic positional args, kwargs)
   leaves: list
   in_axes: tuple                  # normalised, one per leaf
   size: int
+
+  def rebuild(self, leaves: list) -> tuple[tuple, dict]:
+    """The call's ``(args, kwargs)`` with ``leaves`` in place of the dynamic leaves."""
+    dyn, kwargs = tree_unflatten(self.in_tree, leaves)
+    return arguments.merge_static(dyn, self.static), kwargs
 
 
 def match_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict) -> CallArgs:
   if cfg.devices == ():
     raise errors.no_devices()
   n = len(args)
-  static = cfg.static  # legacy does not normalise negative positions here, nor do we
-  if static and max(static) >= n:
+  if cfg.static and max(cfg.static) >= n:
     raise errors.static_args_missing(cfg.static, n)
-  dyn_pos = [i for i in range(n) if i not in static]
-  dyn = tuple(args[i] for i in dyn_pos)
+  dyn_list, static = arguments.split_static(args, cfg.static)
+  dyn = tuple(dyn_list)
+  # Matched again when jit traces (after the slow path matched to place inputs): jit
+  # traces from the arguments alone, and a first call per signature pays it only once.
   in_axes = cfg.in_axes
   if static and isinstance(in_axes, tuple):
-    in_axes = tuple(in_axes[i] for i in dyn_pos)
+    in_axes = tuple(in_axes[i] for i in range(n) if i not in static)  # legacy's IndexError too
   leaves, in_tree = tree_flatten((dyn, kwargs))
   flat_axes = axes_lib.in_axes_per_leaf(in_axes, dyn, kwargs)
-  flat_axes = tuple(axes_lib.normalise_in_axis(d, np.shape(x)) for x, d in zip(leaves, flat_axes))
+  flat_axes = tuple(axes_lib.normalise_in_axis(d, np.shape(x))
+                    for x, d in zip(leaves, flat_axes, strict=True))
   # In a multi-process job axis_size is the GLOBAL size; the local size is not checked
   # against it (as legacy).
   check_size = cfg.axis_size if local_size_is_global() else None
   size = axes_lib.mapped_size(fun, dyn, kwargs, leaves, flat_axes, check_size)
-  return CallArgs({i: args[i] for i in static}, n, in_tree, leaves, flat_axes, size)
+  return CallArgs(static, in_tree, leaves, flat_axes, size)
 
 
 def local_size_is_global() -> bool:
@@ -63,10 +69,7 @@ def local_size_is_global() -> bool:
 
 
 def call_fun(fun: Callable, call: CallArgs, leaves: list) -> Any:
-  dyn, kwargs = tree_unflatten(call.in_tree, leaves)
-  dyn = iter(dyn)
-  args = [call.static_values[i] if i in call.static_values else next(dyn)
-          for i in range(call.n_args)]
+  args, kwargs = call.rebuild(leaves)
   return fun(*args, **kwargs)
 
 
@@ -112,7 +115,7 @@ def in_spec(axis: int | None, name: Any) -> P:
 def out_axes_normalised(cfg: PmapConfig, out: Any) -> tuple:
   flat = axes_lib.out_axes_per_leaf(cfg.out_axes, out)
   return tuple(axes_lib.normalise_out_axis(d, np.ndim(y))
-               for y, d in zip(tree_flatten(out)[0], flat))
+               for y, d in zip(tree_flatten(out)[0], flat, strict=True))
 
 
 def _move_leading_axis(y: Any, dest: int) -> Any:
@@ -146,14 +149,16 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
   found: dict[str, Any] = {}
 
   def body(*blocks):
-    leaves = [b if d is None else lax.squeeze(b, (d,)) for b, d in zip(blocks, call.in_axes)]
+    leaves = [b if d is None else lax.squeeze(b, (d,))
+              for b, d in zip(blocks, call.in_axes, strict=True)]
     with nesting.outer_body(dict(axis_sizes), (name,)):
       out = keys.call_with_key_collectives(lambda xs: call_fun(fun, call, xs), leaves)
     out_axes = out_axes_normalised(cfg, out)
     outs, found["tree"] = tree_flatten(out)
     found["axes"] = out_axes
-    mapped = [lax.expand_dims(y, (0,)) for y, d in zip(outs, out_axes) if d is not None]
-    unmapped = [y for y, d in zip(outs, out_axes) if d is None]
+    mapped = [lax.expand_dims(y, (0,))
+              for y, d in zip(outs, out_axes, strict=True) if d is not None]
+    unmapped = [y for y, d in zip(outs, out_axes, strict=True) if d is None]
     flags = [_varies(y, manual) for y in unmapped] if strict else []
     return mapped, unmapped, flags
   # Tracing errors (e.g. a tracer used as a bool) then name the user's function, not ours.
@@ -244,21 +249,19 @@ def fun_info(fun: Callable, cfg: PmapConfig) -> FunInfo:
 
 
 def make_staged(fun_ref: Callable[[], Callable], cfg: PmapConfig, spread: bool,
-                info: FunInfo) -> Callable:
-  """The function handed to ``jax.jit`` for this config; ``.meshes_used`` maps size -> mesh.
+                info: FunInfo, meshes_used: dict[int, Mesh]) -> Callable:
+  """The function handed to ``jax.jit`` for this config; each trace records its mesh in
+  ``meshes_used`` (mapped size -> mesh).
 
   It carries the user's name, source location and signature, so the DebugInfo jit builds
   for it (``api_util.debug_info``) names the user's function and arguments in errors.
   """
-  meshes_used: dict[int, Mesh] = {}
-
   def staged(*args, **kwargs):
     return stage_top(cfg, fun_ref(), args, kwargs, spread, meshes_used)
   staged.__name__ = staged.__qualname__ = info.name
   staged.__fun_sourceinfo__ = info.sourceinfo
   if info.signature is not None:
     staged.__signature__ = info.signature
-  staged.meshes_used = meshes_used
   return staged
 
 

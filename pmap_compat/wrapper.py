@@ -1,22 +1,25 @@
 """The callable ``pmap`` returns: legacy's surface around one shared jit per config.
 
 Steady-state calls never enter Python: jax's C++ pmap call cache runs our compiled
-jit(shard_map) executable (``fastpath``, issue 6). A cache miss comes to ``cache_miss``,
-which handles nested calls, calls under a user's trace, strict replication checks and
-first calls; the plain-jit slow path moves misplaced inputs onto the mesh and retries.
+jit(shard_map) executable (``fastpath``). A cache miss comes to ``cache_miss``, which
+handles nested calls, calls under a user's trace, strict replication checks and first
+calls; the plain-jit slow path moves committed inputs onto the mesh before tracing.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Callable
 
+import jax
 import numpy as np
 from jax._src import core, dispatch
 from jax._src.interpreters import partial_eval as pe
-from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from jax._src.interpreters import pxla
+from jax.tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
+                           tree_unflatten)
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import aot, cache, errors, fastpath, nesting, outputs, program
+from pmap_compat import aot, cache, errors, fastpath, inputs, nesting, outputs, program
 from pmap_compat.config import PmapConfig
 
 _trace_ctx = core.trace_ctx
@@ -34,40 +37,41 @@ def _under_jit() -> bool:
   return False
 
 
-def _place_inputs(entry: cache.Entry, spread: bool, args: tuple, kwargs: dict):
-  """Moves the dynamic leaves onto the mesh; None when nothing needed moving."""
-  staged_meshes = (entry.spread() if spread else entry.top).__wrapped__.meshes_used
-  call, mesh, shardings = program.input_shardings(entry.cfg, entry.fun_ref(), args, kwargs,
-                                                  spread, staged_meshes)
-  if mesh is None:
-    return None
-  from pmap_compat import placement  # noqa: PLC0415 (slow path only)
-  moved = placement.place_leaves(call.leaves, shardings)
-  if moved is None:
-    return None
-  dyn, new_kwargs = tree_unflatten(call.in_tree, moved)
-  dyn = iter(dyn)
-  new_args = tuple(call.static_values[i] if i in call.static_values else next(dyn)
-                   for i in range(call.n_args))
-  return new_args, new_kwargs
+def _inputs_on_other_devices(err: Exception) -> bool:
+  """Did jit refuse the call only because committed inputs sit on devices other than the
+  program's mesh? jit raises that as a ValueError from a DeviceAssignmentMismatchError,
+  after tracing succeeded (so a retry does not run the user's function again)."""
+  return (isinstance(err, ValueError)
+          and isinstance(err.__context__, pxla.DeviceAssignmentMismatchError))
 
 
-def _recover(entry: cache.Entry, spread: bool, run: Callable, err: Exception, args: tuple,
-             kwargs: dict) -> Any:
-  """After jit refused a call: move the inputs onto the mesh and retry, or re-raise ``err``."""
+def _committed(x: Any) -> bool:
+  """A concrete array jit will not move by itself."""
+  return isinstance(x, jax.Array) and not isinstance(x, core.Tracer) and x.committed
+
+
+def _place_inputs(entry: cache.Entry, staged: cache.Program, spread: bool, args: tuple,
+                  kwargs: dict, select: Callable[[Any], bool] | None = None
+                  ) -> tuple[tuple, dict] | None:
+  """The call with its dynamic leaves (``select``ed ones only, when given) on the
+  program's mesh; None when nothing moved or the mesh is not known before tracing."""
   try:
-    placed = _place_inputs(entry, spread, args, kwargs)
+    call, mesh, shardings = program.input_shardings(entry.cfg, entry.fun_ref(), args, kwargs,
+                                                    spread, staged.meshes)
+    moved = None if mesh is None else inputs.place_leaves(call.leaves, shardings, select)
   except Exception:  # pylint: disable=broad-except
-    placed = None  # the inputs themselves are the problem: jit's own error says it best
-  if placed is None:
-    raise err
-  return run(*placed[0], **placed[1])
+    return None  # the inputs themselves are the problem: jit's own error says it best
+  return None if moved is None else call.rebuild(moved)
 
 
 def _with_placement(entry: cache.Entry, fun: Callable,
                     method: Callable[[Any], Callable]) -> Callable:
-  """``method(jitted)(*args, **kwargs)``, retried once with the inputs moved if it fails.
+  """``method(jitted)(*args, **kwargs)`` with committed inputs moved onto the program's
+  mesh first (jit's avals carry shardings: moving them later would trace again).
 
+  When tracing finds nested pmaps, the program's mesh is only known afterwards, and jit
+  refuses inputs on other devices: then, and only then, the call runs again with the
+  inputs moved (the trace itself succeeded, so the user's function is not re-run).
   Holds ``fun`` so that ``pmap(f).lower`` keeps working after the wrapper itself is gone
   (the shared entry only holds ``fun`` weakly).
   """
@@ -76,12 +80,19 @@ def _with_placement(entry: cache.Entry, fun: Callable,
     if _state.frame is not None:
       raise TypeError("pmap .lower()/.trace() cannot be used inside another pmap's body")
     spread = _trace_ctx.trace is not _eval_trace and _under_jit()
-    target = method(entry.spread() if spread else entry.top)
+    staged = entry.program(spread)
+    target = method(staged.jitted)
+    if any(map(_committed, tree_leaves((args, kwargs)))):
+      args, kwargs = _place_inputs(entry, staged, spread, args, kwargs, _committed) or (
+          args, kwargs)
     try:
       return target(*args, **kwargs)
-    except Exception as err:  # pylint: disable=broad-except
-      failure = err
-    return _recover(entry, spread, target, failure, args, kwargs)
+    except ValueError as err:
+      placed = _place_inputs(entry, staged, spread, args, kwargs) if (
+          _inputs_on_other_devices(err)) else None
+      if placed is None:
+        raise
+    return target(*placed[0], **placed[1])
   run.keep_alive = fun
   return run
 
@@ -93,7 +104,8 @@ def _ahead_of_time(entry: cache.Entry, fun: Callable, method: str) -> Callable:
   def stage(*args, **kwargs):
     if program.local_size_is_global():
       return aot.as_pmap_stage(local(*args, **kwargs))
-    return aot.stage_multiprocess(method, entry.top, entry.cfg, fun, args, kwargs)
+    return aot.stage_multiprocess(method, entry.top.jitted, entry.top.meshes, entry.cfg, fun,
+                                  args, kwargs)
   return stage
 
 
@@ -102,10 +114,11 @@ def _check_replicated(cfg: PmapConfig, out: Any, flags: tuple) -> None:
     return  # only checkable once values exist; under a trace the flags are abstract
   varied = [bool(np.asarray(f)) for f in flags]
   if any(varied):
-    paths = [keystr(p) or "<output>" for (p, _), d in
-             zip(tree_flatten_with_path(out)[0], axes_lib.out_axes_per_leaf(cfg.out_axes, out))
+    out_axes = axes_lib.out_axes_per_leaf(cfg.out_axes, out)
+    paths = [keystr(p) or "<output>"
+             for (p, _), d in zip(tree_flatten_with_path(out)[0], out_axes, strict=True)
              if d is None]
-    raise errors.replicated_output_varies([p for p, v in zip(paths, varied) if v])
+    raise errors.replicated_output_varies([p for p, v in zip(paths, varied, strict=True) if v])
 
 
 def _as_pmap_outputs(out: Any) -> Any:
@@ -135,18 +148,18 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
     if _trace_ctx.trace is not _eval_trace:  # a user's jit / vmap / grad: plain jit
       return call_slow(*args, **kwargs), None
     top = entry.top
-    seen = top.__wrapped__.meshes_used
-    _, mesh, shardings = program.input_shardings(cfg, fun, args, kwargs, False, seen)
+    _, mesh, shardings = program.input_shardings(cfg, fun, args, kwargs, False, top.meshes)
     if mesh is None or len(mesh.axis_names) > 1:  # not known before tracing / nested pmap
       return _as_pmap_outputs(call_slow(*args, **kwargs)), None
     plan = fastpath.Plan(mesh=mesh, in_shardings_flat=tuple(shardings), static_argnums=cfg.static)
     try:
-      return fastpath.run(top, args, kwargs, plan)
-    except Exception:  # pylint: disable=broad-except
-      # Only when tracing just found nested pmaps (the program's mesh has more axes than
-      # the one the inputs were placed on) is there something else to try.
-      traced_mesh = seen.get(mesh.shape[mesh.axis_names[0]])
-      if traced_mesh is None or len(traced_mesh.axis_names) == 1:
+      return fastpath.run(top.jitted, args, kwargs, plan)
+    except ValueError as err:
+      # Tracing just found nested pmaps: the program's mesh has more devices than the one
+      # the inputs were placed on. The slow path places them on the traced mesh.
+      traced_mesh = top.meshes.get(mesh.shape[mesh.axis_names[0]])
+      if (not _inputs_on_other_devices(err) or traced_mesh is None
+          or len(traced_mesh.axis_names) == 1):
         raise
     return _as_pmap_outputs(call_slow(*args, **kwargs)), None
 

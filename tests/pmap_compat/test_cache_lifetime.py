@@ -1,18 +1,25 @@
 """Caches live as long as the mapped function, as legacy pmap's do: a training loop
-that builds ``pmap(lambda ...)`` afresh must not accumulate executables."""
+that builds ``pmap(lambda ...)`` afresh must not accumulate executables. And
+``jax.clear_caches()`` empties every cache pmap_compat keeps, as it does legacy pmap's."""
 import gc
 import weakref
 
+import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import pmap_compat
-from pmap_compat import fastpath
+from pmap_compat import fastpath, inputs, meshes, multihost, outputs
+
+
+def _programs() -> int:
+  return fastpath._executables.cache_info().currsize
 
 
 def test_dropped_functions_release_their_executables():
   x = np.zeros((8,), np.float32)
   gc.collect()
-  before = len(fastpath._compiled)
+  before = _programs()
   refs = []
   for i in range(10):
     fun = lambda v, i=i: v + i  # noqa: E731
@@ -21,15 +28,45 @@ def test_dropped_functions_release_their_executables():
     del fun
   gc.collect()
   assert all(r() is None for r in refs), "a dropped function is still referenced"
-  assert len(fastpath._compiled) <= before  # earlier tests' programs may go too
+  assert _programs() <= before  # earlier tests' programs may go too
 
 
 def test_live_function_keeps_its_executable_across_wrappers():
   x = np.arange(8, dtype=np.float32)
   fun = lambda v: v * 3  # noqa: E731
   pmap_compat.pmap(fun)(x)
-  programs = list(fastpath._compiled.keys())  # held here, so none can be collected meanwhile
+  programs = fastpath._executables.cache_keys()  # held here, so none can be collected meanwhile
   out = pmap_compat.pmap(fun)(x)  # a new wrapper of the same function: no new program
-  added = [p for p in fastpath._compiled.keys() if not any(p is q for q in programs)]
+  added = [k for k in fastpath._executables.cache_keys() if not any(k == p for p in programs)]
   assert added == []
   np.testing.assert_array_equal(out, x * 3)
+
+
+CACHES = {
+    "executables": fastpath._executables,
+    "reshard programs": inputs._reshard_program,
+    "meshes": meshes._mesh,
+    "local meshes": multihost._local_mesh,
+    "PmapSharding of NamedSharding": outputs._pmap_sharding_cached,
+    "NamedSharding of PmapSharding": outputs.named_of_pmap_cached,
+}
+
+
+def test_clear_caches_empties_every_cache():
+  f = pmap_compat.pmap(lambda v: v * 2)
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  f(f(x))                                             # executables, meshes, shardings
+  reversed_mesh = Mesh(np.array(jax.devices()[::-1]), ("a",))
+  f(jax.device_put(x, NamedSharding(reversed_mesh, P("a"))))
+  grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+  f(jax.device_put(x, NamedSharding(grid, P("a", "b"))))  # same devices, other blocks
+  multihost._local_mesh(meshes.build_mesh([("i", 8)], None, None, False))
+  filled = [name for name, c in CACHES.items() if c.cache_info().currsize]
+  assert sorted(filled) == sorted(CACHES), f"not exercised: {set(CACHES) - set(filled)}"
+  assert f._cache_size > 0
+  jax.clear_caches()
+  left = {name: c.cache_info().currsize for name, c in CACHES.items()
+          if c.cache_info().currsize}
+  assert not left, f"jax.clear_caches() left entries in {left}"
+  assert f._cache_size == 0  # the wrapper's C++ dispatch cache, as legacy's
+  np.testing.assert_array_equal(np.asarray(f(x)), x * 2)  # and it still works afterwards
