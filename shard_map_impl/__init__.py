@@ -10,16 +10,9 @@ from shard_map_impl.primitive import shard_map_p, register_trace_rule
 from shard_map_impl.api import shard_map
 
 # Rule modules register themselves on import (order does not matter).
-for _name in ("staging", "lowering", "eager", "replication", "integration"):
+for _name in ("staging", "lowering", "eager", "replication", "integration",
+              "batching", "autodiff", "partial_eval", "transpose", "remat",
+              "dce", "rewrite_rules", "discharge"):
   _importlib.import_module(f"shard_map_impl.{_name}")
-
-# Transformation rules (issue 4); imported when present.
-for _name in ("batching", "autodiff", "partial_eval", "transpose", "remat",
-              "dce", "rewrite", "discharge"):
-  try:
-    _importlib.import_module(f"shard_map_impl.{_name}")
-  except ModuleNotFoundError as _e:
-    if _e.name != f"shard_map_impl.{_name}":
-      raise
 
 __all__ = ["shard_map", "shard_map_p", "register_trace_rule"]

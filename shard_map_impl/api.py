@@ -21,6 +21,7 @@ from jax.tree_util import tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.primitive import shard_map_p
+from shard_map_impl.rewrite import efficient_transpose_rewrite
 from shard_map_impl.specs import (Specs, canonicalize_spec, divisibility_failures,
                                   rank_failures, spec_axes, spec_leaf_problems,
                                   specs_are_valid)
@@ -84,16 +85,7 @@ def _prepare_body(fun, rewrite: bool, mesh, in_names, out_names) -> lu.WrappedFu
   by_types = config.varying_axes_in_types.value
   wrap = _pvary_outputs_to_specs if by_types else None
   return (wrap(fun, out_names) if wrap is not None
-          else _rewrite_for_transpose(fun, mesh, in_names, out_names))
-
-
-def _rewrite_for_transpose(fun, mesh, in_names, out_names):
-  """Non-vma mode: the efficient-transpose rewrite (provided by ``rewrite``)."""
-  try:
-    from shard_map_impl import rewrite
-  except ImportError:
-    return fun
-  return rewrite.efficient_transpose_rewrite(fun, mesh, in_names, out_names)
+          else efficient_transpose_rewrite(fun, mesh, in_names, out_names))
 
 
 @traceback_util.api_boundary

@@ -19,7 +19,6 @@ rejected, both as in JAX's eager shard_map.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,6 +28,7 @@ from jax._src import core
 from jax._src import debugging
 from jax._src import dispatch
 from jax._src import linear_util as lu
+from jax._src import util
 from jax._src.mesh import AbstractMesh, Mesh, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -41,7 +41,7 @@ from shard_map_impl.staging import output_rank_failures
 
 # --- converting between global arrays and stacked per-device blocks ------------
 
-@functools.lru_cache(maxsize=1024)
+@util.cache(max_size=1024, trace_context_in_key=False)
 def _converter(kind: str, mesh, spec: PartitionSpec, stacked: PartitionSpec,
                check: bool):
   """Jitted global<->stacked conversion (a shard_map of ours, cached)."""
@@ -88,7 +88,7 @@ class _PrimApplier:
     return [o[None] for o in outs]
 
 
-@functools.lru_cache(maxsize=4096)
+@util.cache(max_size=4096, trace_context_in_key=False)
 def _jitted(applier: _PrimApplier, mesh, in_specs: tuple, out_specs, check: bool):
   import jax
   from shard_map_impl.api import shard_map

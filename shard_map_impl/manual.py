@@ -16,13 +16,11 @@ from typing import Iterator
 
 from jax._src import config
 from jax._src import core
+from jax._src import util
 from jax._src.mesh import AbstractMesh, AxisType, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shard_map_impl.specs import AxisNames, names_to_pspec, spec_axes
-
-_manual_mesh_cache: dict = {}
-
+from shard_map_impl.specs import AxisNames, axis_tuple, names_to_pspec, spec_axes
 
 def vma_enabled(check_rep: bool) -> bool:
   """Whether per-device avals carry varying-axes types for this shard_map."""
@@ -42,20 +40,18 @@ def manual_mesh(mesh, auto: frozenset) -> AbstractMesh:
   """
   context = get_abstract_mesh()
   source = mesh if context.empty else context
-  key = (mesh.abstract_mesh if hasattr(mesh, "abstract_mesh") else mesh,
-         frozenset(auto), source.abstract_mesh)
-  hit = _manual_mesh_cache.get(key)
-  if hit is not None:
-    return hit
+  return _manual_mesh(mesh.abstract_mesh if hasattr(mesh, "abstract_mesh") else mesh,
+                      frozenset(auto), source.abstract_mesh)
+
+
+@util.cache(max_size=1024, trace_context_in_key=False)
+def _manual_mesh(mesh: AbstractMesh, auto: frozenset, source: AbstractMesh) -> AbstractMesh:
   kinds = source._name_to_type
   types = tuple(
       AxisType.Manual if n not in auto
       else (AxisType.Explicit if kinds[n] == AxisType.Explicit else AxisType.Auto)
       for n in mesh.axis_names)
-  result = AbstractMesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names),
-                        axis_types=types)
-  _manual_mesh_cache[key] = result
-  return result
+  return AbstractMesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=types)
 
 
 def axis_env(mesh, auto: frozenset):
@@ -103,8 +99,7 @@ def shard_aval(mesh, auto: frozenset, check_rep: bool, names: AxisNames,
 def _merge_dim(outer, inner):
   """Combine a dim's shard_map axes with axes the body already sharded it on."""
   if outer is not None and inner is not None:
-    as_tuple = lambda e: e if isinstance(e, tuple) else (e,)
-    return as_tuple(outer) + as_tuple(inner)
+    return axis_tuple(outer) + axis_tuple(inner)
   return inner if outer is None else outer
 
 

@@ -27,19 +27,12 @@ from jax._src.lax import (ann, control_flow, convolution, fft, lax, linalg,
 from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl.manual import manual_axes_of, vma_enabled
-from shard_map_impl.specs import AxisNames, spec_axes, unmentioned_axes
+from shard_map_impl.specs import AxisNames, axis_tuple, spec_axes, unmentioned_axes
 
 Rep = Optional[frozenset]
 RepRule = Callable[..., Any]
 
 rep_rules: dict[core.Primitive, RepRule] = {}
-
-
-def register_rep_rule(prim: core.Primitive) -> Callable[[RepRule], RepRule]:
-  def register(rule: RepRule) -> RepRule:
-    rep_rules[prim] = rule
-    return rule
-  return register
 
 
 # --- conversions --------------------------------------------------------------
@@ -128,25 +121,25 @@ def closed_replication(mesh, closed, in_reps) -> list:
 
 # --- rules --------------------------------------------------------------------
 
-def _elementwise(mesh, *reps, **_):
+def elementwise(mesh, *reps, **_):
   return meet(mesh, reps)
 
 
 def _collective_keeps_varying(mesh, x, *, axis_name, **_):
   """all_gather/all_to_all/ppermute/psum_scatter: varying over axis_name."""
-  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  names = axis_tuple(axis_name)
   return _norm(mesh, x) - frozenset(names)
 
 
 def _reducing(mesh, *reps, axes, **_):
   """psum/pmin/pmax: the result is equal along the reduced axes."""
-  names = frozenset(axes if isinstance(axes, tuple) else (axes,))
+  names = frozenset(axis_tuple(axes))
   outs = [_norm(mesh, r) | names for r in reps]
   return outs
 
 
 def _pmin_pmax(mesh, x, *, axes, **_):
-  names = frozenset(axes if isinstance(axes, tuple) else (axes,))
+  names = frozenset(axis_tuple(axes))
   return _norm(mesh, x) | names
 
 
@@ -155,7 +148,7 @@ def _pvary(mesh, *reps, axes, **_):
 
 
 def _axis_index(mesh, *, axis_name):
-  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  names = axis_tuple(axis_name)
   return _full(mesh) - frozenset(names)
 
 
@@ -240,7 +233,7 @@ def _register_standard(modules) -> None:
   for module in modules:
     for value in vars(module).values():
       if isinstance(value, core.Primitive):
-        rep_rules.setdefault(value, _elementwise)
+        rep_rules.setdefault(value, elementwise)
 
 
 # Order matters only in that specific rules are registered first and
@@ -278,7 +271,7 @@ for _p in (control_flow.loops.cumsum_p, control_flow.loops.cumlogsumexp_p,
            control_flow.loops.cumprod_p, control_flow.loops.cummax_p,
            control_flow.loops.cummin_p, pjit.sharding_constraint_p,
            pjit.mesh_cast_p):
-  rep_rules[_p] = _elementwise
+  rep_rules[_p] = elementwise
 _register_standard([lax, slicing, windowed_reductions, special, convolution,
                     fft, linalg, ops, ad_util, prng, ann, random])
 

@@ -27,12 +27,71 @@ from jax._src import core
 from jax._src import custom_derivatives as cd
 from jax._src import linear_util as lu
 from jax._src.interpreters import partial_eval as pe
+from jax._src.lax import parallel as lax_parallel
 
-from shard_map_impl.primitive import register_trace_rule
+from shard_map_impl import replication
 from shard_map_impl.replication import in_names_to_rep
 from shard_map_impl.specs import AxisNames, unmentioned_axes
 
 Rep = frozenset
+RewriteRule = Callable[..., tuple[list, list]]
+
+# Per-primitive rules, registered by ``rewrite_rules``; ``rule_for`` falls back
+# to the standard or unchanged rule.
+rewrite_rules: dict[core.Primitive, RewriteRule] = {}
+
+
+def register_rewrite_rule(*prims: core.Primitive) -> Callable[[RewriteRule], RewriteRule]:
+  def register(rule: RewriteRule) -> RewriteRule:
+    for p in prims:
+      rewrite_rules[p] = rule
+    return rule
+  return register
+
+
+def as_list(prim: core.Primitive, out) -> list:
+  return list(out) if prim.multiple_results else [out]
+
+
+def common_rep(mesh, reps) -> Rep:
+  out = full_rep(mesh)
+  for r in reps:
+    out = out & r
+  return out
+
+
+def standard_rule(prim: core.Primitive) -> RewriteRule:
+  """Operands ``pvary``-ed down to their common replication, which results get."""
+  def rule(mesh, in_reps, *args, **params):
+    target = common_rep(mesh, in_reps)
+    args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps, strict=True)]
+    outs = as_list(prim, prim.bind(*args, **params))
+    return outs, [target] * len(outs)
+  return rule
+
+
+def _unchanged_rule(prim: core.Primitive) -> RewriteRule:
+  """Bound as is; replication from ``replication.rep_rules``."""
+  rep_rule = replication.rep_rules[prim]
+
+  def rule(mesh, in_reps, *args, **params):
+    outs = as_list(prim, prim.bind(*args, **params))
+    reps = rep_rule(mesh, *in_reps, **params)
+    reps = list(reps) if isinstance(reps, (list, tuple)) else [reps] * len(outs)
+    return outs, [full_rep(mesh) if r is None else frozenset(r) for r in reps]
+  return rule
+
+
+def rule_for(prim: core.Primitive) -> RewriteRule:
+  rule = rewrite_rules.get(prim)
+  if rule is not None:
+    return rule
+  rep_rule = replication.rep_rules.get(prim)
+  if rep_rule is None:
+    raise replication.missing_rule(prim)
+  rule = standard_rule(prim) if rep_rule is replication.elementwise else _unchanged_rule(prim)
+  rewrite_rules[prim] = rule
+  return rule
 
 
 def full_rep(mesh) -> Rep:
@@ -88,13 +147,12 @@ class RewriteTrace(core.Trace):
 
   def _forward(self, tracers, emit: Callable) -> list:
     """Lift ``tracers``; ``emit(vals, reps)`` binds on the parent -> (outs, out reps)."""
-    vals, reps = _unzip(map(self.lift, tracers))
+    vals, reps = unzip_pairs(map(self.lift, tracers))
     with core.set_current_trace(self.parent_trace):
       outs, out_reps = emit(vals, reps)
     return self._wrap(outs, out_reps() if callable(out_reps) else out_reps)
 
   def process_primitive(self, prim, tracers, params):
-    from shard_map_impl.rewrite_rules import rule_for
     rule = rule_for(prim)
     results = self._forward(tracers, lambda v, r: rule(self.mesh, r, *v, **params))
     return results if prim.multiple_results else results[0]
@@ -142,7 +200,7 @@ class RewriteTrace(core.Trace):
     return self._forward(tracers, emit)
 
 
-def _unzip(pairs) -> tuple[list, list]:
+def unzip_pairs(pairs) -> tuple[list, list]:
   pairs = list(pairs)
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
@@ -154,7 +212,7 @@ def _run(f: Callable, tag: core.TraceTag, mesh, in_reps: Sequence[Rep], args):
     tracers = [RewriteTracer(trace, x, frozenset(r)) for x, r in zip(args, in_reps)]
     with core.set_current_trace(trace):
       outs = f(*tracers)
-    vals, reps = _unzip(map(trace.lift, outs))
+    vals, reps = unzip_pairs(map(trace.lift, outs))
   return vals, reps
 
 
@@ -190,7 +248,6 @@ def _rewrite_jvp(f, store, tag, mesh, in_reps, *args):
 
 def match(mesh, x, have: Rep, want: Rep):
   """Convert ``x`` from replication ``have`` to ``want`` (psum up, pvary down)."""
-  from jax._src.lax import parallel as lax_parallel
   bound = core.get_axis_env().axis_sizes
   up = tuple(a for a in mesh.axis_names if a in want and a not in have and a in bound)
   if up:
@@ -249,12 +306,3 @@ def _rewritten_body(f, mesh, in_reps, out_names_thunk, *args):
   # to report; more replicated ones are made varying as the spec says.
   return [vary(mesh, v, r, want) if want <= r else v
           for v, r, want in zip(vals, reps, wanted)]
-
-
-@register_trace_rule(RewriteTrace)
-def _nested_shard_map_rule(trace, prim, fun, tracers, **params):
-  from shard_map_impl.rewrite_rules import nested_shard_map
-  vals, reps = _unzip(map(trace.lift, tracers))
-  with core.set_current_trace(trace.parent_trace):
-    outs, out_reps = nested_shard_map(trace.mesh, reps, fun, vals, params)
-  return trace._wrap(outs, out_reps)

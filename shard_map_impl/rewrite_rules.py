@@ -11,8 +11,6 @@ unchanged and its replication comes from ``replication.rep_rules``.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from jax._src import ad_checkpoint, core, ffi, pjit
 from jax._src import custom_derivatives as cd
 from jax._src import linear_util as lu
@@ -21,75 +19,21 @@ from jax._src.lax import control_flow
 from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import replication
-from shard_map_impl.rewrite import full_rep, rewrite_bwd, rewrite_jaxpr, vary
-
-RewriteRule = Callable[..., tuple[list, list]]
-rewrite_rules: dict[core.Primitive, RewriteRule] = {}
-
-
-def _register(*prims):
-  def register(rule):
-    for p in prims:
-      rewrite_rules[p] = rule
-    return rule
-  return register
-
-
-def _as_list(prim, out) -> list:
-  return list(out) if prim.multiple_results else [out]
-
-
-def _common(mesh, reps) -> frozenset:
-  out = full_rep(mesh)
-  for r in reps:
-    out = out & r
-  return out
-
-
-def _standard(prim) -> RewriteRule:
-  def rule(mesh, in_reps, *args, **params):
-    target = _common(mesh, in_reps)
-    args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps)]
-    outs = _as_list(prim, prim.bind(*args, **params))
-    return outs, [target] * len(outs)
-  return rule
-
-
-def _unchanged(prim) -> RewriteRule:
-  rep_rule = replication.rep_rules[prim]
-
-  def rule(mesh, in_reps, *args, **params):
-    outs = _as_list(prim, prim.bind(*args, **params))
-    reps = rep_rule(mesh, *in_reps, **params)
-    reps = list(reps) if isinstance(reps, (list, tuple)) else [reps] * len(outs)
-    return outs, [full_rep(mesh) if r is None else frozenset(r) for r in reps]
-  return rule
-
-
-def rule_for(prim: core.Primitive) -> RewriteRule:
-  rule = rewrite_rules.get(prim)
-  if rule is not None:
-    return rule
-  rep_rule = replication.rep_rules.get(prim)
-  if rep_rule is None:
-    raise replication.missing_rule(prim)
-  rule = _standard(prim) if rep_rule is replication._elementwise else _unchanged(prim)
-  rewrite_rules[prim] = rule
-  return rule
-
-
-def _axes_tuple(axes) -> tuple:
-  return axes if isinstance(axes, tuple) else (axes,)
-
+from shard_map_impl.manual import manual_axes_of
+from shard_map_impl.primitive import register_trace_rule, shard_map_p
+from shard_map_impl.rewrite import (RewriteRule, RewriteTrace, as_list, common_rep, full_rep,
+                                    register_rewrite_rule, rewrite_bwd, rewrite_jaxpr,
+                                    rewrite_rules, standard_rule, unzip_pairs, vary)
+from shard_map_impl.specs import axis_tuple, spec_axes
 
 # --- collectives --------------------------------------------------------------
 
-@_register(lax_parallel.psum_p)
+@register_rewrite_rule(lax_parallel.psum_p)
 def _psum(mesh, in_reps, *args, axes, axis_index_groups):
   if axis_index_groups is not None:
     raise NotImplementedError(
         "psum with axis_index_groups inside shard_map_impl.shard_map with check_rep=True")
-  axes = _axes_tuple(axes)
+  axes = axis_tuple(axes)
   reduced = frozenset(axes)
   # Operands replicated along a reduced axis are first made varying there, so
   # the sum counts each device's copy, as psum does.
@@ -101,19 +45,19 @@ def _psum(mesh, in_reps, *args, axes, axis_index_groups):
 
 def _keeps_varying(prim) -> RewriteRule:
   def rule(mesh, in_reps, x, **params):
-    axes = frozenset(_axes_tuple(params["axis_name"]))
+    axes = frozenset(axis_tuple(params["axis_name"]))
     rep, = in_reps
     x = vary(mesh, x, rep & axes, frozenset())
-    return _as_list(prim, prim.bind(x, **params)), [rep - axes]
+    return as_list(prim, prim.bind(x, **params)), [rep - axes]
   return rule
 
 
 def _reduces(prim) -> RewriteRule:
   def rule(mesh, in_reps, x, **params):
-    axes = frozenset(_axes_tuple(params["axes"]))
+    axes = frozenset(axis_tuple(params["axes"]))
     rep, = in_reps
     x = vary(mesh, x, rep & axes, frozenset())
-    outs = _as_list(prim, prim.bind(x, **params))
+    outs = as_list(prim, prim.bind(x, **params))
     return outs, [rep | axes] * len(outs)
   return rule
 
@@ -124,24 +68,24 @@ for _p in (lax_parallel.all_gather_p, lax_parallel.all_to_all_p,
 for _p in (lax_parallel.pmin_p, lax_parallel.pmax_p):
   rewrite_rules[_p] = _reduces(_p)
 for _p in (control_flow.solves.linear_solve_p, ffi.ffi_call_p):
-  rewrite_rules[_p] = _standard(_p)
+  rewrite_rules[_p] = standard_rule(_p)
 
 
 # --- calls --------------------------------------------------------------------
 
-@_register(pjit.pjit_p)
+@register_rewrite_rule(pjit.pjit_p)
 def _pjit(mesh, in_reps, *args, jaxpr, **params):
   new, out_reps = rewrite_jaxpr(mesh, jaxpr, in_reps)
   return list(pjit.pjit_p.bind(*args, jaxpr=new, **params)), out_reps
 
 
-@_register(core.closed_call_p)
+@register_rewrite_rule(core.closed_call_p)
 def _closed_call(mesh, in_reps, *args, call_jaxpr, **params):
   new, out_reps = rewrite_jaxpr(mesh, call_jaxpr, in_reps)
   return list(core.closed_call_p.bind(*args, call_jaxpr=new, **params)), out_reps
 
 
-@_register(ad_checkpoint.remat_p)
+@register_rewrite_rule(ad_checkpoint.remat_p)
 def _remat(mesh, in_reps, *args, jaxpr, **params):
   new, out_reps = rewrite_jaxpr(mesh, pe.close_jaxpr(jaxpr), in_reps)
   body = pe.convert_constvars_jaxpr(new.jaxpr)
@@ -162,7 +106,7 @@ def _carry_fixpoint(step, carry: list) -> list:
   raise AssertionError("carry replication fixpoint not reached")
 
 
-@_register(control_flow.loops.scan_p)
+@register_rewrite_rule(control_flow.loops.scan_p)
 def _scan(mesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
   consts = list(in_reps[:num_consts])
   carry = list(in_reps[num_consts:num_consts + num_carry])
@@ -179,7 +123,7 @@ def _scan(mesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
   return list(outs), out_reps
 
 
-@_register(control_flow.loops.while_p)
+@register_rewrite_rule(control_flow.loops.while_p)
 def _while(mesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
   cconsts = list(in_reps[:cond_nconsts])
   bconsts = list(in_reps[cond_nconsts:cond_nconsts + body_nconsts])
@@ -196,11 +140,11 @@ def _while(mesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncon
   return list(outs), carry
 
 
-@_register(control_flow.conditionals.cond_p)
+@register_rewrite_rule(control_flow.conditionals.cond_p)
 def _cond(mesh, in_reps, index, *args, branches, **params):
   index_rep, arg_reps = in_reps[0], list(in_reps[1:])
   per_branch = [rewrite_jaxpr(mesh, b, arg_reps)[1] for b in branches]
-  out_reps = [_common(mesh, column) & index_rep for column in zip(*per_branch)]
+  out_reps = [common_rep(mesh, column) & index_rep for column in zip(*per_branch)]
   new = tuple(rewrite_jaxpr(mesh, b, arg_reps, out_reps)[0] for b in branches)
   outs = control_flow.conditionals.cond_p.bind(index, *args, branches=new, **params)
   return list(outs), out_reps
@@ -208,7 +152,7 @@ def _cond(mesh, in_reps, index, *args, branches, **params):
 
 # --- custom derivatives in jaxpr form ------------------------------------------
 
-@_register(cd.custom_vjp_call_jaxpr_p)
+@register_rewrite_rule(cd.custom_vjp_call_jaxpr_p)
 def _custom_vjp_jaxpr(mesh, in_reps, *args, fun_jaxpr, fwd_jaxpr_thunk, bwd,
                       num_consts, out_trees, symbolic_zeros):
   if symbolic_zeros:
@@ -249,12 +193,17 @@ def nested_shard_map(mesh, in_reps, fun: lu.WrappedFun, args, params):
   """An inner shard_map: operands meet (like the standard rule); each output is
   replicated along the inner manual axes its out_specs leave unmentioned, and
   along the other axes where every operand was."""
-  from shard_map_impl.manual import manual_axes_of
-  from shard_map_impl.primitive import shard_map_p
-  from shard_map_impl.specs import spec_axes
-  target = _common(mesh, in_reps)
+  target = common_rep(mesh, in_reps)
   args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps)]
   outs = shard_map_p.bind(fun, *args, **params)
   inner = frozenset(manual_axes_of(params["mesh"], params["auto"]))
   reps = [(target - inner) | (inner - spec_axes(n)) for n in params["out_names_thunk"]()]
   return list(outs), reps
+
+
+@register_trace_rule(RewriteTrace)
+def _nested_shard_map_rule(trace, prim, fun, tracers, **params):
+  vals, reps = unzip_pairs(map(trace.lift, tracers))
+  with core.set_current_trace(trace.parent_trace):
+    outs, out_reps = nested_shard_map(trace.mesh, reps, fun, vals, params)
+  return trace._wrap(outs, out_reps)

@@ -27,7 +27,7 @@ def canonicalize_spec(spec: PartitionSpec | AxisNames) -> AxisNames:
   for dim, entry in enumerate(spec):
     if entry is None:
       continue
-    names[dim] = tuple(entry) if isinstance(entry, tuple) else (entry,)
+    names[dim] = axis_tuple(entry)
   return names
 
 
@@ -55,10 +55,11 @@ def unmentioned_axes(mesh, names: AxisNames) -> list:
   return [a for a in mesh.axis_names if a not in used]
 
 
-def entry_axes(entry) -> tuple:
-  if entry is None:
+def axis_tuple(names: AxisName | tuple[AxisName, ...] | None) -> tuple[AxisName, ...]:
+  """One axis name, a tuple of them, or None (no axes) -> a tuple of names."""
+  if names is None:
     return ()
-  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+  return tuple(names) if isinstance(names, tuple) else (names,)
 
 
 def spec_leaf_problems(specs: Specs, auto: frozenset) -> tuple[list, list]:
@@ -70,7 +71,7 @@ def spec_leaf_problems(specs: Specs, auto: frozenset) -> tuple[list, list]:
       bad_type.append((path, leaf))
       continue
     for entry in leaf:
-      bad_auto.extend((path, a) for a in entry_axes(entry) if a in auto)
+      bad_auto.extend((path, a) for a in axis_tuple(entry) if a in auto)
   return bad_type, bad_auto
 
 
@@ -78,7 +79,7 @@ def specs_are_valid(specs: Specs, auto: frozenset) -> bool:
   for leaf in tree_leaves(specs):
     if not isinstance(leaf, PartitionSpec):
       return False
-    if any(a in auto for e in leaf for a in entry_axes(e)):
+    if any(a in auto for e in leaf for a in axis_tuple(e)):
       return False
   return True
 
