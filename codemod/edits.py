@@ -37,8 +37,9 @@ def render(call: Call, column: int, indent: int = 0) -> str:
   out = head + "("
   first = call.args[0] if call.args else ""
   first_text = first if isinstance(first, str) else render(first, open_col, indent)
-  if open_col > _HANG_AFTER and (_end_column(first_text, open_col) + 1 > WIDTH
-                                 or len(call.args) > 1):
+  first_hangs = first_text.split("\n", 1)[0].endswith("(")
+  if first_hangs or open_col > _HANG_AFTER and (_end_column(first_text, open_col) + 1 > WIDTH
+                                                or len(call.args) > 1):
     open_col = indent + len(HANG)
     out += "\n" + " " * open_col
   at = open_col

@@ -73,6 +73,7 @@ class RelatedPatterns(cst.CSTVisitor):
     self.renames: list[tuple[cst.CSTNode, str]] = []        # node -> dotted replacement
     self.support_calls: list[tuple[cst.CSTNode, str]] = []  # callee -> support function
     self.removed_imports: list[tuple[str, str, str | None]] = []  # (module, name, alias)
+    self.removed_spellings: set[str] = set(removed_names.LAST_NAMES)  # names to resolve
     self._reshape_depth = 0
 
   def _names(self, node: cst.CSTNode) -> set[str]:
@@ -120,6 +121,7 @@ class RelatedPatterns(cst.CSTVisitor):
           modules.append(full)
           if full in removed_names.TREE_RENAMES or full in removed_names.SUPPORT_CALLS:
             self.removed_imports.append((module, alias.evaluated_name, alias.evaluated_alias))
+            self.removed_spellings.add(alias.evaluated_alias or alias.evaluated_name)
     advice = removed_names.reported(set(modules))
     if advice:
       self._finding(node, Severity.WARNING, advice)

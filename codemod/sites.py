@@ -141,7 +141,7 @@ class References(RelatedPatterns):
   def visit_Name(self, node: cst.Name) -> None:
     if node.value in self.pmap_spellings and qualified(self.get_metadata, node) & PMAP_NAMES:
       self.refs.append(node)
-    elif node.value in removed_names.LAST_NAMES:
+    elif node.value in self.removed_spellings:
       self.removed_name(node)
 
   def visit_Call(self, node: cst.Call) -> None:

@@ -107,9 +107,9 @@ class PmapCodemodTest(CodemodTest):
   TRANSFORM = ConvertPmapCommand
 
   def assertConverts(self, before: str, after: str, *, target: str = "experimental",
-                     multihost: bool = False) -> None:
+                     multihost: bool = False, pmap_sites: bool = True) -> None:
     after = textwrap.dedent(after)
-    if "from pmap_shard_map import" not in after:
+    if pmap_sites and "from pmap_shard_map import" not in after:
       after = SUPPORT_IMPORT + after
     new, _ = rewrite(before, target=target, multihost=multihost)
     self.assertEqual(normalized(after), normalized(new), f"\n--- got ---\n{new}")
