@@ -4,6 +4,7 @@ per process) runs a pmap program as written under legacy jax.pmap, as converted 
 error naming --multihost (never reduce over one host's devices only); with it, each
 process passes and gets back host-local arrays and the result equals legacy's bit for
 bit. Bounded: the job is killed after TIMEOUT seconds."""
+import contextlib
 import json
 import os
 import socket
@@ -42,6 +43,16 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _finish(procs: list, deadline: float) -> None:
+  """Lets the processes run until the deadline, then kills any still running."""
+  for p in procs:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+      p.wait(timeout=max(1, deadline - time.monotonic()))
+  for p in [p for p in procs if p.poll() is None]:
+    p.kill()
+    p.wait()
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
   programs = tmp_path_factory.mktemp("programs")
@@ -53,31 +64,19 @@ def job(tmp_path_factory):
   port = _free_port()
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(WORKER)))
-  procs, logs, results = [], [], []
-  for pid in range(2):
-    log = open(programs / f"worker{pid}.log", "w+")
-    result = programs / f"result{pid}.json"
-    procs.append(subprocess.Popen([sys.executable, WORKER, str(pid), str(port), str(programs),
-                                   str(result)], stdout=log, stderr=subprocess.STDOUT, env=env))
-    logs.append(log)
-    results.append(result)
-  deadline = time.monotonic() + TIMEOUT
-  for p in procs:
-    try:
-      p.wait(timeout=max(1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      pass
-  for p in procs:  # never leave a process behind
-    if p.poll() is None:
-      p.kill()
-      p.wait()
-  text = []
-  for pid, log in enumerate(logs):
-    log.seek(0)
-    text.append(f"--- process {pid} (rc={procs[pid].returncode}) ---\n{log.read()[-3000:]}")
-    log.close()
+  results = [programs / f"result{pid}.json" for pid in range(2)]
+  logs = [programs / f"worker{pid}.log" for pid in range(2)]
+  procs = []
+  for pid, (result, log) in enumerate(zip(results, logs, strict=True)):
+    with open(log, "w") as out:
+      procs.append(subprocess.Popen(
+          [sys.executable, WORKER, str(pid), str(port), str(programs), str(result)],
+          stdout=out, stderr=subprocess.STDOUT, env=env))
+  _finish(procs, time.monotonic() + TIMEOUT)
+  text = "\n".join(f"--- process {pid} (rc={p.returncode}) ---\n{log.read_text()[-3000:]}"
+                   for pid, (p, log) in enumerate(zip(procs, logs, strict=True)))
   found = [json.loads(r.read_text()) if r.exists() else None for r in results]
-  assert all(f is not None for f in found), "\n".join(text)
+  assert all(f is not None for f in found), text
   return found
 
 
