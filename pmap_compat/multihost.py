@@ -73,8 +73,7 @@ def _scale(shape: Sequence[int], sharding: NamedSharding, grow: bool) -> tuple:
   mesh, local = sharding.mesh, _local_mesh(sharding.mesh)
   out = list(shape)
   for d, entry in enumerate(tuple(sharding.spec)[:len(shape)]):
-    names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-    factor = math.prod(mesh.shape[n] // local.shape[n] for n in names)
+    factor = math.prod(mesh.shape[n] // local.shape[n] for n in outputs.spec_entry_axes(entry))
     out[d] = out[d] * factor if grow else out[d] // factor
   return tuple(out)
 

@@ -29,11 +29,11 @@ from jax._src.sharding_impls import NamedSharding, PmapSharding
 from jax._src.sharding_specs import (Chunked, NoSharding, Replicated, ShardedAxis,
                                      ShardingSpec)
 
-__all__ = ["pmap_sharding_of", "named_of_pmap", "named_of_pmap_cached", "named_to_pmap",
-           "as_pmap_array", "wrap_outputs", "same_blocks"]
+__all__ = ["spec_entry_axes", "pmap_sharding_of", "named_of_pmap", "named_of_pmap_cached",
+           "named_to_pmap", "as_pmap_array", "wrap_outputs", "same_blocks"]
 
 
-def _names_of(entry: Any) -> tuple:
+def spec_entry_axes(entry: Any) -> tuple:
   """The mesh axes a PartitionSpec entry splits one array dimension over."""
   if entry is None:
     return ()
@@ -53,7 +53,7 @@ def pmap_sharding_of(sharding: NamedSharding, ndim: int) -> PmapSharding | None:
     return None
   dims, order = [], {}  # mesh axis -> position among all chunked mesh axes
   for entry in spec:
-    names = _names_of(entry)
+    names = spec_entry_axes(entry)
     if not names:
       dims.append(NoSharding())
       continue

@@ -21,9 +21,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.tree_util import tree_flatten, tree_unflatten
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import arguments, errors, keys, meshes, multihost, nesting
-from pmap_compat._backend import shard_map
+from pmap_compat import arguments, errors, key_collectives, meshes, multihost, nesting
 from pmap_compat.config import PmapConfig
+from shard_map_impl import shard_map
 
 
 class CallArgs(NamedTuple):
@@ -152,7 +152,7 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
     leaves = [b if d is None else lax.squeeze(b, (d,))
               for b, d in zip(blocks, call.in_axes, strict=True)]
     with nesting.outer_body(dict(axis_sizes), (name,)):
-      out = keys.call_with_key_collectives(lambda xs: call_fun(fun, call, xs), leaves)
+      out = key_collectives.call_with_key_collectives(lambda xs: call_fun(fun, call, xs), leaves)
     out_axes = out_axes_normalised(cfg, out)
     outs, found["tree"] = tree_flatten(out)
     found["axes"] = out_axes
@@ -217,7 +217,7 @@ def run_nested(cfg: PmapConfig, fun: Callable, frame: nesting.Frame, args: tuple
   name = axis_name_of(cfg, frame.depth, call.size)
   nesting.require_axis(frame, name, call.size)
   return nesting.run_nested(name, call.leaves, call.in_axes,
-                            lambda picked: keys.call_with_key_collectives(
+                            lambda picked: key_collectives.call_with_key_collectives(
                                 lambda xs: call_fun(fun, call, xs), picked),
                             lambda out: out_axes_normalised(cfg, out))
 
