@@ -10,7 +10,7 @@ from shard_map_impl.primitive import shard_map_p, register_trace_rule
 from shard_map_impl.api import shard_map
 
 # Rule modules register themselves on import (order does not matter).
-for _name in ("staging", "lowering", "eager", "replication", "integration",
+for _name in ("staging", "lowering", "eager", "replication", "checker_rules",
               "batching", "autodiff", "partial_eval", "transpose", "remat",
               "dce", "rewrite_rules", "discharge"):
   _importlib.import_module(f"shard_map_impl.{_name}")

@@ -71,7 +71,7 @@ def _pvary_outputs_to_specs(fun: lu.WrappedFun, out_names: Callable) -> lu.Wrapp
   def mark(f, *args):
     outs = f(*args)
     marked = []
-    for x, names in zip(outs, out_names()):
+    for x, names in zip(outs, out_names(), strict=True):
       missing = tuple(sorted(spec_axes(names) - core.typeof(x).vma, key=str))
       marked.append(core.pvary(x, missing) if missing else x)
     return marked
@@ -160,7 +160,7 @@ def _check_args(f, mesh, in_tree, in_specs, dyn, dyn_specs, dyn_args) -> None:
 
   def spread(fails):  # back to one entry per flat argument
     full = [None] * in_tree.num_leaves
-    for i, fail in zip(dyn, fails):
+    for i, fail in zip(dyn, fails, strict=True):
       full[i] = fail
     return full
 

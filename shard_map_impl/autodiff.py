@@ -9,7 +9,7 @@ Linearize (``jax.linearize`` / ``grad`` with ``jax_use_direct_linearize``)
 splits the shard_map in two: a primal shard_map that also emits residuals,
 bound on the parent trace, and a tangent shard_map, bound on the tangent trace,
 that evaluates the linear jaxpr from those residuals and the input tangents.
-Residual specs and rank-0 promotion come from ``residuals``.
+Residual specs and rank-0 promotion come from ``split_residuals``.
 """
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from jax._src.interpreters import ad
 from jax._src.util import split_list
 
 from shard_map_impl import debug_names as dn
-from shard_map_impl import residuals as rs
+from shard_map_impl import split_residuals as rs
+from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
 
 
 def _pick(values, mask):
-  return [v for v, m in zip(values, mask) if m]
+  return [v for v, m in zip(values, mask, strict=True) if m]
 
 
 # ------------------------------------------------------------------------ JVP
@@ -35,7 +36,7 @@ def _flat_tangents(f, store, nonzero_in: tuple, *args):
   primals, given = split_list(args, [len(nonzero_in)])
   given = iter(given)
   tangents = [next(given) if nz else ad.Zero.from_primal_value(p)
-              for p, nz in zip(primals, nonzero_in)]
+              for p, nz in zip(primals, nonzero_in, strict=True)]
   out_primals, out_tangents = f(primals, tangents)
   nonzero_out = tuple(type(t) is not ad.Zero for t in out_tangents)
   store.store(nonzero_out)
@@ -45,7 +46,9 @@ def _flat_tangents(f, store, nonzero_in: tuple, *args):
 @register_trace_rule(ad.JVPTrace)
 def jvp_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
              check_rep, rewrite, auto) -> list:
-  primals, tangents = zip(*map(trace.to_primal_tangent_pair, tracers)) if tracers else ((), ())
+  pairs = [trace.to_primal_tangent_pair(t) for t in tracers]
+  primals = tuple(p for p, _ in pairs)
+  tangents = tuple(t for _, t in pairs)
   nonzero_in = tuple(type(t) is not ad.Zero for t in tangents)
   body, nonzero_out = _flat_tangents(ad.jvp_subtrace(fun, trace.tag), nonzero_in)
   # Tangent inputs and outputs follow the primals, unnamed.
@@ -57,7 +60,7 @@ def jvp_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
     return (*names, *_pick(names, nonzero_out()))
 
   params = dict(mesh=mesh, in_names=(*in_names, *_pick(in_names, nonzero_in)),
-                out_names_thunk=rs.DerivedNames(out_names, ("jvp", out_names_thunk, nonzero_in)),
+                out_names_thunk=DerivedNames(out_names, ("jvp", out_names_thunk, nonzero_in)),
                 check_rep=check_rep, rewrite=rewrite, auto=auto)
   outs = prim.bind_with_trace(trace.parent_trace,
                               (body, *primals, *_pick(tangents, nonzero_in)), params)
@@ -65,7 +68,7 @@ def jvp_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
   out_primals, out_tangents = split_list(outs, [len(mask)])
   out_tangents = iter(out_tangents)
   return [ad.maybe_jvp_tracer(trace, p, next(out_tangents)) if nz else p
-          for p, nz in zip(out_primals, mask)]
+          for p, nz in zip(out_primals, mask, strict=True)]
 
 
 # ------------------------------------------------------------------ linearize
@@ -78,7 +81,7 @@ class _Promoter:
 
   def fresh_mask(self):
     res_avals, _, _, _, in_fwd, out_fwd = self.aux()
-    return [i is None and o is None for i, o in zip(in_fwd, out_fwd)], res_avals
+    return [i is None and o is None for i, o in zip(in_fwd, out_fwd, strict=True)], res_avals
 
   def wrap(self, fun: lu.WrappedFun) -> lu.WrappedFun:
     def primal_half(*args):
@@ -93,7 +96,9 @@ class _Promoter:
 @register_trace_rule(ad.LinearizeTrace)
 def linearize_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
                    check_rep, rewrite, auto) -> list:
-  primals, tangents = zip(*map(trace.to_primal_tangent_pair, tracers)) if tracers else ((), ())
+  pairs = [trace.to_primal_tangent_pair(t) for t in tracers]
+  primals = tuple(p for p, _ in pairs)
+  tangents = tuple(t for _, t in pairs)
   nonzero_in = tuple(type(t) is not ad.Zero for t in tangents)
   fresh_axes = rs.newly_manual_axes(mesh, auto)
   primal_fun, aux = ad.linearize_subtrace(fun, trace.tag, nonzero_in, fun.debug_info)
@@ -105,14 +110,14 @@ def linearize_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk
   def fresh_residual_names():
     fresh, res_avals = promoter.fresh_mask()
     return [rs.residual_names(mesh, check_rep, fresh_axes, a)
-            for a, f in zip(res_avals, fresh) if f]
+            for a, f in zip(res_avals, fresh, strict=True) if f]
 
   def primal_out_names():
     return (*fresh_residual_names(), *out_names_thunk())
 
   primal_params = dict(
       mesh=mesh, in_names=tuple(in_names),
-      out_names_thunk=rs.DerivedNames(primal_out_names, ("lin", out_names_thunk, nonzero_in)),
+      out_names_thunk=DerivedNames(primal_out_names, ("lin", out_names_thunk, nonzero_in)),
       check_rep=rs.staged_check_rep(check_rep), rewrite=rewrite, auto=auto)
   outs = prim.bind_with_trace(trace.parent_trace, (promoter.wrap(primal_fun), *primals),
                               primal_params)
@@ -123,19 +128,19 @@ def linearize_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk
   residuals = rs.resolve_forwarding(in_fwd, out_fwd, primals, primals_out, fresh_res)
   res_names = rs.resolve_forwarding(in_fwd, out_fwd, in_names, out_names,
                                     fresh_residual_names())
-  squeeze = [f and rs.is_scalar(a) for f, a in zip(fresh, res_avals)]
+  squeeze = [f and rs.is_scalar(a) for f, a in zip(fresh, res_avals, strict=True)]
   n_res = len(residuals)
 
   def tangent_half(*args):
     res, rest = split_list(args, [n_res])
-    res = [rs.demote(r) if s else r for r, s in zip(res, squeeze)]
+    res = [rs.demote(r) if s else r for r, s in zip(res, squeeze, strict=True)]
     return core.eval_jaxpr(lin_jaxpr, res, *rest)
 
   tangent_out = tuple(_pick(out_names, nonzero_out))
   tangent_params = dict(
       mesh=mesh,
       in_names=(*res_names, *({} for _ in env), *_pick(in_names, nonzero_in)),
-      out_names_thunk=rs.DerivedNames(lambda: tangent_out, ("lin_t", tangent_out)),
+      out_names_thunk=DerivedNames(lambda: tangent_out, ("lin_t", tangent_out)),
       check_rep=rs.staged_check_rep(check_rep), rewrite=rewrite, auto=auto)
   nz_tangents_out = prim.bind_with_trace(
       trace.tangent_trace,
@@ -145,4 +150,4 @@ def linearize_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk
   nz_iter = iter(nz_tangents_out)
   return [ad.maybe_linearize_tracer(trace, p, nz, next(nz_iter) if nz
                                     else ad.Zero.from_primal_value(p))
-          for p, nz in zip(primals_out, nonzero_out)]
+          for p, nz in zip(primals_out, nonzero_out, strict=True)]

@@ -17,7 +17,8 @@ from jax._src import core
 from jax._src import source_info_util
 from jax._src.interpreters import batching
 
-from shard_map_impl import residuals as rs
+from shard_map_impl import split_residuals as rs
+from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AxisNames, spec_axes
 
@@ -43,7 +44,7 @@ def _reject_spmd_axes_in(kind: str, all_names, spmd_axes) -> None:
 @register_trace_rule(batching.BatchTrace)
 def batch_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
                check_rep, rewrite, auto) -> list:
-  vals, dims = zip(*map(trace.to_batch_info, tracers)) if tracers else ((), ())
+  vals, dims = zip(*map(trace.to_batch_info, tracers), strict=True) if tracers else ((), ())
   if any(isinstance(d, batching.RaggedAxis) for d in dims):
     raise NotImplementedError("vmap with ragged batch dimensions of shard_map_impl.shard_map")
   spmd_axes = trace.axis_data.spmd_name
@@ -57,15 +58,15 @@ def batch_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
   def out_names():
     names = out_names_thunk()
     _reject_spmd_axes_in("out_specs", names, spmd_axes)
-    return [batched_names(n, d, spmd_axes) for n, d in zip(names, out_dims())]
+    return [batched_names(n, d, spmd_axes) for n, d in zip(names, out_dims(), strict=True)]
 
   params = dict(
       mesh=mesh,
-      in_names=tuple(batched_names(n, d, spmd_axes) for n, d in zip(in_names, dims)),
-      out_names_thunk=rs.DerivedNames(out_names, ("vmap", out_names_thunk, dims, spmd_axes)),
+      in_names=tuple(batched_names(n, d, spmd_axes) for n, d in zip(in_names, dims, strict=True)),
+      out_names_thunk=DerivedNames(out_names, ("vmap", out_names_thunk, dims, spmd_axes)),
       check_rep=check_rep, rewrite=rewrite, auto=auto)
   with core.set_current_trace(trace.parent_trace):
     outs = prim.bind(body, *vals, **params)
   source_info = source_info_util.current()
   return [batching.BatchTracer(trace, v, d, source_info) if d is not batching.not_mapped
-          else v for v, d in zip(outs, out_dims())]
+          else v for v, d in zip(outs, out_dims(), strict=True)]

@@ -9,12 +9,12 @@ from __future__ import annotations
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
-from shard_map_impl.manual import body_context
+from shard_map_impl.per_device import body_context
 from shard_map_impl.primitive import shard_map_p
 
 
 def _keep(seq, mask):
-  return [x for x, m in zip(seq, mask) if m]
+  return [x for x, m in zip(seq, mask, strict=True) if m]
 
 
 def dce_rule(used_outputs: list[bool], eqn: core.JaxprEqn

@@ -13,8 +13,9 @@ from jax._src import linear_util as lu
 from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef
 
-from shard_map_impl.manual import body_context
-from shard_map_impl.primitive import ConstThunk, shard_map_p
+from shard_map_impl.per_device import body_context
+from shard_map_impl.out_names import ConstThunk
+from shard_map_impl.primitive import shard_map_p
 
 
 def discharge_rule(in_avals, out_avals, *args, jaxpr: core.Jaxpr, mesh, in_names,
@@ -23,7 +24,7 @@ def discharge_rule(in_avals, out_avals, *args, jaxpr: core.Jaxpr, mesh, in_names
   is_ref = [isinstance(a, AbstractRef) for a in in_avals]
   with body_context(mesh, auto, check_rep):
     body, consts = state_discharge.discharge_state(jaxpr, ())
-  ref_names = [n for n, r in zip(in_names, is_ref) if r]
+  ref_names = [n for n, r in zip(in_names, is_ref, strict=True) if r]
   n_consts = len(consts)
 
   def run(*vals):

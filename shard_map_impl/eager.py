@@ -33,7 +33,7 @@ from jax._src.mesh import AbstractMesh, Mesh, get_abstract_mesh, use_abstract_me
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl import errors, replication
-from shard_map_impl.manual import body_context, manual_axes_of, manual_mesh, vma_enabled
+from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import names_to_pspec
 from shard_map_impl.staging import output_rank_failures
@@ -150,7 +150,7 @@ class EagerTracer(core.Tracer):
     names = "(" + ", ".join(map(str, mesh.axis_names)) + ",)"
     lines = []
     for coords, dev in np.ndenumerate(mesh.devices):
-      at = dict(zip(mesh.axis_names, coords))
+      at = dict(zip(mesh.axis_names, coords, strict=True))
       flat = 0
       for a in axes:  # row-major position among the varying axes
         flat = flat * mesh.shape[a] + at[a]
@@ -224,7 +224,7 @@ class EagerTrace(core.Trace):
       outs = _apply(self, prim, params, stacked, in_specs, out_specs)
     if not self.typed:
       reps = _broadcast_reps(prim, reps, len(outs))
-    results = [EagerTracer(self, r, o) for r, o in zip(reps, outs)]
+    results = [EagerTracer(self, r, o) for r, o in zip(reps, outs, strict=True)]
     return results if prim.multiple_results else results[0]
 
   def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
@@ -324,8 +324,8 @@ def _eager(trace, prim, fun: lu.WrappedFun, args, *, mesh, in_names,
   with _outside(context):
     stacked = [_converter("stack", mesh, names_to_pspec(n), etrace.stack_spec(r),
                           etrace.inner_check)(x)
-               for n, r, x in zip(in_names, in_reps, args)]
-  tracers = [EagerTracer(etrace, r, s) for r, s in zip(in_reps, stacked)]
+               for n, r, x in zip(in_names, in_reps, args, strict=True)]
+  tracers = [EagerTracer(etrace, r, s) for r, s in zip(in_reps, stacked, strict=True)]
   with core.set_current_trace(etrace), body_context(mesh, auto, check_rep):
     outs = fun.call_wrapped(*tracers)
     out_pairs = [etrace.lift(o) for o in outs]
@@ -336,10 +336,10 @@ def _eager(trace, prim, fun: lu.WrappedFun, args, *, mesh, in_names,
     raise errors.OutputRankError(fails)
   if check_rep:
     fails = [None if replication.rep_is_sufficient(mesh, auto, r, n) else r
-             for (_, r), n in zip(out_pairs, out_names)]
+             for (_, r), n in zip(out_pairs, out_names, strict=True)]
     if any(f is not None for f in fails):
       raise errors.OutputReplicationError(fails)
   with _outside(context):
     return [_converter("unstack", mesh, names_to_pspec(n), etrace.stack_spec(r),
                        etrace.inner_check)(s)
-            for n, (s, r) in zip(out_names, out_pairs)]
+            for n, (s, r) in zip(out_names, out_pairs, strict=True)]

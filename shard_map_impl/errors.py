@@ -54,7 +54,7 @@ def failing_entries(tree, specs, failures: Sequence[Any]) -> list[tuple]:
   per_leaf = broadcast_prefix(tagged, values, is_leaf=lambda x: isinstance(x, _Tag))
   value_paths = [p for p, _ in generate_key_paths(values)]
   out = []
-  for tag, vpath, fail in zip(per_leaf, value_paths, failures):
+  for tag, vpath, fail in zip(per_leaf, value_paths, failures, strict=True):
     if fail is not None and tag.spec is not None:
       out.append((tag.path, tag.spec, vpath, fail))
   return out

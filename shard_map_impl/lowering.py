@@ -28,7 +28,7 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import sdy
 from jax.sharding import NamedSharding
 
-from shard_map_impl.manual import axis_env, manual_axes_of
+from shard_map_impl.per_device import axis_env, manual_axes_of
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import names_to_pspec
 
@@ -110,18 +110,18 @@ def _lower_gspmd(ctx, region: _Region, args, jaxpr, in_names, out_names,
   convert = not region.trivial(region.manual)
   if convert:
     args = [region.to_manual(ctx, n, g, l, x)
-            for n, g, l, x in zip(in_names, ctx.avals_in, local_in, args)]
+            for n, g, l, x in zip(in_names, ctx.avals_in, local_in, args, strict=True)]
   with axis_env(region.mesh, region.auto), config._check_rep(check_rep):
     outs, tokens = mlir.call_lowering(
         "shmap_body", ctx.name_stack, jaxpr, None, region.body_ctx, local_in,
         local_out, ctx.tokens_in, *args, dim_var_values=ctx.dim_var_values,
-        arg_names=[_dim_labels(n, a) for n, a in zip(in_names, local_in)],
-        result_names=[_dim_labels(n, a) for n, a in zip(out_names, local_out)])
+        arg_names=[_dim_labels(n, a) for n, a in zip(in_names, local_in, strict=True)],
+        result_names=[_dim_labels(n, a) for n, a in zip(out_names, local_out, strict=True)])
   ctx.set_tokens_out(tokens)
   if not convert:
     return outs
   return [region.to_global(ctx, n, l, g, x)
-          for n, l, g, x in zip(out_names, local_out, ctx.avals_out, outs)]
+          for n, l, g, x in zip(out_names, local_out, ctx.avals_out, outs, strict=True)]
 
 
 def _lower_shardy(ctx, region: _Region, args, jaxpr, in_names, out_names,
@@ -138,7 +138,7 @@ def _lower_shardy(ctx, region: _Region, args, jaxpr, in_names, out_names,
           dim_var_values=ctx.dim_var_values)
     return outs
   shardings = lambda names, avals: sharding_impls.SdyArrayShardingList(
-      [region.sdy_sharding(n, a) for n, a in zip(names, avals)]).build()
+      [region.sdy_sharding(n, a) for n, a in zip(names, avals, strict=True)]).build()
   op = sdy.ManualComputationOp(
       [mlir.aval_to_ir_type(a) for a in ctx.avals_out], args,
       shardings(in_names, ctx.avals_in), shardings(out_names, ctx.avals_out),

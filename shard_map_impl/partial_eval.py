@@ -7,7 +7,7 @@ own shard_map (bound on the parent trace) and returns the known outputs plus
 the residuals; the unknown half is recorded as a ``shard_map_p`` equation
 whose inputs are the residuals, any closed-over unknown values (``env``) and
 the unknown inputs.  Residual specs and rank-0 promotion come from
-``residuals``.
+``split_residuals``.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.util import merge_lists, partition_list, split_list
 
 from shard_map_impl import debug_names as dn
-from shard_map_impl import residuals as rs
-from shard_map_impl.manual import body_context, shard_aval, unshard_aval
+from shard_map_impl import split_residuals as rs
+from shard_map_impl.out_names import DerivedNames
+from shard_map_impl.per_device import body_context, shard_aval, unshard_aval
 from shard_map_impl.primitive import make_eqn_params, register_trace_rule
 
 
@@ -38,7 +39,7 @@ class _Split:
 
   @property
   def fresh(self) -> list[bool]:
-    return [i is None and o is None for i, o in zip(self.in_fwd, self.out_fwd)]
+    return [i is None and o is None for i, o in zip(self.in_fwd, self.out_fwd, strict=True)]
 
 
 @lu.transformation_with_aux2
@@ -64,7 +65,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_name
   unknown_in_names, known_in_names = partition_list(in_knowns, in_names)
   unknown_tracers, known_tracers = partition_list(in_knowns, tracers)
   unknown_avals = tuple(shard_aval(mesh, auto, check_rep, n, t.aval)
-                        for n, t in zip(unknown_in_names, unknown_tracers))
+                        for n, t in zip(unknown_in_names, unknown_tracers, strict=True))
   fresh_axes = rs.newly_manual_axes(mesh, auto)
 
   traced = pe.trace_to_subjaxpr_nounits_fwd2(fun, trace.tag, fun.debug_info, False)
@@ -85,7 +86,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_name
 
   known_params = dict(
       mesh=mesh, in_names=tuple(known_in_names),
-      out_names_thunk=rs.DerivedNames(known_out_names, ("pe", out_names_thunk, in_knowns)),
+      out_names_thunk=DerivedNames(known_out_names, ("pe", out_names_thunk, in_knowns)),
       check_rep=rs.staged_check_rep(check_rep), rewrite=rewrite, auto=auto)
   known_vals = [t.pval.get_known() for t in known_tracers]
   outs = prim.bind_with_trace(trace.parent_trace, (known_fun, *known_vals), known_params)
@@ -98,7 +99,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_name
   res_names = rs.resolve_forwarding(split.in_fwd, split.out_fwd, known_in_names,
                                     known_names, fresh_names())
   demote = [f and rs.is_scalar(a) for f, a in
-            zip(split.fresh, _fresh_slots(split))]
+            zip(split.fresh, _fresh_slots(split), strict=True)]
   with body_context(mesh, auto, check_rep):  # jaxpr checks need the body's axis env
     hoisted = pe.convert_constvars_jaxpr(dn.consistent(split.jaxpr))
   body = rs.retrace_jaxpr(hoisted, mesh=mesh, auto=auto, check_rep=check_rep,
@@ -114,7 +115,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_name
       rewrite=rewrite, auto=auto)
   out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(
                      unshard_aval(mesh, check_rep, n, v.aval)), None)
-                 for n, v in zip(unknown_out_names, body.outvars)]
+                 for n, v in zip(unknown_out_names, body.outvars, strict=True)]
   effects = core.filter_named_axis_effects(body.effects, mesh.axis_names)
   recipe = pe.new_eqn_recipe(in_tracers, out_tracers, prim, params, effects,
                              source_info_util.current())

@@ -14,6 +14,7 @@ from jax._src import core
 from jax._src import linear_util as lu
 
 from shard_map_impl.device_witness import WITNESS_PARAM, witness_for
+from shard_map_impl.out_names import ConstThunk
 
 TraceRule = Callable[..., Sequence[Any]]
 
@@ -40,30 +41,6 @@ def lookup_trace_rule(trace_type: type) -> TraceRule:
       f"shard_map_impl.shard_map has no rule for the trace type "
       f"{trace_type.__module__}.{trace_type.__qualname__}; this transformation "
       f"of shard_map is not supported.")
-
-
-class ConstThunk:
-  """A hashable zero-argument callable returning a fixed value.
-
-  Used as ``out_names_thunk`` when re-binding from equation params, so that
-  caches keyed on bind params (e.g. ``lu.cache``) see equal keys.
-  """
-  __slots__ = ("value",)
-
-  def __init__(self, value: Any):
-    self.value = value
-
-  def __call__(self) -> Any:
-    return self.value
-
-  def _key(self):
-    return tuple(tuple(sorted(d.items())) for d in self.value)
-
-  def __hash__(self) -> int:
-    return hash(self._key())
-
-  def __eq__(self, other: object) -> bool:
-    return isinstance(other, ConstThunk) and self._key() == other._key()
 
 
 class ShardMapPrimitive(core.Primitive):

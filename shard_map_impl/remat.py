@@ -7,7 +7,7 @@ the same saveable policy; the equation becomes a known shard_map (known
 outputs + saved residuals) and a staged one (residuals + instantiated inputs
 -> staged outputs).  Residuals that are simply known inputs or known outputs
 are not emitted twice; the others get specs and rank-0 promotion from
-``residuals``.
+``split_residuals``.
 """
 from __future__ import annotations
 
@@ -16,9 +16,13 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.util import partition_list
 
 from shard_map_impl import debug_names
-from shard_map_impl import residuals as rs
-from shard_map_impl.manual import body_context, unshard_aval
+from shard_map_impl import split_residuals as rs
+from shard_map_impl.per_device import body_context, unshard_aval
 from shard_map_impl.primitive import shard_map_p
+
+
+def _kept(values, mask) -> list:
+  return [v for v, m in zip(values, mask, strict=True) if m]
 
 
 def _forwarding(known: core.Jaxpr, n_outs: int):
@@ -49,25 +53,25 @@ def remat_rule(saveable, unks_in, inst_in, eqn: core.JaxprEqn) -> tuple:
   known, staged = debug_names.consistent(known), debug_names.consistent(staged)
   n_outs = len(known.outvars) - num_res
   in_fwd, out_fwd = _forwarding(known, n_outs)
-  fresh = [i is None and o is None for i, o in zip(in_fwd, out_fwd)]
+  fresh = [i is None and o is None for i, o in zip(in_fwd, out_fwd, strict=True)]
   res_avals = [v.aval for v in staged.invars[:num_res]]
-  scalar = [f and rs.is_scalar(a) for f, a in zip(fresh, res_avals)]
+  scalar = [f and rs.is_scalar(a) for f, a in zip(fresh, res_avals, strict=True)]
 
   # Known body: drop forwarded residual outputs, promote rank-0 fresh ones.
   kept = known.replace(outvars=[*known.outvars[:n_outs],
-                                *(v for v, f in zip(known.outvars[n_outs:], fresh) if f)])
+                                *_kept(known.outvars[n_outs:], fresh)])
   kept = rs.retrace_jaxpr(kept, mesh=mesh, auto=auto, check_rep=check_rep,
-                          promote_outputs=[s for s, f in zip(scalar, fresh) if f])
+                          promote_outputs=[s for s, f in zip(scalar, fresh, strict=True) if f])
   staged = rs.retrace_jaxpr(staged, mesh=mesh, auto=auto, check_rep=check_rep,
                             demote_inputs=scalar)
 
   fresh_names = [rs.residual_names(mesh, check_rep, fresh_axes, a)
-                 for a, f in zip(res_avals, fresh) if f]
+                 for a, f in zip(res_avals, fresh, strict=True) if f]
   fresh_avals = [rs.promoted_aval(a) if rs.is_scalar(a) else a
-                 for a, f in zip(res_avals, fresh) if f]
+                 for a, f in zip(res_avals, fresh, strict=True) if f]
   gensym = core.gensym()
   fresh_vars = [gensym(unshard_aval(mesh, check_rep, n, a))
-                for n, a in zip(fresh_names, fresh_avals)]
+                for n, a in zip(fresh_names, fresh_avals, strict=True)]
 
   ins_known, _ = partition_list(unks_in, eqn.invars)
   names_known_in, _ = partition_list(unks_in, params["in_names"])
@@ -94,7 +98,8 @@ def remat_rule(saveable, unks_in, inst_in, eqn: core.JaxprEqn) -> tuple:
                                 staged_params, effects(staged), eqn.source_info, eqn.ctx)
 
   # Vars the enclosing split must make available to the staged side.
-  to_save = [x for x, inst in zip(eqn.invars, inst_in) if type(x) is core.Var and not inst]
+  to_save = [x for x, inst in zip(eqn.invars, inst_in, strict=True)
+             if type(x) is core.Var and not inst]
   to_save += [outs_known[o] for o in sorted({o for o in out_fwd if o is not None})]
   return eqn_known, eqn_staged, unks_out, inst_out, to_save + fresh_vars
 

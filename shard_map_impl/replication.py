@@ -26,7 +26,7 @@ from jax._src.lax import (ann, control_flow, convolution, fft, lax, linalg,
                           slicing, special, windowed_reductions)
 from jax._src.lax import parallel as lax_parallel
 
-from shard_map_impl.manual import manual_axes_of, vma_enabled
+from shard_map_impl.per_device import manual_axes_of, vma_enabled
 from shard_map_impl.specs import AxisNames, axis_tuple, spec_axes, unmentioned_axes
 
 Rep = Optional[frozenset]
@@ -98,7 +98,7 @@ def missing_rule(prim) -> NotImplementedError:
 def jaxpr_replication(mesh, jaxpr: core.Jaxpr, in_reps: Sequence[Rep]) -> list:
   """Reps of ``jaxpr``'s outputs given its inputs' reps (constvars replicated)."""
   env: dict[core.Var, Rep] = {v: _full(mesh) for v in jaxpr.constvars}
-  env.update(zip(jaxpr.invars, in_reps))
+  env.update(zip(jaxpr.invars, in_reps, strict=True))
   read = lambda a: env[a] if isinstance(a, core.Var) else None
   for eqn in jaxpr.eqns:
     rule = rep_rules.get(eqn.primitive)
@@ -108,7 +108,7 @@ def jaxpr_replication(mesh, jaxpr: core.Jaxpr, in_reps: Sequence[Rep]) -> list:
     if not eqn.primitive.multiple_results:
       env[eqn.outvars[0]] = out
     elif isinstance(out, (list, tuple)):
-      env.update(zip(eqn.outvars, out))
+      env.update(zip(eqn.outvars, out, strict=True))
     else:
       env.update((v, out) for v in eqn.outvars)
   return [read(v) for v in jaxpr.outvars]
@@ -158,11 +158,14 @@ def _call_like(param: str):
   return rule
 
 
-def _loop_fixpoint(step, carry: list) -> list:
-  """Shrink carry reps until the body maps them to (a superset of) themselves."""
+def loop_fixpoint(step: Callable[[list], list], carry: list) -> list:
+  """Shrink carry reps until the body maps them to (a superset of) themselves.
+
+  Shared by replication checking and the efficient-transpose rewrite's loops.
+  """
   for _ in range(len(carry) + 2):
     new = [c if n is None else (n if c is None else c & n)
-           for c, n in zip(carry, step(carry))]
+           for c, n in zip(carry, step(carry), strict=True)]
     if new == carry:
       return carry
     carry = new
@@ -174,7 +177,7 @@ def _scan(mesh, *reps, jaxpr, num_consts, num_carry, **_):
                        list(reps[num_consts:num_consts + num_carry]),
                        list(reps[num_consts + num_carry:]))
   body = lambda c: closed_replication(mesh, jaxpr, consts + c + xs)[:num_carry]
-  carry = _loop_fixpoint(body, carry)
+  carry = loop_fixpoint(body, carry)
   return carry + closed_replication(mesh, jaxpr, consts + carry + xs)[num_carry:]
 
 
@@ -182,7 +185,7 @@ def _while(mesh, *reps, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **_)
   bconsts = list(reps[cond_nconsts:cond_nconsts + body_nconsts])
   carry = list(reps[cond_nconsts + body_nconsts:])
   body = lambda c: closed_replication(mesh, body_jaxpr, bconsts + c)
-  carry = _loop_fixpoint(body, carry)
+  carry = loop_fixpoint(body, carry)
   # A device-varying predicate makes the trip count vary too.
   pred, = closed_replication(mesh, cond_jaxpr,
                              list(reps[:cond_nconsts]) + carry)
@@ -193,7 +196,7 @@ def _while(mesh, *reps, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **_)
 
 def _cond(mesh, index, *reps, branches, **_):
   outs = [closed_replication(mesh, b, reps) for b in branches]
-  merged = [meet(mesh, column) for column in zip(*outs)]
+  merged = [meet(mesh, column) for column in zip(*outs, strict=True)]
   if index is not None:
     merged = [index if r is None else r & index for r in merged]
   return merged

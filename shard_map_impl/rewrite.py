@@ -143,7 +143,7 @@ class RewriteTrace(core.Trace):
     return x, full_rep(self.mesh)  # constants are the same on every device
 
   def _wrap(self, vals, reps) -> list:
-    return [RewriteTracer(self, v, r) for v, r in zip(vals, reps)]
+    return [RewriteTracer(self, v, r) for v, r in zip(vals, reps, strict=True)]
 
   def _forward(self, tracers, emit: Callable) -> list:
     """Lift ``tracers``; ``emit(vals, reps)`` binds on the parent -> (outs, out reps)."""
@@ -209,7 +209,7 @@ def _run(f: Callable, tag: core.TraceTag, mesh, in_reps: Sequence[Rep], args):
   """Call ``f`` on rewrite tracers; returns (output values, output reps)."""
   with core.take_current_trace() as parent:
     trace = RewriteTrace(parent, tag, mesh)
-    tracers = [RewriteTracer(trace, x, frozenset(r)) for x, r in zip(args, in_reps)]
+    tracers = [RewriteTracer(trace, x, frozenset(r)) for x, r in zip(args, in_reps, strict=True)]
     with core.set_current_trace(trace):
       outs = f(*tracers)
     vals, reps = unzip_pairs(map(trace.lift, outs))
@@ -230,18 +230,18 @@ def _rewrite_jvp(f, store, tag, mesh, in_reps, *args):
 
   def call(*live_args):
     it = iter(live_args)
-    return f(*(next(it) if keep else x for x, keep in zip(args, live)))
+    return f(*(next(it) if keep else x for x, keep in zip(args, live, strict=True)))
 
-  vals, reps = _run(call, tag, mesh, [r for r, k in zip(in_reps, live) if k],
-                    [x for x, k in zip(args, live) if k])
+  vals, reps = _run(call, tag, mesh, [r for r, k in zip(in_reps, live, strict=True) if k],
+                    [x for x, k in zip(args, live, strict=True) if k])
   n = len(vals) // 2
   primal_reps, tangent_reps = reps[:n], reps[n:]
-  for p_rep, t_rep, t in zip(primal_reps, tangent_reps, vals[n:]):
+  for p_rep, t_rep, t in zip(primal_reps, tangent_reps, vals[n:], strict=True):
     if p_rep - t_rep and not isinstance(t, cd.SymbolicZero):
       raise ValueError("custom_jvp primal output is more replicated than its "
                        f"corresponding tangent of type {core.typeof(t).str_short()}")
   tangents = [t if isinstance(t, cd.SymbolicZero) else match(mesh, t, t_rep, p_rep)
-              for t, t_rep, p_rep in zip(vals[n:], tangent_reps, primal_reps)]
+              for t, t_rep, p_rep in zip(vals[n:], tangent_reps, primal_reps, strict=True)]
   store.store(primal_reps)
   return [*vals[:n], *tangents]
 
@@ -262,7 +262,7 @@ def rewrite_bwd(bwd: lu.WrappedFun, mesh, in_reps_thunk: Callable,
     fun, reps = rewrite_subtrace(bwd, core.TraceTag(), mesh, tuple(in_reps_thunk()))
     cts = fun.call_wrapped(*args)
     return [ct if ct is None else match(mesh, ct, r, want)
-            for ct, r, want in zip(cts, reps(), out_reps)]
+            for ct, r, want in zip(cts, reps(), out_reps, strict=True)]
   return lu.wrap_init(new_bwd, debug_info=bwd.debug_info)
 
 
@@ -282,7 +282,7 @@ def rewrite_jaxpr(mesh, jaxpr: core.ClosedJaxpr, in_reps: Sequence[Rep],
     seen.append(reps)
     if out_reps is None:
       return vals
-    return [vary(mesh, v, r, want) for v, r, want in zip(vals, reps, out_reps)]
+    return [vary(mesh, v, r, want) for v, r, want in zip(vals, reps, out_reps, strict=True)]
 
   new, _, consts, attrs = pe.trace_to_jaxpr_dynamic(
       lu.wrap_init(body, debug_info=jaxpr.jaxpr.debug_info), jaxpr.in_avals)
@@ -305,4 +305,4 @@ def _rewritten_body(f, mesh, in_reps, out_names_thunk, *args):
   # Outputs less replicated than promised are left for the replication check
   # to report; more replicated ones are made varying as the spec says.
   return [vary(mesh, v, r, want) if want <= r else v
-          for v, r, want in zip(vals, reps, wanted)]
+          for v, r, want in zip(vals, reps, wanted, strict=True)]

@@ -19,7 +19,7 @@ from jax._src.lax import control_flow
 from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import replication
-from shard_map_impl.manual import manual_axes_of
+from shard_map_impl.per_device import manual_axes_of
 from shard_map_impl.primitive import register_trace_rule, shard_map_p
 from shard_map_impl.rewrite import (RewriteRule, RewriteTrace, as_list, common_rep, full_rep,
                                     register_rewrite_rule, rewrite_bwd, rewrite_jaxpr,
@@ -37,7 +37,7 @@ def _psum(mesh, in_reps, *args, axes, axis_index_groups):
   reduced = frozenset(axes)
   # Operands replicated along a reduced axis are first made varying there, so
   # the sum counts each device's copy, as psum does.
-  args = [vary(mesh, x, r & reduced, frozenset()) for x, r in zip(args, in_reps)]
+  args = [vary(mesh, x, r & reduced, frozenset()) for x, r in zip(args, in_reps, strict=True)]
   outs = lax_parallel.psum_invariant_p.bind(*args, axes=axes,
                                             axis_index_groups=axis_index_groups)
   return list(outs), [r | reduced for r in in_reps]
@@ -96,28 +96,18 @@ def _remat(mesh, in_reps, *args, jaxpr, **params):
 
 # --- control flow -------------------------------------------------------------
 
-def _carry_fixpoint(step, carry: list) -> list:
-  """Lower carry reps until one more iteration keeps them."""
-  for _ in range(len(carry) + 2):
-    new = [c & n for c, n in zip(carry, step(carry))]
-    if new == carry:
-      return carry
-    carry = new
-  raise AssertionError("carry replication fixpoint not reached")
-
-
 @register_rewrite_rule(control_flow.loops.scan_p)
 def _scan(mesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
   consts = list(in_reps[:num_consts])
   carry = list(in_reps[num_consts:num_consts + num_carry])
   xs = list(in_reps[num_consts + num_carry:])
   step = lambda c: rewrite_jaxpr(mesh, jaxpr, consts + c + xs)[1][:num_carry]
-  carry = _carry_fixpoint(step, carry)
+  carry = replication.loop_fixpoint(step, carry)
   body_in = consts + carry + xs
   _, out_reps = rewrite_jaxpr(mesh, jaxpr, body_in)
   out_reps = carry + out_reps[num_carry:]
   new, _ = rewrite_jaxpr(mesh, jaxpr, body_in, out_reps)
-  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, body_in)]
+  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, body_in, strict=True)]
   outs = control_flow.loops.scan_p.bind(*args, jaxpr=new, num_consts=num_consts,
                                         num_carry=num_carry, **params)
   return list(outs), out_reps
@@ -129,11 +119,11 @@ def _while(mesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncon
   bconsts = list(in_reps[cond_nconsts:cond_nconsts + body_nconsts])
   carry = list(in_reps[cond_nconsts + body_nconsts:])
   step = lambda c: rewrite_jaxpr(mesh, body_jaxpr, bconsts + c)[1]
-  carry = _carry_fixpoint(step, carry)
+  carry = replication.loop_fixpoint(step, carry)
   new_cond, _ = rewrite_jaxpr(mesh, cond_jaxpr, cconsts + carry)
   new_body, _ = rewrite_jaxpr(mesh, body_jaxpr, bconsts + carry, carry)
   wanted = cconsts + bconsts + carry
-  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, wanted)]
+  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, wanted, strict=True)]
   outs = control_flow.loops.while_p.bind(
       *args, cond_jaxpr=new_cond, body_jaxpr=new_body, cond_nconsts=cond_nconsts,
       body_nconsts=body_nconsts)
@@ -144,7 +134,7 @@ def _while(mesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncon
 def _cond(mesh, in_reps, index, *args, branches, **params):
   index_rep, arg_reps = in_reps[0], list(in_reps[1:])
   per_branch = [rewrite_jaxpr(mesh, b, arg_reps)[1] for b in branches]
-  out_reps = [common_rep(mesh, column) & index_rep for column in zip(*per_branch)]
+  out_reps = [common_rep(mesh, column) & index_rep for column in zip(*per_branch, strict=True)]
   new = tuple(rewrite_jaxpr(mesh, b, arg_reps, out_reps)[0] for b in branches)
   outs = control_flow.conditionals.cond_p.bind(index, *args, branches=new, **params)
   return list(outs), out_reps
@@ -194,7 +184,7 @@ def nested_shard_map(mesh, in_reps, fun: lu.WrappedFun, args, params):
   replicated along the inner manual axes its out_specs leave unmentioned, and
   along the other axes where every operand was."""
   target = common_rep(mesh, in_reps)
-  args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps)]
+  args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps, strict=True)]
   outs = shard_map_p.bind(fun, *args, **params)
   inner = frozenset(manual_axes_of(params["mesh"], params["auto"]))
   reps = [(target - inner) | (inner - spec_axes(n)) for n in params["out_names_thunk"]()]

@@ -9,14 +9,16 @@ the messages themselves are built in ``errors``.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Hashable, Sequence
+from typing import Hashable, Mapping, Sequence, Union
 
 from jax.sharding import PartitionSpec
 from jax.tree_util import tree_leaves
 
 AxisName = Hashable
-AxisNames = dict  # dict[int, tuple[AxisName, ...]]
-Specs = Any  # pytree of PartitionSpec (None leaves allowed in in_specs)
+# Array dimension -> the mesh axes it is split over (unsplit dimensions absent).
+AxisNames = dict[int, tuple[AxisName, ...]]
+# A pytree of PartitionSpecs (None leaves allowed in in_specs).
+Specs = Union[PartitionSpec, None, Sequence["Specs"], Mapping[Hashable, "Specs"]]
 
 
 def canonicalize_spec(spec: PartitionSpec | AxisNames) -> AxisNames:
@@ -86,7 +88,7 @@ def specs_are_valid(specs: Specs, auto: frozenset) -> bool:
 
 def rank_failures(specs_flat: Sequence[PartitionSpec], avals: Sequence) -> list:
   """Per input: the aval if its spec is longer than its rank, else None."""
-  return [a if len(p) > a.ndim else None for p, a in zip(specs_flat, avals)]
+  return [a if len(p) > a.ndim else None for p, a in zip(specs_flat, avals, strict=True)]
 
 
 def divisibility_failures(mesh, names_flat: Sequence[AxisNames],
@@ -95,4 +97,4 @@ def divisibility_failures(mesh, names_flat: Sequence[AxisNames],
   def bad(names, aval):
     return any(aval.shape[d] % prod(mesh.shape[n] for n in axes)
                for d, axes in names.items())
-  return [a if bad(n, a) else None for n, a in zip(names_flat, avals)]
+  return [a if bad(n, a) else None for n, a in zip(names_flat, avals, strict=True)]

@@ -2,7 +2,7 @@
 typecheck rule and pretty-printing of the equation.
 
 The body is traced once, per device: its inputs get ``shard_aval``'d avals
-and tracing happens under ``manual.body_context``.  The body's constants are
+and tracing happens under ``per_device.body_context``.  The body's constants are
 hoisted to leading inputs (replicated, in_names ``{}``) so the equation's
 ``jaxpr`` has no constvars.
 """
@@ -16,8 +16,9 @@ from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from shard_map_impl import debug_names, errors
-from shard_map_impl.manual import body_context, shard_aval, unshard_aval, axis_env
-from shard_map_impl.primitive import WITNESS_PARAM, make_eqn_params, register_trace_rule, shard_map_p
+from shard_map_impl.per_device import body_context, shard_aval, unshard_aval, axis_env
+from shard_map_impl.primitive import (WITNESS_PARAM, make_eqn_params, register_trace_rule,
+                                      shard_map_p)
 from shard_map_impl import replication
 
 
@@ -26,7 +27,7 @@ def trace_body(fun: lu.WrappedFun, mesh, in_names: Sequence[dict],
                auto: frozenset):
   """Trace ``fun`` per device -> (jaxpr with constvars, out avals, consts)."""
   local_avals = [shard_aval(mesh, auto, check_rep, names, a)
-                 for names, a in zip(in_names, in_avals)]
+                 for names, a in zip(in_names, in_avals, strict=True)]
   with body_context(mesh, auto, check_rep):
     jaxpr, out_avals, consts, attrs = pe.trace_to_jaxpr_dynamic(fun, local_avals)
   if attrs:
@@ -37,7 +38,7 @@ def trace_body(fun: lu.WrappedFun, mesh, in_names: Sequence[dict],
 def output_rank_failures(out_names: Sequence[dict], out_avals) -> list:
   """Per output: its aval if its out_spec names a dim it does not have."""
   return [a if names and max(names) >= a.ndim else None
-          for names, a in zip(out_names, out_avals)]
+          for names, a in zip(out_names, out_avals, strict=True)]
 
 
 def check_outputs(mesh, auto: frozenset, check_rep: bool,
@@ -56,7 +57,7 @@ def check_outputs(mesh, auto: frozenset, check_rep: bool,
     return
   reps = replication.output_replication(mesh, auto, check_rep, jaxpr, in_names)
   fails = [None if replication.rep_is_sufficient(mesh, auto, r, n) else r
-           for r, n in zip(reps, out_names)]
+           for r, n in zip(reps, out_names, strict=True)]
   if any(f is not None for f in fails):
     raise errors.OutputReplicationError(fails)
 
@@ -81,7 +82,7 @@ def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun
   out_names = tuple(out_names_thunk())
   check_outputs(mesh, auto, check_rep, out_names, body, all_names)
   out_avals = [unshard_aval(mesh, check_rep, names, v.aval)
-               for names, v in zip(out_names, body.outvars)]
+               for names, v in zip(out_names, body.outvars, strict=True)]
   src = source_info_util.current()
   const_tracers = [trace.to_jaxpr_tracer(c) for c in consts]
   outs = [pe.DynamicJaxprTracer(trace, a, src) for a in out_avals]
@@ -105,7 +106,7 @@ def _typecheck(_ctx_factory, *in_atoms, jaxpr, mesh, in_names, out_names,
     raise core.JaxprTypeError(
         f"shard_map got {len(in_atoms)} operands for a body with "
         f"{len(jaxpr.invars)} inputs and {len(in_names)} in_names")
-  for i, (binder, atom, names) in enumerate(zip(jaxpr.invars, in_atoms, in_names)):
+  for i, (binder, atom, names) in enumerate(zip(jaxpr.invars, in_atoms, in_names, strict=True)):
     want = shard_aval(mesh, auto, check_rep, names, atom.aval)
     if not core.typecompat(binder.aval, want):
       raise core.JaxprTypeError(
@@ -115,13 +116,13 @@ def _typecheck(_ctx_factory, *in_atoms, jaxpr, mesh, in_names, out_names,
     core.check_jaxpr(jaxpr)
   if check_rep:
     reps = replication.output_replication(mesh, auto, check_rep, jaxpr, in_names)
-    for i, (r, names) in enumerate(zip(reps, out_names)):
+    for i, (r, names) in enumerate(zip(reps, out_names, strict=True)):
       if not replication.rep_is_sufficient(mesh, auto, r, names):
         raise core.JaxprTypeError(
             f"shard_map output {i} is not provably replicated as out_names "
             f"{names} require (inferred replication {r})")
   out_avals = [unshard_aval(mesh, check_rep, names, v.aval)
-               for names, v in zip(out_names, jaxpr.outvars)]
+               for names, v in zip(out_names, jaxpr.outvars, strict=True)]
   return out_avals, core.filter_named_axis_effects(jaxpr.effects, mesh.axis_names)
 
 

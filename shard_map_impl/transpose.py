@@ -29,7 +29,8 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import ad
 from jax._src.interpreters import partial_eval as pe
 
-from shard_map_impl import residuals as rs
+from shard_map_impl import split_residuals as rs
+from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import spec_axes
 
@@ -63,7 +64,7 @@ class _TransposeBody:
     given_cts, res_args = args[:n_ct], args[n_ct:]
     given_iter = iter(given_cts)
     cts = [next(given_iter) if g else ad.Zero(v.aval.to_tangent_aval())
-           for v, g in zip(self.jaxpr.outvars, self.ct_given)]
+           for v, g in zip(self.jaxpr.outvars, self.ct_given, strict=True)]
     in_cts = self._linear_cotangents(res_args, cts)
     reduce_iter = iter(self.reduce_in)
     results = []
@@ -84,8 +85,8 @@ class _TransposeBody:
     n_known_outs = len(out_unknown) - sum(out_unknown)
     res = res[n_known_outs:]
     undefined = [ad.UndefinedPrimal(v.aval)
-                 for v, lin in zip(self.jaxpr.invars, self.linear) if lin]
-    lin_cts = [ct for ct, unk in zip(cts, out_unknown) if unk]
+                 for v, lin in zip(self.jaxpr.invars, self.linear, strict=True) if lin]
+    lin_cts = [ct for ct, unk in zip(cts, out_unknown, strict=True) if unk]
     all_cts = ad.backward_pass(linear_jaxpr.jaxpr, False, linear_jaxpr.consts,
                                [*res, *undefined], lin_cts)
     return all_cts[len(res):]
@@ -96,29 +97,29 @@ def transpose_rule(out_cts, *args, jaxpr: core.Jaxpr, mesh, in_names, out_names,
   linear = [ad.is_undefined_primal(x) for x in args]
   ct_given = [type(ct) is not ad.Zero for ct in out_cts]
   given = []
-  for ct, names, g in zip(out_cts, out_names, ct_given):
+  for ct, names, g in zip(out_cts, out_names, ct_given, strict=True):
     if g:
       scale = 1 if rewrite else prod(mesh.shape[a] for a in _replicated_axes(mesh, names, auto))
       given.append(_divide_for_replication(ct, scale))
-  linear_names = [n for n, lin in zip(in_names, linear) if lin]
+  linear_names = [n for n, lin in zip(in_names, linear, strict=True) if lin]
   reduce_in = [() if rewrite else _replicated_axes(mesh, n, auto) for n in linear_names]
   body = _TransposeBody(jaxpr, linear, ct_given, reduce_in)
-  res_args = [x for x, lin in zip(args, linear) if not lin]
-  res_names = [n for n, lin in zip(in_names, linear) if not lin]
-  ct_names = [n for n, g in zip(out_names, ct_given) if g]
+  res_args = [x for x, lin in zip(args, linear, strict=True) if not lin]
+  res_names = [n for n, lin in zip(in_names, linear, strict=True) if not lin]
+  ct_names = [n for n, g in zip(out_names, ct_given, strict=True) if g]
 
   def out_names_thunk():
-    return tuple(n for n, nz in zip(linear_names, body.nonzero_out) if nz)
+    return tuple(n for n, nz in zip(linear_names, body.nonzero_out, strict=True) if nz)
 
   fun = lu.wrap_init(body, debug_info=jaxpr.debug_info)
   outs = shard_map_p.bind(
       fun, *given, *res_args, mesh=mesh, in_names=(*ct_names, *res_names),
-      out_names_thunk=rs.DerivedNames(out_names_thunk, ("T", id(body))),
+      out_names_thunk=DerivedNames(out_names_thunk, ("T", id(body))),
       check_rep=check_rep, rewrite=rewrite, auto=auto)
   out_iter = iter(outs)
   nz_iter = iter(body.nonzero_out)
   result = []
-  for x, lin in zip(args, linear):
+  for x, lin in zip(args, linear, strict=True):
     if not lin:
       result.append(None)
     elif next(nz_iter):

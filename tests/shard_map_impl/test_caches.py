@@ -6,12 +6,12 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import shard_map_impl
-from shard_map_impl import device_witness, eager, manual
+from shard_map_impl import device_witness, eager, per_device
 from support.meshes import make_mesh
 
 CACHES = {
     "device witness": device_witness._witness_parts,
-    "manual meshes": manual._manual_mesh,
+    "manual meshes": per_device._manual_mesh,
     "eager converters": eager._converter,
     "eager primitive programs": eager._jitted,
 }

@@ -116,7 +116,7 @@ def unshard_aval(mesh, check_rep: bool, names: AxisNames,
   outer = names_to_pspec(names)._normalized_spec_for_aval(aval.ndim)
   if aval.ndim:
     inner = aval.sharding.spec._normalized_spec_for_aval(aval.ndim)
-    spec = PartitionSpec(*(_merge_dim(o, i) for o, i in zip(outer, inner)))
+    spec = PartitionSpec(*(_merge_dim(o, i) for o, i in zip(outer, inner, strict=True)))
   else:
     spec = outer
   context = get_abstract_mesh()

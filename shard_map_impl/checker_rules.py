@@ -5,8 +5,13 @@ its own here.
 """
 from __future__ import annotations
 
+from jax._src import checkify
 from jax._src import core
+from jax._src import linear_util as lu
+from jax.experimental.key_reuse import _core as key_reuse
+from jax.tree_util import tree_flatten, tree_unflatten
 
+from shard_map_impl.primitive import shard_map_p
 
 # --- checkify -------------------------------------------------------------------
 
@@ -19,11 +24,6 @@ def _checkify_rule(error, enabled_errors, *vals, jaxpr: core.Jaxpr, mesh,
   checkify's reduction picks the first failing device, as with JAX's
   shard_map.
   """
-  from jax._src import checkify
-  from jax._src import linear_util as lu
-  from jax.tree_util import tree_flatten, tree_unflatten
-  from shard_map_impl.primitive import ConstThunk, shard_map_p
-
   err_in, err_tree = tree_flatten(error)
   body = core.ClosedJaxpr(jaxpr, ())
   err_out_tree = []
@@ -50,17 +50,9 @@ def _checkify_rule(error, enabled_errors, *vals, jaxpr: core.Jaxpr, mesh,
 
 
 def _key_reuse_signature(eqn: core.JaxprEqn):
-  from jax.experimental.key_reuse import _core as key_reuse
   return key_reuse.jaxpr_type_signature(eqn.params["jaxpr"])
 
 
-def _register() -> None:
-  from jax._src import checkify
-  from jax.experimental.key_reuse import _core as key_reuse
-  from shard_map_impl.primitive import shard_map_p
-  checkify.error_checks[shard_map_p] = _checkify_rule
-  key_reuse.key_reuse_signatures[shard_map_p] = key_reuse.dynamic_key_reuse_signature(
-      _key_reuse_signature)
-
-
-_register()
+checkify.error_checks[shard_map_p] = _checkify_rule
+key_reuse.key_reuse_signatures[shard_map_p] = key_reuse.dynamic_key_reuse_signature(
+    _key_reuse_signature)

@@ -13,13 +13,10 @@ outputs and enter the second as extra inputs, so each needs a spec:
 
 A rank-0 residual has no dimension 0, so it is "promoted" to shape ``(1,)``
 before leaving the first half and squeezed back on entering the second.
-
-The module also provides hashable derived ``out_names_thunk`` objects, since
-bind params are used as cache keys.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from jax import lax
 from jax._src import config
@@ -28,33 +25,8 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import partial_eval as pe
 from jax._src.mesh import get_abstract_mesh
 
-from shard_map_impl.manual import body_context, vma_enabled
+from shard_map_impl.per_device import body_context, vma_enabled
 from shard_map_impl.specs import AxisNames
-
-
-class DerivedNames:
-  """Hashable, memoising ``out_names_thunk`` computed from other thunks.
-
-  ``key`` identifies what the result depends on (the thunks and static data
-  it closes over), so two rules building the same derivation compare equal.
-  """
-  __slots__ = ("_compute", "_key", "_value")
-
-  def __init__(self, compute: Callable[[], Sequence[AxisNames]], key: Any):
-    self._compute = compute
-    self._key = key
-    self._value = None
-
-  def __call__(self) -> tuple:
-    if self._value is None:
-      self._value = tuple(self._compute())
-    return self._value
-
-  def __hash__(self) -> int:
-    return hash(self._key)
-
-  def __eq__(self, other: object) -> bool:
-    return isinstance(other, DerivedNames) and self._key == other._key
 
 
 def newly_manual_axes(mesh, auto: frozenset) -> tuple:
@@ -110,7 +82,7 @@ def resolve_forwarding(in_fwd: Sequence[int | None], out_fwd: Sequence[int | Non
   fresh_iter = iter(fresh)
   picked = [from_inputs[i] if i is not None else
             from_outputs[o] if o is not None else next(fresh_iter)
-            for i, o in zip(in_fwd, out_fwd)]
+            for i, o in zip(in_fwd, out_fwd, strict=True)]
   if next(fresh_iter, fresh_iter) is not fresh_iter:
     raise AssertionError("more fresh residuals than slots")
   return picked
