@@ -21,7 +21,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.tree_util import tree_flatten, tree_unflatten
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import arguments, errors, key_collectives, meshes, multihost, nesting
+from pmap_compat import arguments, body_arguments, errors, key_collectives, meshes, multihost
+from pmap_compat import nesting
 from pmap_compat.config import PmapConfig
 from shard_map_impl import shard_map
 
@@ -148,7 +149,8 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
   manual = tuple(axis_sizes)
   found: dict[str, Any] = {}
 
-  def body(*blocks):
+  def body(*args):  # flat blocks, or their groups (then named like legacy in errors)
+    blocks = body_arguments.flatten(args) if grouped is not None else args
     leaves = [b if d is None else lax.squeeze(b, (d,))
               for b, d in zip(blocks, call.in_axes, strict=True)]
     with nesting.outer_body(dict(axis_sizes), (name,)):
@@ -161,12 +163,19 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
     unmapped = [y for y, d in zip(outs, out_axes, strict=True) if d is None]
     flags = [_varies(y, manual) for y in unmapped] if strict else []
     return mapped, unmapped, flags
-  # Tracing errors (e.g. a tracer used as a bool) then name the user's function, not ours.
+  # Tracing errors (e.g. a tracer used as a bool) then name the user's function and
+  # arguments, not ours.
   body.__fun_sourceinfo__ = api_util.fun_sourceinfo(fun)
-
+  args, kwargs = call.rebuild(call.leaves)
+  grouped = body_arguments.group(fun, args, kwargs, tuple(call.static))
   in_specs = tuple(in_spec(d, name) for d in call.in_axes)
+  body_args = tuple(call.leaves)
+  if grouped is not None:
+    body.__signature__ = grouped.signature
+    in_specs = body_arguments.regroup(grouped, in_specs)
+    body_args = body_arguments.regroup(grouped, call.leaves)
   mapped, unmapped, flags = shard_map(body, mesh, in_specs=in_specs,
-                                      out_specs=(P(name), P(), P()), check_rep=False)(*call.leaves)
+                                      out_specs=(P(name), P(), P()), check_rep=False)(*body_args)
   mapped, unmapped = iter(mapped), iter(unmapped)
   outs = [next(unmapped) if d is None else _move_leading_axis(next(mapped), d)
           for d in found["axes"]]

@@ -1,5 +1,7 @@
 """Errors with legacy's wording (row 28)."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -87,3 +89,35 @@ def test_not_callable():
   for pm in (jax.pmap, pmap):
     with pytest.raises(TypeError):
       pm(3)(np.ones(8))
+
+
+def _traced_bool(value):
+  return 1 if value.sum() > 0 else 0
+
+
+# Functions that branch on a traced value: the tracing error names the argument it came from.
+NAMED_ARGUMENTS = {
+    "first": (lambda x, y: _traced_bool(x), (np.ones((8, 2)), np.ones(8)), {}, {}),
+    "dict_leaf": (lambda x, d: _traced_bool(d["b"]),
+                  (np.ones(8), {"a": np.ones(8), "b": np.ones(8)}), {}, {}),
+    "extra_positional": (lambda a, *rest: _traced_bool(rest[1]), (np.ones(8),) * 3, {}, {}),
+    "keyword": (lambda x, *, n: _traced_bool(n), (np.ones(8),), {"n": np.ones(8)}, {}),
+    "gathered_keywords": (lambda x, **kw: _traced_bool(kw["z"]), (np.ones(8),),
+                          {"z": np.ones(8)}, {}),
+    "after_static": (lambda k, x, t: _traced_bool(t), (3, np.ones(8), np.ones(8)), {},
+                     {"static_broadcasted_argnums": 0}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NAMED_ARGUMENTS))
+def test_tracing_error_names_the_argument_like_legacy(case):
+  fun, args, kwargs, pmap_kwargs = NAMED_ARGUMENTS[case]
+  legacy = compare_call(fun, args, pmap, kwargs=kwargs, **pmap_kwargs)
+  with pytest.raises(jax.errors.TracerBoolConversionError) as ours:
+    pmap(fun, **pmap_kwargs)(*args, **kwargs)
+
+  def named(message):
+    return re.search(r"the function (\S+) .*the value of the argument (.*?)\.\n", message, re.S)
+  expected = named(str(legacy.error))
+  assert expected is not None, legacy.error
+  assert named(str(ours.value)).groups() == expected.groups()
