@@ -2,7 +2,7 @@
 
 Validates arguments, flattens pytrees, matches specs to arguments (tree
 prefixes, ``None`` for unsharded arguments), and binds ``shard_map_p`` on the
-flattened body.  Output specs are resolved lazily (after the body is traced),
+flattened body (``binding``).  Output specs are resolved lazily (after the body is traced),
 which is also what allows ``out_specs`` to be a thunk.
 """
 from __future__ import annotations
@@ -11,7 +11,6 @@ import functools
 from typing import Any, Callable, Hashable
 
 from jax._src import api_util
-from jax._src import config
 from jax._src import core
 from jax._src import linear_util as lu
 from jax._src import traceback_util
@@ -20,10 +19,9 @@ from jax._src.tree_util import broadcast_prefix, prefix_errors
 from jax.tree_util import tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
-from shard_map_impl.primitive import shard_map_p
-from shard_map_impl.rewrite import efficient_transpose_rewrite
+from shard_map_impl.binding import bind_body
 from shard_map_impl.specs import (Specs, canonicalize_spec, divisibility_failures,
-                                  rank_failures, spec_axes, spec_leaf_problems,
+                                  rank_failures, spec_leaf_problems,
                                   specs_are_valid)
 
 traceback_util.register_exclusion(__file__)
@@ -59,33 +57,6 @@ class _OutNames:
       self.resolved_specs = specs
       self._value = tuple(canonicalize_spec(s) for s in flat)
     return self._value
-
-
-def _pvary_outputs_to_specs(fun: lu.WrappedFun, out_names: Callable) -> lu.WrappedFun:
-  """vma mode: mark each output varying over the axes its out_spec splits on.
-
-  Out_specs promise nothing about replication over the axes they mention, so
-  outputs are made device-varying there (a no-op for already-varying values).
-  """
-  @lu.transformation2
-  def mark(f, *args):
-    outs = f(*args)
-    marked = []
-    for x, names in zip(outs, out_names(), strict=True):
-      missing = tuple(sorted(spec_axes(names) - core.typeof(x).vma, key=str))
-      marked.append(core.pvary(x, missing) if missing else x)
-    return marked
-  return mark(fun)
-
-
-def _prepare_body(fun, rewrite: bool, mesh, in_names, out_names) -> lu.WrappedFun:
-  """With check_rep, wrap the body for differentiation in the active mode."""
-  if not rewrite:
-    return fun
-  by_types = config.varying_axes_in_types.value
-  wrap = _pvary_outputs_to_specs if by_types else None
-  return (wrap(fun, out_names) if wrap is not None
-          else efficient_transpose_rewrite(fun, mesh, in_names, out_names))
 
 
 @traceback_util.api_boundary
@@ -139,12 +110,9 @@ def _call(f, mesh, in_specs, out_specs, check_rep, auto, args) -> Any:
   in_names = tuple(canonicalize_spec(s) for s in dyn_specs)
   out_names = _OutNames(out_specs, out_tree, auto)
 
-  rewrite = bool(check_rep)
-  fun = _prepare_body(fun, rewrite, mesh, in_names, out_names)
   try:
-    outs = shard_map_p.bind(fun, *dyn_args, mesh=mesh, in_names=in_names,
-                            out_names_thunk=out_names, check_rep=check_rep,
-                            rewrite=rewrite, auto=auto)
+    outs = bind_body(fun, dyn_args, mesh=mesh, in_names=in_names,
+                     out_names_thunk=out_names, check_rep=check_rep, auto=auto)
   except errors.OutputRankError as e:
     raise errors.rank_error("out", f, out_tree(), out_names.resolved_specs,
                             e.failures) from None

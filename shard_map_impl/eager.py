@@ -19,10 +19,11 @@ rejected, both as in JAX's eager shard_map.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
-
+from jax._src import api_util
 from jax._src import config
 from jax._src import core
 from jax._src import debugging
@@ -33,32 +34,66 @@ from jax._src.mesh import AbstractMesh, Mesh, get_abstract_mesh, use_abstract_me
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl import errors, replication
+from shard_map_impl.binding import bind_body
+from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
-from shard_map_impl.specs import names_to_pspec
+from shard_map_impl.specs import canonicalize_spec, names_to_pspec
 from shard_map_impl.staging import output_rank_failures
 
 
 # --- converting between global arrays and stacked per-device blocks ------------
 
+def _flat_program(fn, mesh: Mesh, in_specs: Sequence[PartitionSpec],
+                  out_specs: PartitionSpec | Sequence[PartitionSpec], check: bool) -> Callable:
+  """A shard_map of ours running ``fn`` (flat list in, flat list out) per device.
+
+  ``out_specs`` is one spec per output, or a single spec shared by them all.
+  """
+  in_names = tuple(canonicalize_spec(s) for s in in_specs)
+  shared = isinstance(out_specs, PartitionSpec)
+  out_names = (canonicalize_spec(out_specs) if shared
+               else tuple(canonicalize_spec(s) for s in out_specs))
+
+  def program(*args):
+    n_outs: list[int] = []  # known once the body has been traced
+
+    def body(*blocks):
+      outs = fn(*blocks)
+      n_outs.append(len(outs))
+      return outs
+
+    dbg = api_util.debug_info("shard_map", fn, args, {})
+    names = (DerivedNames(lambda: (out_names,) * n_outs[-1], ("shared", out_specs, fn))
+             if shared else ConstThunk(out_names))
+    return bind_body(lu.wrap_init(body, debug_info=dbg), args, mesh=mesh,
+                     in_names=in_names, out_names_thunk=names, check_rep=check,
+                     auto=frozenset())
+  return program
+
+
 @util.cache(max_size=1024, trace_context_in_key=False)
 def _converter(kind: str, mesh, spec: PartitionSpec, stacked: PartitionSpec,
                check: bool):
   """Jitted global<->stacked conversion (a shard_map of ours, cached)."""
-  import jax
-  from shard_map_impl.api import shard_map
   if kind == "stack":
-    return jax.jit(shard_map(lambda b: b[None], mesh, in_specs=(spec,),
-                             out_specs=stacked, check_rep=check))
-  return jax.jit(shard_map(lambda b: b[0], mesh, in_specs=(stacked,),
-                           out_specs=spec, check_rep=check),
-                 out_shardings=NamedSharding(mesh, spec))
+    convert = _flat_program(_stack_block, mesh, (spec,), (stacked,), check)
+    return jax.jit(lambda x: convert(x)[0])
+  convert = _flat_program(_unstack_block, mesh, (stacked,), (spec,), check)
+  return jax.jit(lambda x: convert(x)[0], out_shardings=NamedSharding(mesh, spec))
+
+
+def _stack_block(block):
+  return [block[None]]
+
+
+def _unstack_block(block):
+  return [block[0]]
 
 
 @contextlib.contextmanager
 def _outside(context_mesh):
   """Leave the body: evaluate with jit enabled under the caller's mesh."""
-  import jax
   with core.eval_context(), jax.disable_jit(False), use_abstract_mesh(context_mesh):
     yield
 
@@ -90,12 +125,8 @@ class _PrimApplier:
 
 @util.cache(max_size=4096, trace_context_in_key=False)
 def _jitted(applier: _PrimApplier, mesh, in_specs: tuple, out_specs, check: bool):
-  import jax
-  from shard_map_impl.api import shard_map
   # A tuple key stands for a list of per-output specs (a single P is a tuple too).
-  specs = out_specs if isinstance(out_specs, PartitionSpec) else list(out_specs)
-  return jax.jit(shard_map(applier, mesh, in_specs=in_specs, out_specs=specs,
-                           check_rep=check))
+  return jax.jit(_flat_program(applier, mesh, in_specs, out_specs, check))
 
 
 def _apply(trace: "EagerTrace", prim, params, stacked, in_specs: tuple, out_specs):

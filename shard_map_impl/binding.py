@@ -1,0 +1,46 @@
+"""Binding ``shard_map_p`` on a flat body, as the public API and eager mode do.
+
+With ``check_rep`` the body is first prepared for differentiation in the
+active varying-axes mode: with varying-axes types each output is made
+device-varying over the axes its out_spec splits on (out_specs promise nothing
+about replication there); without them the efficient-transpose rewrite makes
+every replicated-to-varying conversion explicit.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from jax._src import config
+from jax._src import core
+from jax._src import linear_util as lu
+
+from shard_map_impl.primitive import shard_map_p
+from shard_map_impl.rewrite import efficient_transpose_rewrite
+from shard_map_impl.specs import AxisNames, spec_axes
+
+
+def _pvary_outputs_to_specs(fun: lu.WrappedFun,
+                            out_names: Callable[[], Sequence[AxisNames]]) -> lu.WrappedFun:
+  @lu.transformation2
+  def mark(f, *args):
+    outs = f(*args)
+    marked = []
+    for x, names in zip(outs, out_names(), strict=True):
+      missing = tuple(sorted(spec_axes(names) - core.typeof(x).vma, key=str))
+      marked.append(core.pvary(x, missing) if missing else x)
+    return marked
+  return mark(fun)
+
+
+def bind_body(fun: lu.WrappedFun, args: Sequence, *, mesh, in_names: Sequence[AxisNames],
+              out_names_thunk: Callable[[], Sequence[AxisNames]], check_rep: bool,
+              auto: frozenset) -> Sequence:
+  """``shard_map_p.bind`` of ``fun`` (flat inputs and outputs) on ``args``."""
+  rewrite = bool(check_rep)
+  if rewrite:
+    fun = (_pvary_outputs_to_specs(fun, out_names_thunk)
+           if config.varying_axes_in_types.value
+           else efficient_transpose_rewrite(fun, mesh, in_names, out_names_thunk))
+  return shard_map_p.bind(fun, *args, mesh=mesh, in_names=tuple(in_names),
+                          out_names_thunk=out_names_thunk, check_rep=check_rep,
+                          rewrite=rewrite, auto=auto)
