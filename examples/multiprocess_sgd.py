@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ import numpy as np
 COORDINATOR = "PMAP_EXAMPLE_COORDINATOR"  # host:port of process 0
 NUM_PROCESSES = "PMAP_EXAMPLE_NUM_PROCESSES"
 PROCESS_ID = "PMAP_EXAMPLE_PROCESS_ID"
+REPORT = "PMAP_EXAMPLE_REPORT"  # where a launched process writes its report
 
 
 def maybe_initialize() -> bool:
@@ -87,18 +89,36 @@ def _free_port() -> int:
 
 
 def launch(processes: int, devices_per_process: int, timeout: float = 120.0) -> int:
-  """Starts this script `processes` times on this machine as one distributed job."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", **{
-      COORDINATOR: f"127.0.0.1:{_free_port()}", NUM_PROCESSES: str(processes),
-      "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"})
-  procs = [subprocess.Popen([sys.executable, __file__], env=dict(env, **{PROCESS_ID: str(i)}))
-           for i in range(processes)]
-  try:
-    return max(p.wait(timeout=timeout) for p in procs)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  """Starts this script `processes` times on this machine as one distributed job, then
+  prints each process's report in process order (each process writes its own file, so
+  reports never interleave on a shared stdout)."""
+  with tempfile.TemporaryDirectory(prefix="multiprocess_sgd-") as reports:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{
+        COORDINATOR: f"127.0.0.1:{_free_port()}", NUM_PROCESSES: str(processes),
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"})
+    paths = [os.path.join(reports, f"process_{i}.txt") for i in range(processes)]
+    procs = [subprocess.Popen([sys.executable, __file__],
+                              env=dict(env, **{PROCESS_ID: str(i), REPORT: path}))
+             for i, path in enumerate(paths)]
+    try:
+      status = max(p.wait(timeout=timeout) for p in procs)
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+    for path in paths:
+      if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+          sys.stdout.write(f.read())
+    return status
+
+
+def report(out: dict) -> str:
+  p = out["process_index"]
+  return (f"process {p}/{out['process_count']}, {jax.local_device_count()} local of "
+          f"{out['global_devices']} devices\n"
+          f"  [p{p}] loss per step: {np.asarray(out['losses'])[:, 0]}\n"
+          f"  [p{p}] psum of per-process weights: {float(out['weighted'][0])}\n")
 
 
 def main() -> int:
@@ -106,10 +126,14 @@ def main() -> int:
     count = int(sys.argv[sys.argv.index("--processes") + 1])
     return launch(count, devices_per_process=max(1, 8 // count))
   out = run()
-  print(f"process {out['process_index']}/{out['process_count']}, "
-        f"{jax.local_device_count()} local of {out['global_devices']} devices")
-  print(f"  [p{out['process_index']}] loss per step:", np.asarray(out["losses"])[:, 0])
-  print(f"  [p{out['process_index']}] psum of per-process weights:", float(out["weighted"][0]))
+  text = report(out)
+  path = os.environ.get(REPORT)
+  if path:  # started by launch(): a file of its own, complete or absent
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(path + ".tmp", path)
+  else:
+    sys.stdout.write(text)
   if jax.distributed.is_initialized():
     del out  # release the arrays first: processes can hang at exit holding them
     jax.distributed.shutdown()

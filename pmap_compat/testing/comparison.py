@@ -16,7 +16,9 @@ value). An element is within tolerance when
     so a value that cancels toward zero may move many of its own ulp), or
   - |actual - recorded| <= atol + rtol * |recorded|.
 `max_ulp` applies to floating leaves only: integer and bool leaves differ only under
-atol/rtol; PRNG keys and strings never.
+atol/rtol; PRNG keys and strings never. A float64 leaf whose recorded values are all
+float32 values (a python float taken from a float32 array, as `float(loss)` gives) is
+measured in float32 ulp: its last float32 bit is the precision it ever had.
 """
 from __future__ import annotations
 
@@ -30,10 +32,11 @@ from pmap_compat.testing import recordings, trees
 # Default bound when the recording comes from another jax/jaxlib version (XLA changes
 # between releases reorder reductions and fuse differently). Measured on the shipped
 # examples, jax 0.10.2 (its own jax.pmap, and the codemod output) against legacy
-# jax.pmap on jax 0.6.0: at most 4 ulp at leaf scale (elementwise up to 34 ulp, in
-# values near zero). Twice that leaves room for loops that compound the differences;
-# a real change (a perturbed program) moves values by orders of magnitude more.
-CROSS_VERSION_MAX_ULP = 8
+# jax.pmap on jax 0.6.0: at most 7 ulp at leaf scale (replicate_loop's velocity after
+# six steps; elementwise up to 34 ulp, in values near zero). About twice that leaves
+# room for loops that compound the differences; a real change (a perturbed program)
+# moves values by orders of magnitude more.
+CROSS_VERSION_MAX_ULP = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +51,9 @@ class Tolerance:
   def describe(self) -> str:
     if self.exact:
       return f"bit for bit ({self.why})" if self.why else "bit for bit"
-    parts = [f"max {self.max_ulp} ulp (elementwise or at leaf scale)"] + ([f"atol {self.atol:g}"] if self.atol else []) + (
-        [f"rtol {self.rtol:g}"] if self.rtol else [])
+    parts = [f"max {self.max_ulp} ulp (elementwise or at leaf scale)"]
+    parts += [f"atol {self.atol:g}"] if self.atol else []
+    parts += [f"rtol {self.rtol:g}"] if self.rtol else []
     return " or ".join(parts) + (f" ({self.why})" if self.why else "")
 
 
@@ -66,7 +70,8 @@ def choose_tolerance(recorded: dict, running: dict, *, rtol: float | None = None
   versions = lambda p: (p.get("jax"), p.get("jaxlib"))  # noqa: E731
   if versions(recorded) == versions(running):
     return Tolerance(True, why=f"same jax {running.get('jax')} as the recording")
-  return Tolerance(False, CROSS_VERSION_MAX_ULP, why=f"default across versions: recorded on jax {recorded.get('jax')}, "
+  return Tolerance(False, CROSS_VERSION_MAX_ULP,
+                   why=f"default across versions: recorded on jax {recorded.get('jax')}, "
                    f"running jax {running.get('jax')}")
 
 
@@ -175,8 +180,8 @@ class Report:
     if worst is None:
       lines.append("worst leaf: none, every leaf is identical")
     else:
-      lines.append(f"worst leaf: {trees.display_path(worst.path)} ("
-                   f"{worst.difference() if worst.status in ('within', 'beyond') else worst.detail})")
+      how = worst.difference() if worst.status in ("within", "beyond") else worst.detail
+      lines.append(f"worst leaf: {trees.display_path(worst.path)} ({how})")
     lines.append(self.summary())
     return "\n".join(lines)
 
@@ -194,7 +199,7 @@ def _ordered_ints(x: np.ndarray) -> np.ndarray:
 
 
 def ulp_distance(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
-  """Elementwise ulp distance of two same-dtype real float arrays (uint64; NaNs excluded by caller)."""
+  """Elementwise ulp distance of two real float arrays of one dtype, as uint64 (NaN: undefined)."""
   a, b = _ordered_ints(expected), _ordered_ints(actual)
   au, bu = a.view(np.uint64), b.view(np.uint64)
   return np.where(a >= b, au - bu, bu - au)
@@ -237,6 +242,21 @@ def _bits_equal(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
   return (expected.view(bits) == actual.view(bits)) | (_isnan(expected) & _isnan(actual))
 
 
+def _in_float32_if_exact(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, ...]:
+  """float64 values that are all float32 values carry float32 precision: measure them so."""
+  narrow = {np.dtype(np.float64): np.float32, np.dtype(np.complex128): np.complex64}.get(
+      expected.dtype)
+  if narrow is None:
+    return expected, actual
+  with np.errstate(over="ignore"):
+    as_narrow = expected.astype(narrow)
+  finite = np.isfinite(expected)
+  if not np.array_equal(as_narrow[finite], expected[finite]):
+    return expected, actual
+  with np.errstate(over="ignore"):
+    return as_narrow, actual.astype(narrow)
+
+
 def _leaf_ulp(x: np.ndarray) -> float:
   """One ulp at the leaf's largest finite magnitude (the smallest subnormal if all are 0)."""
   import ml_dtypes  # pylint: disable=import-outside-toplevel
@@ -269,14 +289,15 @@ def compare_values(expected: np.ndarray, actual: np.ndarray, tol: Tolerance) -> 
   within = same | (abs_diff <= tol.atol + tol.rtol * np.abs(e64))
   nan_mismatch = ~same & (_isnan(expected) | _isnan(actual))
   if _is_float(expected.dtype):
+    expected, actual = _in_float32_if_exact(expected, actual)
     ulps = np.zeros(expected.shape, np.uint64)
     for e, a in zip(_real_parts(expected), _real_parts(actual), strict=True):
       ulps = np.maximum(ulps, ulp_distance(e, a))
     ulps = np.where(same | nan_mismatch, np.uint64(0), ulps)
     stats["max_ulp"] = int(ulps.max())
-    finite = np.where(nan_mismatch, 0.0, abs_diff)
-    stats["scale_ulp"] = float(finite.max()) / _leaf_ulp(expected)
-    within |= (ulps <= np.uint64(tol.max_ulp)) | (finite <= tol.max_ulp * _leaf_ulp(expected))
+    finite, leaf_ulp = np.where(nan_mismatch, 0.0, abs_diff), _leaf_ulp(expected)
+    stats["scale_ulp"] = float(finite.max()) / leaf_ulp
+    within |= (ulps <= np.uint64(tol.max_ulp)) | (finite <= tol.max_ulp * leaf_ulp)
   if nan_mismatch.any():
     stats["detail"] = f"{int(nan_mismatch.sum())} elements are NaN in one run only"
   within &= ~nan_mismatch

@@ -24,7 +24,8 @@ LEAF_DIR = "leaves"
 PROCESS_DIR = "process_{}"
 
 # Leaf kinds: what the program returned at that position.
-JAX_ARRAY, KEY_ARRAY, NUMPY_ARRAY, NUMPY_SCALAR = "jax.Array", "jax.Array[key]", "numpy.ndarray", "numpy.scalar"
+JAX_ARRAY, KEY_ARRAY = "jax.Array", "jax.Array[key]"
+NUMPY_ARRAY, NUMPY_SCALAR = "numpy.ndarray", "numpy.scalar"
 PYTHON_KINDS = {bool: "python.bool", int: "python.int", float: "python.float",
                 complex: "python.complex", str: "python.str"}
 
@@ -164,7 +165,7 @@ def write(directory: str, outputs: Any, producer: dict, metadata: dict | None = 
     if leaf.kind == "python.str":
       entry["value"] = leaf.value
     elif leaf.dtype != "float0":
-      data, stored_as = _storable(np.ascontiguousarray(leaf.value))
+      data, stored_as = _storable(np.asarray(leaf.value, order="C"))  # keeps 0-d arrays 0-d
       entry["file"] = f"{LEAF_DIR}/{i:05d}.npy"
       if stored_as:
         entry["stored_as"] = stored_as
@@ -210,6 +211,10 @@ def read(directory: str) -> Recording:
       value = np.load(os.path.join(directory, entry["file"]), allow_pickle=False)
       if "stored_as" in entry:
         value = value.view(numpy_dtype(entry["dtype"]))
+      data_shape = value.shape[:len(shape)] if entry["kind"] == KEY_ARRAY else value.shape
+      if data_shape != shape:
+        raise ValueError(f"{directory}: {entry['file']} holds shape {value.shape}, the manifest "
+                         f"says {shape} for {trees.display_path(entry['path'])}")
     leaves.append(Leaf(entry["path"], entry["kind"], entry["dtype"], shape, value,
                        entry.get("key_impl")))
   return Recording(manifest["tree"], leaves, manifest["producer"], manifest.get("metadata", {}),

@@ -2,8 +2,8 @@
 
 `describe(tree)` walks the output of a program and returns a JSON-able description
 of its containers plus its leaves, each with a readable path. Containers are the
-ones pmap programs return: dict (keys sorted as JAX flattens them; OrderedDict in
-insertion order), list, tuple, namedtuple and None. Any other pytree node registered
+ones JAX flattens itself: dict and defaultdict (keys sorted, as JAX flattens them),
+OrderedDict (insertion order), list, tuple, namedtuple and None. Any other pytree node registered
 with JAX (a Flax struct, a FrozenDict, ...) is described generically by its class
 name and its children's key paths. Everything else is a leaf.
 
@@ -38,6 +38,10 @@ def _dict_keys(d: dict) -> list:
     return list(d)
 
 
+# The dict types JAX flattens itself; other dict subclasses are leaves unless registered.
+_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
+
+
 def _is_namedtuple(x: Any) -> bool:
   return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
@@ -57,7 +61,7 @@ def describe(tree: Any) -> tuple[dict, Leaves]:
   def walk(x: Any, path: str) -> dict:
     if x is None:
       return {"type": "none"}
-    if isinstance(x, dict):
+    if type(x) in _DICTS:
       keys = _dict_keys(x)
       node = {"type": "dict", "keys": [_key_json(k) for k in keys],
               "children": [walk(x[k], f"{path}[{k!r}]") for k in keys]}
@@ -67,8 +71,8 @@ def describe(tree: Any) -> tuple[dict, Leaves]:
     if _is_namedtuple(x):
       return {"type": "namedtuple", "class": _class_name(x), "fields": list(x._fields),
               "children": [walk(v, f"{path}.{f}") for f, v in zip(x._fields, x, strict=True)]}
-    if isinstance(x, (list, tuple)):
-      return {"type": type(x).__name__ if type(x) in (list, tuple) else "tuple",
+    if type(x) in (list, tuple):
+      return {"type": type(x).__name__,
               "children": [walk(v, f"{path}[{i}]") for i, v in enumerate(x)]}
     children = _registered_children(x)
     if children is not None:

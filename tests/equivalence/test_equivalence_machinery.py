@@ -12,45 +12,53 @@ from jax.experimental.shard_map import shard_map
 from jax.sharding import PartitionSpec as P
 
 import equivalence
+from pmap_compat import testing
 from support.compare import assert_trees_equal
 
 CASE = equivalence.Case("probe", "probe")
 
 
-def _result(value, mode="legacy"):
-  stored, kinds = equivalence._to_storable(value)  # pylint: disable=protected-access
-  return equivalence.RunResult("probe", mode, value=stored, kinds=kinds)
+@pytest.fixture(name="result")
+def result_fixture(tmp_path):
+  """Makes a RunResult holding a recording of `value`, as a child process would leave it."""
+  def make(value, mode="legacy"):
+    testing.record(value, tmp_path / mode)
+    return equivalence.RunResult("probe", mode, str(tmp_path / mode))
+  return make
 
 
-def test_identical_results_compare_equal():
+def test_identical_results_compare_equal(result):
   tree = {"a": jnp.arange(8.0), "k": jax.random.split(jax.random.key(0), 8), "n": 3}
-  verdict = equivalence.compare(CASE, _result(tree), _result(tree, "other"))
-  assert verdict.identical, verdict.message
+  verdict = equivalence.compare(CASE, result(tree), result(tree, "other"))
+  assert verdict.identical and verdict.ok, verdict.message
 
 
-def test_a_one_ulp_difference_is_caught():
+def test_a_one_ulp_difference_is_caught(result):
   a = jnp.linspace(0, 1, 8, dtype=jnp.float32)
   b = a.at[3].set(jnp.nextafter(a[3], jnp.float32(2)))
-  verdict = equivalence.compare(CASE, _result({"x": a}), _result({"x": b}, "other"))
-  assert not verdict.identical and "values differ" in verdict.message
+  verdict = equivalence.compare(CASE, result({"x": a}), result({"x": b}, "other"))
+  assert not verdict.identical and not verdict.ok
+  assert verdict.message.startswith("['x'] float32[8] 1 of 8 elements differ, max ulp 1")
+  assert "BEYOND TOLERANCE" in verdict.message and "bit for bit" in verdict.report
 
 
-def test_different_typed_keys_are_caught():
+def test_different_typed_keys_are_caught(result):
   k0, k1 = jax.random.split(jax.random.key(0), 8), jax.random.split(jax.random.key(1), 8)
-  verdict = equivalence.compare(CASE, _result(k0), _result(k1, "other"))
-  assert not verdict.identical
+  verdict = equivalence.compare(CASE, result(k0), result(k1, "other"))
+  assert not verdict.identical and not verdict.ok
 
 
-def test_numpy_instead_of_jax_array_is_caught():
+def test_numpy_instead_of_jax_array_is_caught(result):
   x = jnp.arange(8)
-  verdict = equivalence.compare(CASE, _result([x]), _result([np.asarray(x)], "other"))
-  assert not verdict.identical and "jax.Arrays" in verdict.message
+  verdict = equivalence.compare(CASE, result([x]), result([np.asarray(x)], "other"))
+  assert not verdict.ok
+  assert "type differs: recorded jax.Array, got numpy.ndarray" in verdict.message
 
 
-def test_a_failed_run_is_not_identical():
+def test_a_failed_run_is_not_identical(result):
   failed = equivalence.RunResult("probe", "other", error="RuntimeError: boom")
-  verdict = equivalence.compare(CASE, _result(jnp.zeros(2)), failed)
-  assert not verdict.identical and verdict.message == "RuntimeError: boom"
+  verdict = equivalence.compare(CASE, result(jnp.zeros(2)), failed)
+  assert not verdict.identical and not verdict.ok and verdict.message == "RuntimeError: boom"
 
 
 def _psum_and_shift_x(x):
@@ -117,7 +125,8 @@ def test_pmap_compat_mode_really_runs_on_pmap_compat(tmp_path):
   case = equivalence.Case("which", "which")
   result = equivalence.run_source(case, "pmap_compat", str(src), str(tmp_path / "s"))
   assert result.ok, result.error + result.detail
-  assert result.value["module"].startswith("pmap_compat")
+  [recording] = result.recordings()
+  assert recording.leaves[0].value.startswith("pmap_compat")
 
 
 def test_cli_exits_1_when_a_program_behaves_differently_under_pmap_compat(tmp_path):
@@ -129,7 +138,7 @@ def test_cli_exits_1_when_a_program_behaves_differently_under_pmap_compat(tmp_pa
                       str(src), "--modes", "pmap_compat"], capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 1, r.stdout + r.stderr
-  assert "pmap_compat: DIFFERS (at <root>: values differ" in r.stdout
+  assert "pmap_compat vs legacy: DIFFERS (<root> float32[2] 2 of 2 elements differ" in r.stdout
 
 
 def test_each_target_must_use_its_own_shard_map_api(tmp_path):

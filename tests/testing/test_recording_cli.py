@@ -76,7 +76,8 @@ def test_a_named_function_and_a_tolerance(tmp_path, capsys):
     (["record", DP_SGD, "--out", "OUT", "--kwargs", "[1]"], "--kwargs must be a JSON object"),
     (["record", DP_SGD, "--out", "OUT", "--function", "train"],
      "--function 'train': " + DP_SGD + " defines no function 'train'"),
-    (["record", "/nonexistent/prog.py", "--out", "OUT"], "PROGRAM '/nonexistent/prog.py' is not a file"),
+    (["record", "/nonexistent/prog.py", "--out", "OUT"],
+     "PROGRAM '/nonexistent/prog.py' is not a file"),
 ])
 def test_nothing_compared_exits_2_naming_the_problem(tmp_path, capsys, args, message):
   assert main([str(tmp_path / "out") if a == "OUT" else a for a in args]) == 2
@@ -90,8 +91,9 @@ def _two_process_job(args: list[str], timeout: float = 240) -> list[subprocess.C
     port = s.getsockname()[1]
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
          "PMAP_EXAMPLE_COORDINATOR": f"127.0.0.1:{port}", "PMAP_EXAMPLE_NUM_PROCESSES": "2"}
-  procs = [subprocess.Popen(cli_command(args), env=cli_env({**env, "PMAP_EXAMPLE_PROCESS_ID": str(i)}),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  procs = [subprocess.Popen(cli_command(args), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env=cli_env({**env, "PMAP_EXAMPLE_PROCESS_ID": str(i)}))
            for i in range(2)]
   results = []
   try:

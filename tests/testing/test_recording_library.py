@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pmap_compat import testing
-from pmap_compat.testing import comparison
+from pmap_compat.testing import comparison, trees
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -65,8 +65,35 @@ def test_loaded_leaves_equal_what_the_program_returned(tmp_path):
     elif isinstance(x, str):
       assert leaf.value == x
     else:
-      assert leaf.value.dtype == np.asarray(x).dtype and leaf.shape == np.shape(x)
+      assert leaf.value.dtype == np.asarray(x).dtype
+      assert leaf.shape == leaf.value.shape == np.shape(x)
       assert leaf.value.tobytes() == np.asarray(x).tobytes()
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class Registered:
+  """A pytree node registered with JAX, as Flax structs and optimizer states are."""
+
+  def __init__(self, a, b):
+    self.a, self.b = a, b
+
+  def tree_flatten_with_keys(self):
+    return [(jax.tree_util.GetAttrKey("b"), self.b), (jax.tree_util.GetAttrKey("a"), self.a)], None
+
+  @classmethod
+  def tree_unflatten(cls, _, children):
+    return cls(children[1], children[0])
+
+
+def test_leaf_paths_and_order_are_jax_own():
+  tree = {"b": collections.OrderedDict([("z", 1), ("a", 2)]), "a": (np.zeros(1), [3, None]),
+          "d": collections.defaultdict(int, {"y": 1, "x": 2}), "p": Point(4, 5),
+          "r": Registered(6, {"k": 7})}
+  structure, leaves = trees.describe(tree)
+  want = jax.tree_util.tree_flatten_with_path(tree)[0]
+  assert [p for p, _ in leaves] == [jax.tree_util.keystr(p) for p, _ in want]
+  assert [x for _, x in leaves] == [x for _, x in want]
+  assert structure["type"] == "dict"
 
 
 def test_the_format_is_plain_json_and_npy(tmp_path):
@@ -178,6 +205,15 @@ def test_tolerances(tmp_path):
     assert ours == _allclose_passes(two_ulp, x, rtol, atol), (rtol, atol)
   with pytest.raises(ValueError, match="max_ulp must be a non-negative number"):
     testing.check({"x": x}, tmp_path / "rec", max_ulp=-1)
+
+
+def test_python_floats_from_float32_are_measured_in_float32_ulp(tmp_path):
+  losses = np.linspace(0.5, 2.0, 4, dtype=np.float32)
+  testing.record({"history": [float(v) for v in losses]}, tmp_path / "rec")
+  report = testing.check({"history": [float(v) for v in _ulps_apart(losses, 1)]},
+                         tmp_path / "rec", max_ulp=1)
+  assert report.ok, str(report)
+  assert [l.max_ulp for l in report.leaves] == [1, 1, 1, 1]
 
 
 def test_a_nan_in_one_run_only_is_beyond_any_ulp_bound(tmp_path):
