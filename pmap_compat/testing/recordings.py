@@ -77,7 +77,8 @@ def to_leaf(path: str, x: Any) -> Leaf:
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       return Leaf(path, KEY_ARRAY, str(x.dtype), tuple(x.shape),
                   np.asarray(jax.random.key_data(x)), key_impl=str(jax.random.key_impl(x)))
-    return Leaf(path, JAX_ARRAY, dtype_name(x.dtype), tuple(x.shape), np.asarray(x))
+    value = np.asarray(x) if x.is_fully_addressable else process_local_block(path, x)
+    return Leaf(path, JAX_ARRAY, dtype_name(x.dtype), value.shape, value)
   if isinstance(x, np.ndarray):
     return Leaf(path, NUMPY_ARRAY, dtype_name(x.dtype), x.shape, x)
   if isinstance(x, np.generic):
@@ -91,6 +92,28 @@ def to_leaf(path: str, x: Any) -> Leaf:
   raise TypeError(f"output leaf at {trees.display_path(path)} is a {type(x).__name__}; a "
                   "recording holds arrays (jax, numpy), numpy scalars, and python bool, int, "
                   "float, complex and str")
+
+
+def process_local_block(path: str, x: jax.Array) -> np.ndarray:
+  """The part of a global array this process holds, as one array: what legacy pmap gave
+  each process (its local devices' slices), so a converted multi-host program that
+  returns global arrays still compares with a legacy recording."""
+  bounds = [[(s.start or 0, dim if s.stop is None else s.stop)
+             for s, dim in zip(shard.index, x.shape, strict=True)]
+            for shard in x.addressable_shards]
+  low = [min(b[d][0] for b in bounds) for d in range(x.ndim)]
+  high = [max(b[d][1] for b in bounds) for d in range(x.ndim)]
+  block = np.empty([h - l for l, h in zip(low, high, strict=True)], np.dtype(x.dtype))
+  covered = np.zeros(block.shape, bool)
+  for shard, bound in zip(x.addressable_shards, bounds, strict=True):
+    where = tuple(slice(a - l, b - l) for (a, b), l in zip(bound, low, strict=True))
+    block[where] = np.asarray(shard.data)
+    covered[where] = True
+  if not covered.all():
+    raise TypeError(f"output leaf at {trees.display_path(path)} is a global array whose "
+                    "shards on this process do not form one block; return a process-local "
+                    "value (e.g. jax.experimental.multihost_utils.process_allgather) instead")
+  return block
 
 
 def outputs_to_leaves(outputs: Any) -> tuple[dict, list[Leaf]]:

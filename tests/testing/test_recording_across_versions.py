@@ -4,6 +4,7 @@ Recordings are made by the CLI in the project's other JAX environments
 (tests/support/venvs.py) and checked here on jax 0.6.0, and the other way round:
 recorded here under legacy jax.pmap, checked as codemod output on jax 0.10.2.
 """
+import json
 import os
 import subprocess
 import sys
@@ -90,3 +91,23 @@ def test_unconverted_pmap_code_on_an_older_jax_matches_legacy_0_6_0(tmp_path, ve
   r = cli(["check", os.path.join(EXAMPLES, "dp_sgd.py"), "--against", recording], version)
   assert r.returncode == 0, output(r)
   assert f"running:  jax {version} (legacy jax.pmap)" in r.stdout
+
+
+def test_the_testing_module_alone_imports_on_the_newest_jax():
+  """pmap_compat's own modules build on jax 0.6.0 internals; `pmap_compat.testing` must not
+  pull them in, so that teams can record and check on any JAX."""
+  r = venvs.run_python(venvs.NEWEST, ["-c", (
+      "import json, sys, pmap_compat, pmap_compat.testing, pmap_compat.testing.__main__; "
+      "print(json.dumps(sorted(m for m in sys.modules if m.startswith('pmap_compat'))))")])
+  assert r.returncode == 0, output(r)
+  loaded = json.loads(r.stdout)
+  assert loaded and all(m == "pmap_compat" or m.startswith("pmap_compat.testing") for m in loaded)
+
+
+def test_the_package_names_still_resolve_on_jax_0_6_0():
+  import pmap_compat  # pylint: disable=import-outside-toplevel
+  from pmap_compat import api, patching  # pylint: disable=import-outside-toplevel
+  assert pmap_compat.pmap is api.pmap and pmap_compat.patched is patching.patched
+  assert set(pmap_compat.__all__) <= set(dir(pmap_compat))
+  with pytest.raises(AttributeError, match="no attribute 'pnap'"):
+    pmap_compat.pnap  # pylint: disable=pointless-statement

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from pmap_compat.testing import recordings
 from pmap_compat.testing.__main__ import main
 
 from recording_cli import EXAMPLES, cli, cli_command, cli_env, copy_example, edit_one_line, output
@@ -122,3 +123,36 @@ def test_a_multi_process_job_records_and_checks_one_directory_per_process(tmp_pa
     assert r.returncode == 0, output(r)
     assert f"[process {i}/2] checking against {out}/process_{i}" in r.stdout
     assert r.stdout.rstrip().endswith("identical, 0 within tolerance)")
+
+
+GLOBAL_ARRAY_PROGRAM = '''
+import os
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+def run():
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(os.environ["PMAP_EXAMPLE_COORDINATOR"], num_processes=2,
+                             process_id=int(os.environ["PMAP_EXAMPLE_PROCESS_ID"]))
+  mesh = jax.make_mesh((8,), ("i",))
+  local = np.arange(12, dtype=np.float32).reshape(4, 3) + 100 * jax.process_index()
+  x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), local)
+  return {"global": jax.jit(lambda a: a * 2)(x), "local": local * 2}
+'''
+
+
+@pytest.mark.multiprocess
+def test_a_global_array_is_recorded_as_this_process_s_block(tmp_path):
+  """Converted multi-host code may return global arrays; each process records the part it
+  holds, which is what legacy pmap returned there."""
+  program = tmp_path / "global_array.py"
+  program.write_text(GLOBAL_ARRAY_PROGRAM)
+  out = str(tmp_path / "rec")
+  for r in _two_process_job(["record", str(program), "--out", out]):
+    assert r.returncode == 0, output(r)
+  for i in range(2):
+    leaves = {l.path: l for l in recordings.read(os.path.join(out, f"process_{i}")).leaves}
+    assert leaves["['global']"].kind == "jax.Array"
+    assert leaves["['global']"].value.tobytes() == leaves["['local']"].value.tobytes()
+    assert leaves["['global']"].shape == leaves["['local']"].shape

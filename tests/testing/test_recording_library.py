@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pmap_compat import testing
-from pmap_compat.testing import comparison, trees
+from pmap_compat.testing import comparison, recordings, trees
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -249,3 +249,13 @@ def test_multi_process_recordings_live_in_one_directory_per_process(tmp_path):
 def test_record_rejects_leaves_it_cannot_store(tmp_path):
   with pytest.raises(TypeError, match=r"output leaf at \['f'\] is a object"):
     testing.record({"f": object()}, tmp_path / "rec")
+
+
+@pytest.mark.parametrize("spec", [("x",), ("x", None), (None, "x"), ()])
+def test_the_process_local_block_of_a_sharded_array_is_its_value(mesh8, spec):
+  """On one process every shard is local, so the block is the whole array."""
+  x = jax.device_put(np.arange(64.0, dtype=np.float32).reshape(8, 8),
+                     jax.sharding.NamedSharding(mesh8, jax.sharding.PartitionSpec(*spec)))
+  block = recordings.process_local_block("['x']", x)
+  assert block.dtype == x.dtype and block.tobytes() == np.asarray(x).tobytes()
+  assert block.shape == x.shape
