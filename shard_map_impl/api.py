@@ -20,9 +20,9 @@ from jax.tree_util import tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
-from shard_map_impl.specs import (Specs, canonicalize_spec, divisibility_failures,
-                                  rank_failures, spec_leaf_problems,
-                                  specs_are_valid)
+from shard_map_impl.specs import (AnyMesh, Specs, canonicalize_spec,
+                                 divisibility_failures, rank_failures, spec_leaf_problems,
+                                 specs_are_valid)
 
 traceback_util.register_exclusion(__file__)
 
@@ -92,7 +92,7 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
   return mapped
 
 
-def _call(f, mesh, in_specs, out_specs, check_rep, auto, args) -> Any:
+def _call(f, mesh: AnyMesh, in_specs, out_specs, check_rep: bool, auto: frozenset, args) -> Any:
   args_flat, in_tree = tree_flatten(args)
   try:
     specs_flat = broadcast_prefix(in_specs, args, is_leaf=lambda x: x is None)
@@ -122,7 +122,7 @@ def _call(f, mesh, in_specs, out_specs, check_rep, auto, args) -> Any:
   return tree_unflatten(out_tree(), outs)
 
 
-def _check_args(f, mesh, in_tree, in_specs, dyn, dyn_specs, dyn_args) -> None:
+def _check_args(f, mesh: AnyMesh, in_tree, in_specs, dyn, dyn_specs, dyn_args) -> None:
   """Rank and divisibility of each mapped argument against its spec."""
   avals = [core.shaped_abstractify(x) for x in dyn_args]
 

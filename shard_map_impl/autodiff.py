@@ -13,6 +13,8 @@ Residual specs and rank-0 promotion come from ``split_residuals``.
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from jax._src import core
 from jax._src import linear_util as lu
 from jax._src.interpreters import ad
@@ -22,6 +24,7 @@ from shard_map_impl import debug_names as dn
 from shard_map_impl import split_residuals as rs
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
+from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
 
 def _pick(values, mask):
@@ -44,8 +47,9 @@ def _flat_tangents(f, store, nonzero_in: tuple, *args):
 
 
 @register_trace_rule(ad.JVPTrace)
-def jvp_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
-             check_rep, rewrite, auto) -> list:
+def jvp_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], *,
+             mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk,
+             check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   pairs = [trace.to_primal_tangent_pair(t) for t in tracers]
   primals = tuple(p for p, _ in pairs)
   tangents = tuple(t for _, t in pairs)
@@ -94,8 +98,9 @@ class _Promoter:
 
 
 @register_trace_rule(ad.LinearizeTrace)
-def linearize_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
-                   check_rep, rewrite, auto) -> list:
+def linearize_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+                   *, mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk:
+                   OutNamesThunk, check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   pairs = [trace.to_primal_tangent_pair(t) for t in tracers]
   primals = tuple(p for p, _ in pairs)
   tangents = tuple(t for _, t in pairs)

@@ -9,18 +9,19 @@ in a spec is an error, as in JAX (unless ``jax_disable_vmap_shmap_error``).
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
 import dataclasses
 from math import prod
 
 from jax._src import config
 from jax._src import core
+from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import batching
 
-from shard_map_impl import split_residuals as rs
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
-from shard_map_impl.specs import AxisNames, spec_axes
+from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
 
 
 def batched_names(names: AxisNames, dim, spmd_axes) -> AxisNames:
@@ -42,8 +43,9 @@ def _reject_spmd_axes_in(kind: str, all_names, spmd_axes) -> None:
 
 
 @register_trace_rule(batching.BatchTrace)
-def batch_rule(trace, prim, fun, tracers, *, mesh, in_names, out_names_thunk,
-               check_rep, rewrite, auto) -> list:
+def batch_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], *,
+               mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk,
+               check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   vals, dims = zip(*map(trace.to_batch_info, tracers), strict=True) if tracers else ((), ())
   if any(isinstance(d, batching.RaggedAxis) for d in dims):
     raise NotImplementedError("vmap with ragged batch dimensions of shard_map_impl.shard_map")

@@ -8,7 +8,7 @@ every replicated-to-varying conversion explicit.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 from jax._src import config
 from jax._src import core
@@ -16,11 +16,11 @@ from jax._src import linear_util as lu
 
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.rewrite import efficient_transpose_rewrite
-from shard_map_impl.specs import AxisNames, spec_axes
+from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
 
 
 def _pvary_outputs_to_specs(fun: lu.WrappedFun,
-                            out_names: Callable[[], Sequence[AxisNames]]) -> lu.WrappedFun:
+                            out_names: OutNamesThunk) -> lu.WrappedFun:
   @lu.transformation2
   def mark(f, *args):
     outs = f(*args)
@@ -32,8 +32,8 @@ def _pvary_outputs_to_specs(fun: lu.WrappedFun,
   return mark(fun)
 
 
-def bind_body(fun: lu.WrappedFun, args: Sequence, *, mesh, in_names: Sequence[AxisNames],
-              out_names_thunk: Callable[[], Sequence[AxisNames]], check_rep: bool,
+def bind_body(fun: lu.WrappedFun, args: Sequence, *, mesh: AnyMesh, in_names: Sequence[AxisNames],
+              out_names_thunk: OutNamesThunk, check_rep: bool,
               auto: frozenset) -> Sequence:
   """``shard_map_p.bind`` of ``fun`` (flat inputs and outputs) on ``args``."""
   rewrite = bool(check_rep)

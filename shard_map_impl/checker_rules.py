@@ -5,6 +5,8 @@ its own here.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from jax._src import checkify
 from jax._src import core
 from jax._src import linear_util as lu
@@ -12,11 +14,13 @@ from jax.experimental.key_reuse import _core as key_reuse
 from jax.tree_util import tree_flatten, tree_unflatten
 
 from shard_map_impl.primitive import shard_map_p
+from shard_map_impl.specs import AnyMesh, AxisNames
 
 # --- checkify -------------------------------------------------------------------
 
-def _checkify_rule(error, enabled_errors, *vals, jaxpr: core.Jaxpr, mesh,
-                   in_names, out_names, check_rep, rewrite, auto, **_witness):
+def _checkify_rule(error, enabled_errors, *vals, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
+                   Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
+                   rewrite: bool, auto: frozenset, **_witness):
   """checkify a shard_map equation: the body is checked per device.
 
   Incoming error values enter replicated; each device's resulting error comes

@@ -22,6 +22,8 @@ from jax._src import util
 from jax._src.mesh import Mesh, get_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
+from shard_map_impl.specs import AnyMesh
+
 WITNESS_PARAM = "device_witness"
 
 
@@ -46,7 +48,7 @@ def _inside_a_body() -> bool:
   return bool(get_abstract_mesh().manual_axes)
 
 
-def witness_for(mesh) -> core.Jaxpr | None:
+def witness_for(mesh: AnyMesh) -> core.Jaxpr | None:
   """A fresh witness jaxpr for ``mesh``, or None where none is needed.
 
   None for an ``AbstractMesh`` (no devices to name) and inside a shard_map

@@ -8,6 +8,8 @@ such rule.)
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from jax._src import core
 from jax._src import linear_util as lu
 from jax._src.state import discharge as state_discharge
@@ -16,10 +18,12 @@ from jax._src.state.types import AbstractRef
 from shard_map_impl.per_device import body_context
 from shard_map_impl.out_names import ConstThunk
 from shard_map_impl.primitive import shard_map_p
+from shard_map_impl.specs import AnyMesh, AxisNames
 
 
-def discharge_rule(in_avals, out_avals, *args, jaxpr: core.Jaxpr, mesh, in_names,
-                   out_names, check_rep, rewrite, auto, **_hidden) -> tuple[list, list]:
+def discharge_rule(in_avals, out_avals, *args, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
+                   Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
+                   rewrite: bool, auto: frozenset, **_hidden) -> tuple[list, list]:
   del out_avals
   is_ref = [isinstance(a, AbstractRef) for a in in_avals]
   with body_context(mesh, auto, check_rep):

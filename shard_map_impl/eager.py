@@ -38,7 +38,8 @@ from shard_map_impl.binding import bind_body
 from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
-from shard_map_impl.specs import canonicalize_spec, names_to_pspec
+from shard_map_impl.specs import (AnyMesh, AxisNames, OutNamesThunk, canonicalize_spec,
+                                  names_to_pspec)
 from shard_map_impl.staging import output_rank_failures
 
 
@@ -73,7 +74,7 @@ def _flat_program(fn, mesh: Mesh, in_specs: Sequence[PartitionSpec],
 
 
 @util.cache(max_size=1024, trace_context_in_key=False)
-def _converter(kind: str, mesh, spec: PartitionSpec, stacked: PartitionSpec,
+def _converter(kind: str, mesh: AnyMesh, spec: PartitionSpec, stacked: PartitionSpec,
                check: bool):
   """Jitted global<->stacked conversion (a shard_map of ours, cached)."""
   if kind == "stack":
@@ -101,7 +102,7 @@ def _outside(context_mesh):
 class _PrimApplier:
   """Hashable per-device application of one primitive (a jit cache key)."""
 
-  def __init__(self, prim, params: dict):
+  def __init__(self, prim: core.Primitive, params: dict):
     self.prim, self.params = prim, params
     try:
       self.key = (prim, tuple(sorted(params.items())))
@@ -124,12 +125,12 @@ class _PrimApplier:
 
 
 @util.cache(max_size=4096, trace_context_in_key=False)
-def _jitted(applier: _PrimApplier, mesh, in_specs: tuple, out_specs, check: bool):
+def _jitted(applier: _PrimApplier, mesh: AnyMesh, in_specs: tuple, out_specs, check: bool):
   # A tuple key stands for a list of per-output specs (a single P is a tuple too).
   return jax.jit(_flat_program(applier, mesh, in_specs, out_specs, check))
 
 
-def _apply(trace: "EagerTrace", prim, params, stacked, in_specs: tuple, out_specs):
+def _apply(trace: "EagerTrace", prim: core.Primitive, params, stacked, in_specs: tuple, out_specs):
   """Run ``prim`` on every device's blocks; ``out_specs`` a P or list of P."""
   applier = _PrimApplier(prim, params)
   out_key = tuple(out_specs) if isinstance(out_specs, list) else out_specs
@@ -226,7 +227,7 @@ class EagerTrace(core.Trace):
                            self.stack_spec(rep), self.inner_check)(value)
     return stacked, rep
 
-  def _out_reps(self, prim, tracers, in_reps, params):
+  def _out_reps(self, prim: core.Primitive, tracers: Sequence[Any], in_reps, params):
     if not self.check:
       return _UNCHECKED
     if self.typed:
@@ -238,7 +239,7 @@ class EagerTrace(core.Trace):
       raise replication.missing_rule(prim)
     return rule(self.mesh, *in_reps, **params)
 
-  def process_primitive(self, prim, tracers, params):
+  def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params):
     pairs = [self.lift(t) for t in tracers]
     stacked = [s for s, _ in pairs]
     in_reps = [r for _, r in pairs]
@@ -258,23 +259,24 @@ class EagerTrace(core.Trace):
     results = [EagerTracer(self, r, o) for r, o in zip(reps, outs, strict=True)]
     return results if prim.multiple_results else results[0]
 
-  def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
+  def process_custom_jvp_call(self, prim: core.Primitive, fun: lu.WrappedFun, jvp, tracers:
+                              Sequence[Any], *, symbolic_zeros):
     del prim, jvp, symbolic_zeros  # eager: just run the primal function
     with core.set_current_trace(self):
       return fun.call_wrapped(*tracers)
 
-  def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, out_trees,
-                              symbolic_zeros):
+  def process_custom_vjp_call(self, prim: core.Primitive, fun: lu.WrappedFun, fwd, bwd,
+                              tracers: Sequence[Any], out_trees, symbolic_zeros):
     del prim, fwd, bwd, out_trees, symbolic_zeros
     with core.set_current_trace(self):
       return fun.call_wrapped(*tracers)
 
-  def process_call(self, call_primitive, fun, tracers, params):
+  def process_call(self, call_primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
     raise NotImplementedError(
         f"Eager evaluation of `{call_primitive}` inside a `shard_map` isn't "
         "supported. Put a `jax.jit` around the `shard_map`-decorated function.")
 
-  def process_map(self, map_primitive, fun, tracers, params):
+  def process_map(self, map_primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
     raise NotImplementedError(
         "Eager evaluation of `pmap` inside a `shard_map` isn't supported. Put a "
         "`jax.jit` around the `shard_map`-decorated function.")
@@ -283,7 +285,7 @@ class EagerTrace(core.Trace):
 _UNCHECKED = object()  # rep results when check_rep=False: nothing known
 
 
-def _broadcast_reps(prim, reps, n_out: int) -> list:
+def _broadcast_reps(prim: core.Primitive, reps, n_out: int) -> list:
   if reps is _UNCHECKED:
     return [frozenset()] * n_out
   if not prim.multiple_results:
@@ -320,7 +322,7 @@ _eager_rules = {
 
 # --- entry: binding shard_map_p outside any transformation ----------------------
 
-def _concrete_mesh(mesh, args) -> Mesh:
+def _concrete_mesh(mesh: AnyMesh, args) -> Mesh:
   """An AbstractMesh is resolved from the arguments' NamedShardings."""
   found = mesh
   for x in args:
@@ -340,8 +342,9 @@ def _concrete_mesh(mesh, args) -> Mesh:
 
 
 @register_trace_rule(core.EvalTrace)
-def _eager(trace, prim, fun: lu.WrappedFun, args, *, mesh, in_names,
-           out_names_thunk, check_rep, rewrite, auto):
+def _eager(trace, prim: core.Primitive, fun: lu.WrappedFun, args, *, mesh: AnyMesh,
+           in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk, check_rep: bool,
+           rewrite: bool, auto: frozenset):
   del trace, prim, rewrite
   if auto:  # as in JAX: partially-auto shard_maps need an enclosing jit
     raise NotImplementedError(

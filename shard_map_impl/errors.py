@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import tree_structure, tree_unflatten
 
-from shard_map_impl.specs import canonicalize_spec, unmentioned_axes
+from shard_map_impl.specs import AnyMesh, canonicalize_spec, unmentioned_axes
 
 P_HINT = "where `P = jax.sharding.PartitionSpec`"
 
@@ -84,7 +84,7 @@ def _param_note(f: Callable, tree, value_path) -> str:
           f"varargs parameter '{var.name}',")
 
 
-def checked_arguments(f, mesh, auto) -> frozenset:
+def checked_arguments(f, mesh: AnyMesh, auto: frozenset) -> frozenset:
   """Validate shard_map's non-spec arguments; returns ``auto`` as a frozenset."""
   from jax._src.mesh import AbstractMesh, Mesh
   what = None
@@ -114,7 +114,7 @@ def in_specs_none() -> TypeError:
       f"Instead of `in_specs=None`, did you mean `in_specs=P()`, {P_HINT}?")
 
 
-def bad_spec_leaves(kind: str, bad_type: list, bad_auto: list, auto) -> Exception:
+def bad_spec_leaves(kind: str, bad_type: list, bad_auto: list, auto: frozenset) -> Exception:
   """TypeError for non-PartitionSpec leaves, else ValueError for auto axes."""
   arg = f"{kind}_specs"
   if bad_type:
@@ -161,12 +161,12 @@ def rank_error(kind: str, f: Callable, tree, specs, failures) -> ValueError:
   return ValueError(msg)
 
 
-def _mesh_line(mesh) -> str:
+def _mesh_line(mesh: AnyMesh) -> str:
   return (f"The mesh given has shape {tuple(mesh.shape.values())} with "
           f"corresponding axis names {mesh.axis_names}.")
 
 
-def divisibility_error(f: Callable, mesh, tree, specs, failures) -> ValueError:
+def divisibility_error(f: Callable, mesh: AnyMesh, tree, specs, failures) -> ValueError:
   name = _fun_name(f)
   lines = []
   for spath, spec, vpath, aval in failing_entries(tree, specs, failures):
@@ -195,7 +195,8 @@ def divisibility_error(f: Callable, mesh, tree, specs, failures) -> ValueError:
       f"'{name}' appropriately.")
 
 
-def replication_error(f: Callable, mesh, auto, tree, specs, failures) -> ValueError:
+def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree, specs,
+                      failures) -> ValueError:
   """Outputs whose inferred replication misses axes out_specs leave out."""
   name = _fun_name(f)
   lines = []

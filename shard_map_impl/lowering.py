@@ -30,13 +30,13 @@ from jax.sharding import NamedSharding
 
 from shard_map_impl.per_device import axis_env, manual_axes_of
 from shard_map_impl.primitive import shard_map_p
-from shard_map_impl.specs import names_to_pspec
+from shard_map_impl.specs import AnyMesh, AxisNames, names_to_pspec
 
 
 class _Region:
   """What one shard_map equation's lowering needs to know about its mesh."""
 
-  def __init__(self, ctx: mlir.LoweringRuleContext, mesh, auto: frozenset):
+  def __init__(self, ctx: mlir.LoweringRuleContext, mesh: AnyMesh, auto: frozenset):
     self.mesh, self.auto = mesh, auto
     outer = ctx.module_context.axis_context
     self.outer_manual = (outer.manual_axes
@@ -50,7 +50,8 @@ class _Region:
     """A manual region over devices of total size 1 needs no conversion."""
     return prod(self.mesh.shape[a] for a in axes) == 1
 
-  def global_sharding(self, names: dict, aval) -> tuple[NamedSharding, core.AbstractValue]:
+  def global_sharding(self, names: dict, aval: core.AbstractValue) -> tuple[NamedSharding,
+                      core.AbstractValue]:
     """The operand's global sharding (physical, for extended dtypes)."""
     sharding = NamedSharding(self.mesh, names_to_pspec(names),
                              _manual_axes=self.outer_manual)
@@ -63,7 +64,7 @@ class _Region:
 
   # GSPMD ----------------------------------------------------------------------
 
-  def to_manual(self, ctx, names, global_aval, local_aval, x):
+  def to_manual(self, ctx: mlir.LoweringRuleContext, names: AxisNames, global_aval, local_aval, x):
     sharding, phys = self.global_sharding(names, global_aval)
     free = self.unspecified(phys.ndim)
     annotated = mlir.wrap_with_sharding_op(
@@ -72,7 +73,7 @@ class _Region:
     manual = pxla.manual_proto(phys, self.manual, self.mesh)
     return mlir.wrap_with_full_to_shard_op(ctx, annotated, local_aval, manual, free)
 
-  def to_global(self, ctx, names, local_aval, global_aval, x):
+  def to_global(self, ctx: mlir.LoweringRuleContext, names: AxisNames, local_aval, global_aval, x):
     sharding, phys_out = self.global_sharding(names, global_aval)
     phys_in = (core.physical_aval(local_aval)
                if dtypes.issubdtype(local_aval.dtype, dtypes.extended) else local_aval)
@@ -86,7 +87,7 @@ class _Region:
 
   # Shardy ---------------------------------------------------------------------
 
-  def sdy_sharding(self, names, aval):
+  def sdy_sharding(self, names: AxisNames, aval: core.AbstractValue):
     sharding, phys = self.global_sharding(names, aval)
     result = sharding._to_sdy_sharding(phys.ndim)
     if self.auto:
@@ -96,15 +97,15 @@ class _Region:
     return result
 
 
-def _dim_labels(names: dict, aval) -> str:
+def _dim_labels(names: dict, aval: core.AbstractValue) -> str:
   """Readable per-dim axis annotation for the body's arguments/results."""
   if not isinstance(aval, core.ShapedArray):
     return ""
   return str([names.get(d) for d in range(aval.ndim)])
 
 
-def _lower_gspmd(ctx, region: _Region, args, jaxpr, in_names, out_names,
-                 check_rep):
+def _lower_gspmd(ctx: mlir.LoweringRuleContext, region: _Region, args, jaxpr, in_names:
+                 Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool):
   local_in = [v.aval for v in jaxpr.invars]
   local_out = [v.aval for v in jaxpr.outvars]
   convert = not region.trivial(region.manual)
@@ -124,8 +125,9 @@ def _lower_gspmd(ctx, region: _Region, args, jaxpr, in_names, out_names,
           for n, l, g, x in zip(out_names, local_out, ctx.avals_out, outs, strict=True)]
 
 
-def _lower_shardy(ctx, region: _Region, args, jaxpr, in_names, out_names,
-                  check_rep):
+def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args, jaxpr,
+                  in_names: Sequence[AxisNames], out_names: Sequence[AxisNames],
+                  check_rep: bool):
   # Axes manual in an enclosing region are already per-device here.
   manual = [a for a in region.mesh.axis_names
             if a in region.manual and a not in region.outer_manual]
@@ -154,7 +156,7 @@ def _lower_shardy(ctx, region: _Region, args, jaxpr, in_names, out_names,
   return op.results
 
 
-def _lower(ctx: mlir.LoweringRuleContext, *args, jaxpr: core.Jaxpr, mesh,
+def _lower(ctx: mlir.LoweringRuleContext, *args, jaxpr: core.Jaxpr, mesh: AnyMesh,
            in_names: Sequence[dict], out_names: Sequence[dict], check_rep: bool,
            rewrite: bool, auto: frozenset, **_witness):
   del rewrite

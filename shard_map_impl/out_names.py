@@ -7,9 +7,9 @@ derivation from other thunks (transformation rules).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from shard_map_impl.specs import AxisNames
+from shard_map_impl.specs import OutNamesThunk
 
 
 class ConstThunk:
@@ -44,7 +44,7 @@ class DerivedNames:
   """
   __slots__ = ("_compute", "_key", "_value")
 
-  def __init__(self, compute: Callable[[], Sequence[AxisNames]], key: Any):
+  def __init__(self, compute: OutNamesThunk, key: Any):
     self._compute = compute
     self._key = key
     self._value = None

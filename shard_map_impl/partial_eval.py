@@ -12,7 +12,7 @@ the unknown inputs.  Residual specs and rank-0 promotion come from
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu
@@ -25,6 +25,7 @@ from shard_map_impl import split_residuals as rs
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval
 from shard_map_impl.primitive import make_eqn_params, register_trace_rule
+from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
 
 @dataclasses.dataclass
@@ -58,8 +59,10 @@ def _known_half(f, store, in_knowns: tuple, unknown_avals: tuple, *known_vals):
 
 
 @register_trace_rule(pe.JaxprTrace)
-def partial_eval_rule(trace: pe.JaxprTrace, prim, fun, tracers, *, mesh, in_names,
-                      out_names_thunk, check_rep, rewrite, auto) -> list:
+def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.WrappedFun,
+                      tracers: Sequence[Any], *, mesh: AnyMesh, in_names:
+                      Sequence[AxisNames], out_names_thunk: OutNamesThunk, check_rep: bool,
+                      rewrite: bool, auto: frozenset) -> list:
   tracers = [trace.to_jaxpr_tracer(t) for t in tracers]
   in_knowns = tuple(t.is_known() for t in tracers)
   unknown_in_names, known_in_names = partition_list(in_knowns, in_names)

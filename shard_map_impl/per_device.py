@@ -20,19 +20,19 @@ from jax._src import util
 from jax._src.mesh import AbstractMesh, AxisType, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shard_map_impl.specs import AxisNames, axis_tuple, names_to_pspec, spec_axes
+from shard_map_impl.specs import AnyMesh, AxisNames, axis_tuple, names_to_pspec, spec_axes
 
 def vma_enabled(check_rep: bool) -> bool:
   """Whether per-device avals carry varying-axes types for this shard_map."""
   return bool(check_rep) and config.varying_axes_in_types.value
 
 
-def manual_axes_of(mesh, auto: frozenset) -> tuple:
+def manual_axes_of(mesh: AnyMesh, auto: frozenset) -> tuple:
   """Mesh axes a shard_map maps over (all but ``auto``), in mesh order."""
   return tuple(n for n in mesh.axis_names if n not in auto)
 
 
-def manual_mesh(mesh, auto: frozenset) -> AbstractMesh:
+def manual_mesh(mesh: AnyMesh, auto: frozenset) -> AbstractMesh:
   """The abstract mesh seen inside the body: manual axes typed ``Manual``.
 
   ``auto`` axes keep the type they have in the surrounding abstract mesh
@@ -54,14 +54,14 @@ def _manual_mesh(mesh: AbstractMesh, auto: frozenset, source: AbstractMesh) -> A
   return AbstractMesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=types)
 
 
-def axis_env(mesh, auto: frozenset):
+def axis_env(mesh: AnyMesh, auto: frozenset):
   """Context binding the manual axes' names and sizes for collectives."""
   return core.extend_axis_env_nd(
       [(n, mesh.shape[n]) for n in manual_axes_of(mesh, auto)])
 
 
 @contextlib.contextmanager
-def body_context(mesh, auto: frozenset, check_rep: bool,
+def body_context(mesh: AnyMesh, auto: frozenset, check_rep: bool,
                  *, abstract_mesh: bool = True) -> Iterator[None]:
   """Everything a body needs while traced/evaluated per device.
 
@@ -77,11 +77,11 @@ def body_context(mesh, auto: frozenset, check_rep: bool,
     yield
 
 
-def mapped_size(mesh, axes: tuple) -> int:
+def mapped_size(mesh: AnyMesh, axes: tuple) -> int:
   return prod(mesh.shape[n] for n in axes)
 
 
-def shard_aval(mesh, auto: frozenset, check_rep: bool, names: AxisNames,
+def shard_aval(mesh: AnyMesh, auto: frozenset, check_rep: bool, names: AxisNames,
                aval: core.AbstractValue) -> core.AbstractValue:
   """Global aval -> the aval each device's body instance sees."""
   if not isinstance(aval, core.ShapedArray):
@@ -103,7 +103,7 @@ def _merge_dim(outer, inner):
   return inner if outer is None else outer
 
 
-def unshard_aval(mesh, check_rep: bool, names: AxisNames,
+def unshard_aval(mesh: AnyMesh, check_rep: bool, names: AxisNames,
                  aval: core.AbstractValue) -> core.AbstractValue:
   """A body output's per-device aval -> the global aval of the result."""
   if not isinstance(aval, core.ShapedArray):

@@ -15,6 +15,7 @@ from jax._src import linear_util as lu
 
 from shard_map_impl.device_witness import WITNESS_PARAM, witness_for
 from shard_map_impl.out_names import ConstThunk
+from shard_map_impl.specs import AnyMesh, AxisNames
 
 TraceRule = Callable[..., Sequence[Any]]
 
@@ -70,8 +71,9 @@ class ShardMapPrimitive(core.Primitive):
 shard_map_p = ShardMapPrimitive("shard_map")
 
 
-def make_eqn_params(*, jaxpr: core.Jaxpr, mesh, in_names, out_names,
-                    check_rep: bool, rewrite: bool, auto: frozenset) -> dict:
+def make_eqn_params(*, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names: Sequence[AxisNames],
+                    out_names: Sequence[AxisNames], check_rep: bool, rewrite: bool, auto:
+                    frozenset) -> dict:
   """Params for a staged ``shard_map_p`` equation.
 
   Always build equation params with this function (or copy an existing

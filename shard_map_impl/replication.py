@@ -27,7 +27,8 @@ from jax._src.lax import (ann, control_flow, convolution, fft, lax, linalg,
 from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl.per_device import manual_axes_of, vma_enabled
-from shard_map_impl.specs import AxisNames, axis_tuple, spec_axes, unmentioned_axes
+from shard_map_impl.specs import (AnyMesh, AxisNames, axis_tuple, spec_axes,
+                                 unmentioned_axes)
 
 Rep = Optional[frozenset]
 RepRule = Callable[..., Any]
@@ -37,29 +38,29 @@ rep_rules: dict[core.Primitive, RepRule] = {}
 
 # --- conversions --------------------------------------------------------------
 
-def in_names_to_rep(mesh, names: AxisNames) -> frozenset:
+def in_names_to_rep(mesh: AnyMesh, names: AxisNames) -> frozenset:
   """An input is replicated along every mesh axis its spec does not split."""
   return frozenset(mesh.axis_names) - spec_axes(names)
 
 
-def vma_to_rep(mesh, auto: frozenset, vma: Iterable) -> frozenset:
+def vma_to_rep(mesh: AnyMesh, auto: frozenset, vma: Iterable) -> frozenset:
   return frozenset(manual_axes_of(mesh, auto)) - frozenset(vma)
 
 
-def rep_to_vma(mesh, auto: frozenset, rep: Rep) -> frozenset:
+def rep_to_vma(mesh: AnyMesh, auto: frozenset, rep: Rep) -> frozenset:
   if rep is None:
     return frozenset()
   return frozenset(manual_axes_of(mesh, auto)) - rep
 
 
-def rep_is_sufficient(mesh, auto: frozenset, rep: Rep, names: AxisNames) -> bool:
+def rep_is_sufficient(mesh: AnyMesh, auto: frozenset, rep: Rep, names: AxisNames) -> bool:
   """Does ``rep`` cover every manual axis the output's spec leaves out?"""
   if rep is None:
     return True
   return (set(unmentioned_axes(mesh, names)) - set(auto)) <= rep
 
 
-def output_replication(mesh, auto: frozenset, check_rep: bool,
+def output_replication(mesh: AnyMesh, auto: frozenset, check_rep: bool,
                        jaxpr: core.Jaxpr, in_names: Sequence[AxisNames]) -> list:
   """Reps of a (const-hoisted) body's outputs, in whichever mode is active."""
   if vma_enabled(check_rep):
@@ -70,15 +71,15 @@ def output_replication(mesh, auto: frozenset, check_rep: bool,
 
 # --- the jaxpr walk -----------------------------------------------------------
 
-def _full(mesh) -> frozenset:
+def _full(mesh: AnyMesh) -> frozenset:
   return frozenset(mesh.axis_names)
 
 
-def _norm(mesh, rep: Rep) -> frozenset:
+def _norm(mesh: AnyMesh, rep: Rep) -> frozenset:
   return _full(mesh) if rep is None else rep
 
 
-def meet(mesh, reps: Sequence[Rep]) -> Rep:
+def meet(mesh: AnyMesh, reps: Sequence[Rep]) -> Rep:
   """Greatest lower bound: replicated only where every operand is."""
   known = [r for r in reps if r is not None]
   if not known:
@@ -89,13 +90,13 @@ def meet(mesh, reps: Sequence[Rep]) -> Rep:
   return out
 
 
-def missing_rule(prim) -> NotImplementedError:
+def missing_rule(prim: core.Primitive) -> NotImplementedError:
   return NotImplementedError(
       f"No replication rule for {prim}. As a workaround, pass the "
       "`check_rep=False` argument to `shard_map`.")
 
 
-def jaxpr_replication(mesh, jaxpr: core.Jaxpr, in_reps: Sequence[Rep]) -> list:
+def jaxpr_replication(mesh: AnyMesh, jaxpr: core.Jaxpr, in_reps: Sequence[Rep]) -> list:
   """Reps of ``jaxpr``'s outputs given its inputs' reps (constvars replicated)."""
   env: dict[core.Var, Rep] = {v: _full(mesh) for v in jaxpr.constvars}
   env.update(zip(jaxpr.invars, in_reps, strict=True))
@@ -114,46 +115,46 @@ def jaxpr_replication(mesh, jaxpr: core.Jaxpr, in_reps: Sequence[Rep]) -> list:
   return [read(v) for v in jaxpr.outvars]
 
 
-def closed_replication(mesh, closed, in_reps) -> list:
+def closed_replication(mesh: AnyMesh, closed, in_reps) -> list:
   jaxpr = closed.jaxpr if isinstance(closed, core.ClosedJaxpr) else closed
   return jaxpr_replication(mesh, jaxpr, in_reps)
 
 
 # --- rules --------------------------------------------------------------------
 
-def elementwise(mesh, *reps, **_):
+def elementwise(mesh: AnyMesh, *reps, **_):
   return meet(mesh, reps)
 
 
-def _collective_keeps_varying(mesh, x, *, axis_name, **_):
+def _collective_keeps_varying(mesh: AnyMesh, x, *, axis_name, **_):
   """all_gather/all_to_all/ppermute/psum_scatter: varying over axis_name."""
   names = axis_tuple(axis_name)
   return _norm(mesh, x) - frozenset(names)
 
 
-def _reducing(mesh, *reps, axes, **_):
+def _reducing(mesh: AnyMesh, *reps, axes, **_):
   """psum/pmin/pmax: the result is equal along the reduced axes."""
   names = frozenset(axis_tuple(axes))
   outs = [_norm(mesh, r) | names for r in reps]
   return outs
 
 
-def _pmin_pmax(mesh, x, *, axes, **_):
+def _pmin_pmax(mesh: AnyMesh, x, *, axes, **_):
   names = frozenset(axis_tuple(axes))
   return _norm(mesh, x) | names
 
 
-def _pvary(mesh, *reps, axes, **_):
+def _pvary(mesh: AnyMesh, *reps, axes, **_):
   return [_norm(mesh, r) - frozenset(axes) for r in reps]
 
 
-def _axis_index(mesh, *, axis_name):
+def _axis_index(mesh: AnyMesh, *, axis_name):
   names = axis_tuple(axis_name)
   return _full(mesh) - frozenset(names)
 
 
 def _call_like(param: str):
-  def rule(mesh, *reps, **params):
+  def rule(mesh: AnyMesh, *reps, **params):
     return closed_replication(mesh, params[param], reps)
   return rule
 
@@ -172,7 +173,7 @@ def loop_fixpoint(step: Callable[[list], list], carry: list) -> list:
   raise AssertionError("replication fixpoint not reached")
 
 
-def _scan(mesh, *reps, jaxpr, num_consts, num_carry, **_):
+def _scan(mesh: AnyMesh, *reps, jaxpr, num_consts, num_carry, **_):
   consts, carry, xs = (list(reps[:num_consts]),
                        list(reps[num_consts:num_consts + num_carry]),
                        list(reps[num_consts + num_carry:]))
@@ -181,7 +182,7 @@ def _scan(mesh, *reps, jaxpr, num_consts, num_carry, **_):
   return carry + closed_replication(mesh, jaxpr, consts + carry + xs)[num_carry:]
 
 
-def _while(mesh, *reps, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **_):
+def _while(mesh: AnyMesh, *reps, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **_):
   bconsts = list(reps[cond_nconsts:cond_nconsts + body_nconsts])
   carry = list(reps[cond_nconsts + body_nconsts:])
   body = lambda c: closed_replication(mesh, body_jaxpr, bconsts + c)
@@ -194,7 +195,7 @@ def _while(mesh, *reps, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **_)
   return carry
 
 
-def _cond(mesh, index, *reps, branches, **_):
+def _cond(mesh: AnyMesh, index, *reps, branches, **_):
   outs = [closed_replication(mesh, b, reps) for b in branches]
   merged = [meet(mesh, column) for column in zip(*outs, strict=True)]
   if index is not None:
@@ -202,25 +203,25 @@ def _cond(mesh, index, *reps, branches, **_):
   return merged
 
 
-def _custom_vjp(mesh, *reps, **params):
+def _custom_vjp(mesh: AnyMesh, *reps, **params):
   jaxpr = params.get("fun_jaxpr", params.get("call_jaxpr"))
   return closed_replication(mesh, jaxpr, reps)
 
 
-def _nothing_replicated(mesh, *_, result_avals=None, out_avals=None, **__):
+def _nothing_replicated(mesh: AnyMesh, *_, result_avals=None, out_avals=None, **__):
   n = len(result_avals if result_avals is not None else out_avals)
   return [frozenset()] * n
 
 
 def _all_results_meet(count_param: str):
-  def rule(mesh, *reps, **params):
+  def rule(mesh: AnyMesh, *reps, **params):
     value = params[count_param]
     n = len(value.solve.out_avals) if count_param == "jaxprs" else len(value)
     return [meet(mesh, reps)] * n
   return rule
 
 
-def _nested_shard_map(outer_mesh, *reps, **params):
+def _nested_shard_map(outer_mesh: AnyMesh, *reps, **params):
   """A shard_map nested in a body: replicated along axes it leaves alone only
   where every operand is, and along its own manual axes where its out_specs
   promise so."""

@@ -31,7 +31,7 @@ from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import replication
 from shard_map_impl.replication import in_names_to_rep
-from shard_map_impl.specs import AxisNames, unmentioned_axes
+from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, unmentioned_axes
 
 Rep = frozenset
 RewriteRule = Callable[..., tuple[list, list]]
@@ -53,7 +53,7 @@ def as_list(prim: core.Primitive, out) -> list:
   return list(out) if prim.multiple_results else [out]
 
 
-def common_rep(mesh, reps) -> Rep:
+def common_rep(mesh: AnyMesh, reps) -> Rep:
   out = full_rep(mesh)
   for r in reps:
     out = out & r
@@ -62,7 +62,7 @@ def common_rep(mesh, reps) -> Rep:
 
 def standard_rule(prim: core.Primitive) -> RewriteRule:
   """Operands ``pvary``-ed down to their common replication, which results get."""
-  def rule(mesh, in_reps, *args, **params):
+  def rule(mesh: AnyMesh, in_reps, *args, **params):
     target = common_rep(mesh, in_reps)
     args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps, strict=True)]
     outs = as_list(prim, prim.bind(*args, **params))
@@ -74,7 +74,7 @@ def _unchanged_rule(prim: core.Primitive) -> RewriteRule:
   """Bound as is; replication from ``replication.rep_rules``."""
   rep_rule = replication.rep_rules[prim]
 
-  def rule(mesh, in_reps, *args, **params):
+  def rule(mesh: AnyMesh, in_reps, *args, **params):
     outs = as_list(prim, prim.bind(*args, **params))
     reps = rep_rule(mesh, *in_reps, **params)
     reps = list(reps) if isinstance(reps, (list, tuple)) else [reps] * len(outs)
@@ -94,11 +94,11 @@ def rule_for(prim: core.Primitive) -> RewriteRule:
   return rule
 
 
-def full_rep(mesh) -> Rep:
+def full_rep(mesh: AnyMesh) -> Rep:
   return frozenset(mesh.axis_names)
 
 
-def vary(mesh, x, have: Rep, want: Rep):
+def vary(mesh: AnyMesh, x, have: Rep, want: Rep):
   """``x`` (replicated along ``have``) made varying along ``have - want``.
 
   Only axes bound in the current axis environment can be named by ``pvary``;
@@ -131,7 +131,7 @@ class RewriteTracer(core.Tracer):
 class RewriteTrace(core.Trace):
   """Forwards every operation to its parent trace, rewritten per its rule."""
 
-  def __init__(self, parent_trace: core.Trace, tag: core.TraceTag, mesh):
+  def __init__(self, parent_trace: core.Trace, tag: core.TraceTag, mesh: AnyMesh):
     super().__init__()
     self.parent_trace = parent_trace
     self.tag = tag
@@ -145,30 +145,31 @@ class RewriteTrace(core.Trace):
   def _wrap(self, vals, reps) -> list:
     return [RewriteTracer(self, v, r) for v, r in zip(vals, reps, strict=True)]
 
-  def _forward(self, tracers, emit: Callable) -> list:
+  def _forward(self, tracers: Sequence[Any], emit: Callable) -> list:
     """Lift ``tracers``; ``emit(vals, reps)`` binds on the parent -> (outs, out reps)."""
     vals, reps = unzip_pairs(map(self.lift, tracers))
     with core.set_current_trace(self.parent_trace):
       outs, out_reps = emit(vals, reps)
     return self._wrap(outs, out_reps() if callable(out_reps) else out_reps)
 
-  def process_primitive(self, prim, tracers, params):
+  def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params):
     rule = rule_for(prim)
     results = self._forward(tracers, lambda v, r: rule(self.mesh, r, *v, **params))
     return results if prim.multiple_results else results[0]
 
-  def process_call(self, prim, fun, tracers, params):
+  def process_call(self, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
     def emit(vals, reps):
       body, out_reps = rewrite_subtrace(fun, self.tag, self.mesh, tuple(reps))
       return prim.bind(body, *vals, **params), out_reps
     return self._forward(tracers, emit)
 
-  def process_map(self, prim, fun, tracers, params):
+  def process_map(self, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
     raise NotImplementedError(
         "pmap inside shard_map_impl.shard_map with check_rep=True is not supported; "
         "pass check_rep=False")
 
-  def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
+  def process_custom_jvp_call(self, prim: core.Primitive, fun: lu.WrappedFun, jvp, tracers:
+                              Sequence[Any], *, symbolic_zeros):
     def emit(vals, reps):
       new_fun, fun_reps = rewrite_subtrace(fun, self.tag, self.mesh, tuple(reps))
       new_jvp, jvp_reps = _rewrite_jvp(jvp, self.tag, self.mesh, tuple(reps) * 2)
@@ -176,8 +177,8 @@ class RewriteTrace(core.Trace):
       return outs, lambda: lu.merge_linear_aux(fun_reps, jvp_reps)[1]
     return self._forward(tracers, emit)
 
-  def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, out_trees,
-                              symbolic_zeros):
+  def process_custom_vjp_call(self, prim: core.Primitive, fun: lu.WrappedFun, fwd, bwd,
+                              tracers: Sequence[Any], out_trees, symbolic_zeros):
     if symbolic_zeros:
       raise NotImplementedError(
           "custom_vjp with symbolic_zeros=True inside shard_map_impl.shard_map with "
@@ -205,7 +206,7 @@ def unzip_pairs(pairs) -> tuple[list, list]:
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _run(f: Callable, tag: core.TraceTag, mesh, in_reps: Sequence[Rep], args):
+def _run(f: Callable, tag: core.TraceTag, mesh: AnyMesh, in_reps: Sequence[Rep], args):
   """Call ``f`` on rewrite tracers; returns (output values, output reps)."""
   with core.take_current_trace() as parent:
     trace = RewriteTrace(parent, tag, mesh)
@@ -217,14 +218,14 @@ def _run(f: Callable, tag: core.TraceTag, mesh, in_reps: Sequence[Rep], args):
 
 
 @lu.transformation_with_aux2
-def rewrite_subtrace(f, store, tag, mesh, in_reps, *args):
+def rewrite_subtrace(f, store, tag, mesh: AnyMesh, in_reps, *args):
   vals, reps = _run(f, tag, mesh, in_reps, args)
   store.store(reps)
   return vals
 
 
 @lu.transformation_with_aux2
-def _rewrite_jvp(f, store, tag, mesh, in_reps, *args):
+def _rewrite_jvp(f, store, tag, mesh: AnyMesh, in_reps, *args):
   """custom_jvp rule: tangents adopt (at most) their primal's replication."""
   live = [not isinstance(x, cd.SymbolicZero) for x in args]
 
@@ -246,7 +247,7 @@ def _rewrite_jvp(f, store, tag, mesh, in_reps, *args):
   return [*vals[:n], *tangents]
 
 
-def match(mesh, x, have: Rep, want: Rep):
+def match(mesh: AnyMesh, x, have: Rep, want: Rep):
   """Convert ``x`` from replication ``have`` to ``want`` (psum up, pvary down)."""
   bound = core.get_axis_env().axis_sizes
   up = tuple(a for a in mesh.axis_names if a in want and a not in have and a in bound)
@@ -255,7 +256,7 @@ def match(mesh, x, have: Rep, want: Rep):
   return vary(mesh, x, have, want)
 
 
-def rewrite_bwd(bwd: lu.WrappedFun, mesh, in_reps_thunk: Callable,
+def rewrite_bwd(bwd: lu.WrappedFun, mesh: AnyMesh, in_reps_thunk: Callable,
                 out_reps: Sequence[Rep]) -> lu.WrappedFun:
   """custom_vjp bwd rewritten; its cotangents made exactly as replicated as the primals."""
   def new_bwd(*args):
@@ -266,7 +267,7 @@ def rewrite_bwd(bwd: lu.WrappedFun, mesh, in_reps_thunk: Callable,
   return lu.wrap_init(new_bwd, debug_info=bwd.debug_info)
 
 
-def rewrite_jaxpr(mesh, jaxpr: core.ClosedJaxpr, in_reps: Sequence[Rep],
+def rewrite_jaxpr(mesh: AnyMesh, jaxpr: core.ClosedJaxpr, in_reps: Sequence[Rep],
                   out_reps: Sequence[Rep] | None = None
                   ) -> tuple[core.ClosedJaxpr, list[Rep]]:
   """``jaxpr`` rewritten for inputs replicated along ``in_reps``.
@@ -291,7 +292,7 @@ def rewrite_jaxpr(mesh, jaxpr: core.ClosedJaxpr, in_reps: Sequence[Rep],
   return core.ClosedJaxpr(new, consts), final
 
 
-def efficient_transpose_rewrite(fun: lu.WrappedFun, mesh, in_names: Sequence[AxisNames],
+def efficient_transpose_rewrite(fun: lu.WrappedFun, mesh: AnyMesh, in_names: Sequence[AxisNames],
                                 out_names_thunk: Callable) -> lu.WrappedFun:
   """The api's hook: ``fun`` (a flat body) rewritten for efficient transposition."""
   in_reps = tuple(in_names_to_rep(mesh, n) for n in in_names)
@@ -299,7 +300,7 @@ def efficient_transpose_rewrite(fun: lu.WrappedFun, mesh, in_names: Sequence[Axi
 
 
 @lu.transformation2
-def _rewritten_body(f, mesh, in_reps, out_names_thunk, *args):
+def _rewritten_body(f, mesh: AnyMesh, in_reps, out_names_thunk: OutNamesThunk, *args):
   vals, reps = _run(f, core.TraceTag(), mesh, in_reps, args)
   wanted = [frozenset(unmentioned_axes(mesh, n)) for n in out_names_thunk()]
   # Outputs less replicated than promised are left for the replication check

@@ -11,6 +11,8 @@ unchanged and its replication comes from ``replication.rep_rules``.
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from jax._src import ad_checkpoint, core, ffi, pjit
 from jax._src import custom_derivatives as cd
 from jax._src import linear_util as lu
@@ -21,15 +23,15 @@ from jax._src.lax import parallel as lax_parallel
 from shard_map_impl import replication
 from shard_map_impl.per_device import manual_axes_of
 from shard_map_impl.primitive import register_trace_rule, shard_map_p
-from shard_map_impl.rewrite import (RewriteRule, RewriteTrace, as_list, common_rep, full_rep,
+from shard_map_impl.rewrite import (RewriteRule, RewriteTrace, as_list, common_rep,
                                     register_rewrite_rule, rewrite_bwd, rewrite_jaxpr,
                                     rewrite_rules, standard_rule, unzip_pairs, vary)
-from shard_map_impl.specs import axis_tuple, spec_axes
+from shard_map_impl.specs import AnyMesh, axis_tuple, spec_axes
 
 # --- collectives --------------------------------------------------------------
 
 @register_rewrite_rule(lax_parallel.psum_p)
-def _psum(mesh, in_reps, *args, axes, axis_index_groups):
+def _psum(mesh: AnyMesh, in_reps, *args, axes, axis_index_groups):
   if axis_index_groups is not None:
     raise NotImplementedError(
         "psum with axis_index_groups inside shard_map_impl.shard_map with check_rep=True")
@@ -43,8 +45,8 @@ def _psum(mesh, in_reps, *args, axes, axis_index_groups):
   return list(outs), [r | reduced for r in in_reps]
 
 
-def _keeps_varying(prim) -> RewriteRule:
-  def rule(mesh, in_reps, x, **params):
+def _keeps_varying(prim: core.Primitive) -> RewriteRule:
+  def rule(mesh: AnyMesh, in_reps, x, **params):
     axes = frozenset(axis_tuple(params["axis_name"]))
     rep, = in_reps
     x = vary(mesh, x, rep & axes, frozenset())
@@ -52,8 +54,8 @@ def _keeps_varying(prim) -> RewriteRule:
   return rule
 
 
-def _reduces(prim) -> RewriteRule:
-  def rule(mesh, in_reps, x, **params):
+def _reduces(prim: core.Primitive) -> RewriteRule:
+  def rule(mesh: AnyMesh, in_reps, x, **params):
     axes = frozenset(axis_tuple(params["axes"]))
     rep, = in_reps
     x = vary(mesh, x, rep & axes, frozenset())
@@ -74,19 +76,19 @@ for _p in (control_flow.solves.linear_solve_p, ffi.ffi_call_p):
 # --- calls --------------------------------------------------------------------
 
 @register_rewrite_rule(pjit.pjit_p)
-def _pjit(mesh, in_reps, *args, jaxpr, **params):
+def _pjit(mesh: AnyMesh, in_reps, *args, jaxpr, **params):
   new, out_reps = rewrite_jaxpr(mesh, jaxpr, in_reps)
   return list(pjit.pjit_p.bind(*args, jaxpr=new, **params)), out_reps
 
 
 @register_rewrite_rule(core.closed_call_p)
-def _closed_call(mesh, in_reps, *args, call_jaxpr, **params):
+def _closed_call(mesh: AnyMesh, in_reps, *args, call_jaxpr, **params):
   new, out_reps = rewrite_jaxpr(mesh, call_jaxpr, in_reps)
   return list(core.closed_call_p.bind(*args, call_jaxpr=new, **params)), out_reps
 
 
 @register_rewrite_rule(ad_checkpoint.remat_p)
-def _remat(mesh, in_reps, *args, jaxpr, **params):
+def _remat(mesh: AnyMesh, in_reps, *args, jaxpr, **params):
   new, out_reps = rewrite_jaxpr(mesh, pe.close_jaxpr(jaxpr), in_reps)
   body = pe.convert_constvars_jaxpr(new.jaxpr)
   outs = ad_checkpoint.remat_p.bind(*new.consts, *args, jaxpr=body, **params) \
@@ -97,7 +99,7 @@ def _remat(mesh, in_reps, *args, jaxpr, **params):
 # --- control flow -------------------------------------------------------------
 
 @register_rewrite_rule(control_flow.loops.scan_p)
-def _scan(mesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
+def _scan(mesh: AnyMesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
   consts = list(in_reps[:num_consts])
   carry = list(in_reps[num_consts:num_consts + num_carry])
   xs = list(in_reps[num_consts + num_carry:])
@@ -114,7 +116,7 @@ def _scan(mesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
 
 
 @register_rewrite_rule(control_flow.loops.while_p)
-def _while(mesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+def _while(mesh: AnyMesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
   cconsts = list(in_reps[:cond_nconsts])
   bconsts = list(in_reps[cond_nconsts:cond_nconsts + body_nconsts])
   carry = list(in_reps[cond_nconsts + body_nconsts:])
@@ -131,7 +133,7 @@ def _while(mesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncon
 
 
 @register_rewrite_rule(control_flow.conditionals.cond_p)
-def _cond(mesh, in_reps, index, *args, branches, **params):
+def _cond(mesh: AnyMesh, in_reps, index, *args, branches, **params):
   index_rep, arg_reps = in_reps[0], list(in_reps[1:])
   per_branch = [rewrite_jaxpr(mesh, b, arg_reps)[1] for b in branches]
   out_reps = [common_rep(mesh, column) & index_rep for column in zip(*per_branch, strict=True)]
@@ -143,7 +145,7 @@ def _cond(mesh, in_reps, index, *args, branches, **params):
 # --- custom derivatives in jaxpr form ------------------------------------------
 
 @register_rewrite_rule(cd.custom_vjp_call_jaxpr_p)
-def _custom_vjp_jaxpr(mesh, in_reps, *args, fun_jaxpr, fwd_jaxpr_thunk, bwd,
+def _custom_vjp_jaxpr(mesh: AnyMesh, in_reps, *args, fun_jaxpr, fwd_jaxpr_thunk, bwd,
                       num_consts, out_trees, symbolic_zeros):
   if symbolic_zeros:
     raise NotImplementedError(
@@ -161,7 +163,7 @@ def _custom_vjp_jaxpr(mesh, in_reps, *args, fun_jaxpr, fwd_jaxpr_thunk, bwd,
 class _RewrittenFwd:
   """``fwd_jaxpr_thunk`` whose jaxprs are rewritten; remembers their output reps."""
 
-  def __init__(self, mesh, thunk, arg_reps):
+  def __init__(self, mesh: AnyMesh, thunk, arg_reps):
     self.mesh, self.thunk, self.arg_reps = mesh, thunk, arg_reps
     self.cache: dict = {}
 
@@ -179,7 +181,7 @@ class _RewrittenFwd:
 
 # --- nested shard_map ---------------------------------------------------------
 
-def nested_shard_map(mesh, in_reps, fun: lu.WrappedFun, args, params):
+def nested_shard_map(mesh: AnyMesh, in_reps, fun: lu.WrappedFun, args, params):
   """An inner shard_map: operands meet (like the standard rule); each output is
   replicated along the inner manual axes its out_specs leave unmentioned, and
   along the other axes where every operand was."""
@@ -192,7 +194,8 @@ def nested_shard_map(mesh, in_reps, fun: lu.WrappedFun, args, params):
 
 
 @register_trace_rule(RewriteTrace)
-def _nested_shard_map_rule(trace, prim, fun, tracers, **params):
+def _nested_shard_map_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers:
+                           Sequence[Any], **params):
   vals, reps = unzip_pairs(map(trace.lift, tracers))
   with core.set_current_trace(trace.parent_trace):
     outs, out_reps = nested_shard_map(trace.mesh, reps, fun, vals, params)

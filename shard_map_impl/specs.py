@@ -9,14 +9,19 @@ the messages themselves are built in ``errors``.
 from __future__ import annotations
 
 from math import prod
-from typing import Hashable, Mapping, Sequence, Union
+from typing import Callable, Hashable, Mapping, Sequence, Union
 
+from jax._src import core
+from jax._src.mesh import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec
 from jax.tree_util import tree_leaves
 
 AxisName = Hashable
+AnyMesh = Union[Mesh, AbstractMesh]
 # Array dimension -> the mesh axes it is split over (unsplit dimensions absent).
 AxisNames = dict[int, tuple[AxisName, ...]]
+# Gives a shard_map's output names once its body has been traced.
+OutNamesThunk = Callable[[], Sequence[AxisNames]]
 # A pytree of PartitionSpecs (None leaves allowed in in_specs).
 Specs = Union[PartitionSpec, None, Sequence["Specs"], Mapping[Hashable, "Specs"]]
 
@@ -51,7 +56,7 @@ def spec_axes(names: AxisNames) -> frozenset:
   return frozenset(a for axes in names.values() for a in axes)
 
 
-def unmentioned_axes(mesh, names: AxisNames) -> list:
+def unmentioned_axes(mesh: AnyMesh, names: AxisNames) -> list:
   """Mesh axes (in mesh order) a spec does not mention, i.e. replicated ones."""
   used = spec_axes(names)
   return [a for a in mesh.axis_names if a not in used]
@@ -91,10 +96,10 @@ def rank_failures(specs_flat: Sequence[PartitionSpec], avals: Sequence) -> list:
   return [a if len(p) > a.ndim else None for p, a in zip(specs_flat, avals, strict=True)]
 
 
-def divisibility_failures(mesh, names_flat: Sequence[AxisNames],
+def divisibility_failures(mesh: AnyMesh, names_flat: Sequence[AxisNames],
                           avals: Sequence) -> list:
   """Per input: the aval if a mapped dim is not divisible, else None."""
-  def bad(names, aval):
+  def bad(names: AxisNames, aval: core.AbstractValue):
     return any(aval.shape[d] % prod(mesh.shape[n] for n in axes)
                for d, axes in names.items())
   return [a if bad(n, a) else None for n, a in zip(names_flat, avals, strict=True)]

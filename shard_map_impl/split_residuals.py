@@ -26,10 +26,10 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.mesh import get_abstract_mesh
 
 from shard_map_impl.per_device import body_context, vma_enabled
-from shard_map_impl.specs import AxisNames
+from shard_map_impl.specs import AnyMesh, AxisNames
 
 
-def newly_manual_axes(mesh, auto: frozenset) -> tuple:
+def newly_manual_axes(mesh: AnyMesh, auto: frozenset) -> tuple:
   """Mesh axes this shard_map turns manual (mesh order).
 
   Excludes ``auto`` axes, axes already manual in an enclosing shard_map, and
@@ -46,7 +46,7 @@ def newly_manual_axes(mesh, auto: frozenset) -> tuple:
   return tuple(a for a in mesh.axis_names if a not in taken)
 
 
-def residual_names(mesh, check_rep: bool, fresh_axes: tuple,
+def residual_names(mesh: AnyMesh, check_rep: bool, fresh_axes: tuple,
                    aval: core.AbstractValue) -> AxisNames:
   """Spec of a non-forwarded residual with per-device type ``aval``."""
   if vma_enabled(check_rep):
@@ -88,7 +88,7 @@ def resolve_forwarding(in_fwd: Sequence[int | None], out_fwd: Sequence[int | Non
   return picked
 
 
-def retrace_jaxpr(jaxpr: core.Jaxpr, *, mesh, auto: frozenset, check_rep: bool,
+def retrace_jaxpr(jaxpr: core.Jaxpr, *, mesh: AnyMesh, auto: frozenset, check_rep: bool,
                   demote_inputs: Sequence[bool] = (),
                   promote_outputs: Sequence[bool] = ()) -> core.Jaxpr:
   """``jaxpr`` (no constvars) with leading inputs squeezed / trailing outputs promoted.

@@ -8,7 +8,7 @@ hoisted to leading inputs (replicated, in_names ``{}``) so the equation's
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu
@@ -20,9 +20,10 @@ from shard_map_impl.per_device import body_context, shard_aval, unshard_aval, ax
 from shard_map_impl.primitive import (WITNESS_PARAM, make_eqn_params, register_trace_rule,
                                       shard_map_p)
 from shard_map_impl import replication
+from shard_map_impl.specs import AnyMesh, AxisNames
 
 
-def trace_body(fun: lu.WrappedFun, mesh, in_names: Sequence[dict],
+def trace_body(fun: lu.WrappedFun, mesh: AnyMesh, in_names: Sequence[dict],
                in_avals: Sequence[core.AbstractValue], check_rep: bool,
                auto: frozenset):
   """Trace ``fun`` per device -> (jaxpr with constvars, out avals, consts)."""
@@ -41,7 +42,7 @@ def output_rank_failures(out_names: Sequence[dict], out_avals) -> list:
           for names, a in zip(out_names, out_avals, strict=True)]
 
 
-def check_outputs(mesh, auto: frozenset, check_rep: bool,
+def check_outputs(mesh: AnyMesh, auto: frozenset, check_rep: bool,
                   out_names: Sequence[dict], jaxpr: core.Jaxpr,
                   in_names: Sequence[dict]) -> None:
   """Raise the api's output errors: spec too long, replication unproven.
@@ -62,7 +63,7 @@ def check_outputs(mesh, auto: frozenset, check_rep: bool,
     raise errors.OutputReplicationError(fails)
 
 
-def hoist_consts(jaxpr: core.Jaxpr, mesh, auto, check_rep) -> core.Jaxpr:
+def hoist_consts(jaxpr: core.Jaxpr, mesh: AnyMesh, auto: frozenset, check_rep: bool) -> core.Jaxpr:
   """Turn the body's constvars into leading invars."""
   if not jaxpr.constvars:
     return jaxpr
@@ -71,9 +72,9 @@ def hoist_consts(jaxpr: core.Jaxpr, mesh, auto, check_rep) -> core.Jaxpr:
 
 
 @register_trace_rule(pe.DynamicJaxprTrace)
-def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun,
-           tracers, *, mesh, in_names, out_names_thunk: Callable, check_rep: bool,
-           rewrite: bool, auto: frozenset):
+def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers:
+           Sequence[Any], *, mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk:
+           Callable, check_rep: bool, rewrite: bool, auto: frozenset):
   tracers = [trace.to_jaxpr_tracer(t) for t in tracers]
   body, _, consts = trace_body(fun, mesh, in_names, [t.aval for t in tracers],
                                check_rep, auto)
@@ -97,8 +98,9 @@ def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun
   return outs
 
 
-def _typecheck(_ctx_factory, *in_atoms, jaxpr, mesh, in_names, out_names,
-               check_rep, rewrite, auto, **_witness):
+def _typecheck(_ctx_factory, *in_atoms, jaxpr, mesh: AnyMesh, in_names: Sequence[AxisNames],
+               out_names: Sequence[AxisNames], check_rep: bool, rewrite: bool, auto:
+               frozenset, **_witness):
   """core.check_jaxpr rule: binders match sharded inputs, body is well typed,
   outputs are as replicated as out_names promise."""
   del rewrite
@@ -126,7 +128,7 @@ def _typecheck(_ctx_factory, *in_atoms, jaxpr, mesh, in_names, out_names,
   return out_avals, core.filter_named_axis_effects(jaxpr.effects, mesh.axis_names)
 
 
-def _check_rep_ctx(check_rep):
+def _check_rep_ctx(check_rep: bool):
   from jax._src import config
   return config._check_rep(check_rep)
 

@@ -20,6 +20,7 @@ How replicated values are reduced depends on the equation's ``rewrite`` flag:
 """
 from __future__ import annotations
 
+from typing import Sequence
 from math import prod
 
 from jax import lax
@@ -29,13 +30,12 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import ad
 from jax._src.interpreters import partial_eval as pe
 
-from shard_map_impl import split_residuals as rs
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
-from shard_map_impl.specs import spec_axes
+from shard_map_impl.specs import AnyMesh, AxisNames, spec_axes
 
 
-def _replicated_axes(mesh, names, auto) -> tuple:
+def _replicated_axes(mesh: AnyMesh, names: AxisNames, auto: frozenset) -> tuple:
   """Axes a spec leaves unmentioned, minus auto and vmap-spmd axes (mesh order)."""
   spmd = set(core.get_axis_env().spmd_axis_names)
   used = spec_axes(names) | set(auto) | spmd
@@ -92,8 +92,9 @@ class _TransposeBody:
     return all_cts[len(res):]
 
 
-def transpose_rule(out_cts, *args, jaxpr: core.Jaxpr, mesh, in_names, out_names,
-                   check_rep, rewrite, auto, **_hidden) -> list:
+def transpose_rule(out_cts, *args, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
+                   Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
+                   rewrite: bool, auto: frozenset, **_hidden) -> list:
   linear = [ad.is_undefined_primal(x) for x in args]
   ct_given = [type(ct) is not ad.Zero for ct in out_cts]
   given = []
