@@ -158,12 +158,17 @@ class Report:
 
   def notes(self) -> list[str]:
     """Known causes of differences, when the recording and this run disagree on them."""
+    notes = []
+    was, now = (p.get("device_count") for p in (self.recorded, self.running))
+    if None not in (was, now) and was != now:
+      notes.append(f"note: recorded with {was} devices, this run has {now} (on CPU, set "
+                   f"XLA_FLAGS=--xla_force_host_platform_device_count={was})")
     was, now = (p.get("threefry_partitionable") for p in (self.recorded, self.running))
-    if None in (was, now) or was == now:
-      return []
-    return [f"note: jax_threefry_partitionable was {was} when recorded and is {now} now, so "
-            "random numbers differ (jax 0.5.0 changed its default); run with "
-            f"JAX_THREEFRY_PARTITIONABLE={int(bool(was))} to draw the recorded ones"]
+    if None not in (was, now) and was != now:
+      notes.append(f"note: jax_threefry_partitionable was {was} when recorded and is {now} "
+                   "now, so random numbers differ (jax 0.5.0 changed its default); run with "
+                   f"JAX_THREEFRY_PARTITIONABLE={int(bool(was))} to draw the recorded ones")
+    return notes
 
   def __str__(self) -> str:
     rec, run = self.recorded, self.running

@@ -238,6 +238,19 @@ def test_the_cross_version_default_applies_when_versions_differ(tmp_path):
   assert not testing.check({"x": x * np.float32(1.001)}, tmp_path / "rec").ok
 
 
+def test_a_different_device_count_is_pointed_out(tmp_path):
+  n = jax.local_device_count()
+  testing.record(lambda: {"x": jax.pmap(lambda v: v * 2)(np.ones((n, 2)))}, tmp_path / "rec")
+  manifest = json.loads((tmp_path / "rec" / "manifest.json").read_text())
+  assert manifest["producer"]["device_count"] == jax.device_count()
+  manifest["producer"]["device_count"] = 2 * n  # as if recorded on a larger machine
+  (tmp_path / "rec" / "manifest.json").write_text(json.dumps(manifest))
+  report = str(testing.check(lambda: {"x": jax.pmap(lambda v: v * 2)(np.ones((n, 2)))},
+                             tmp_path / "rec"))
+  assert (f"note: recorded with {2 * n} devices, this run has {n} (on CPU, set "
+          f"XLA_FLAGS=--xla_force_host_platform_device_count={2 * n})") in report
+
+
 def test_multi_process_recordings_live_in_one_directory_per_process(tmp_path):
   testing.record({"x": np.zeros(2)}, tmp_path / "rec")
   assert sorted(os.listdir(tmp_path / "rec")) == ["leaves", "manifest.json"]  # one process: DIR
