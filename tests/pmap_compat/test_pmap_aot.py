@@ -89,3 +89,14 @@ def test_stage_objects_are_jax_stage_types_under_disable_jit():
   # The compiled program still runs with jit enabled again, with legacy's result.
   expected = jax.pmap(scale).lower(F32, F32).compile()(F32, F32)
   np.testing.assert_array_equal(np.asarray(compiled(F32, F32)), np.asarray(expected))
+
+
+def test_traced_jaxpr_debug_info_names_the_function_and_arguments_like_legacy():
+  def f(x, d, *, n):
+    return x + d["a"] * n
+
+  def described(pm):
+    dbg = pm(f).trace(F32, {"a": F32}, n=F32).jaxpr.jaxpr.debug_info
+    return dbg.func_src_info, dbg.arg_names, dbg.result_paths
+  legacy = compare_with_legacy(described, pmap)
+  assert legacy.value[1] == ("x", "d['a']", "n")
