@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
-from typing import Optional
+from typing import Optional, cast
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
@@ -88,7 +88,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.sites_found = 0
     self.sites_converted = 0
     self._applied = 0
-    self._call_sites: dict[cst.Call, cst.BaseExpression] = {}
+    self._call_sites: dict[cst.CSTNode, cst.BaseExpression] = {}
     self._def_sites: dict[cst.FunctionDef, list[tuple[tuple, list[cst.Decorator]]]] = {}
     self._renames: dict[cst.CSTNode, cst.BaseExpression] = {}
     self._p = "P"
@@ -205,9 +205,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return False
     scope = self.get_metadata(ScopeProvider, node, None)
     # The module-level alias, unless a local name shadows it here.
-    return scope is not None and all(
-        isinstance(self.get_metadata(ScopeProvider, a.node, None), cst.metadata.GlobalScope)
-        for a in scope[node.value])
+    targets = [getattr(a, "node", None) for a in scope[node.value]] if scope is not None else []
+    return bool(targets) and all(
+        t is not None and isinstance(self.get_metadata(ScopeProvider, t, None),
+                                     cst.metadata.GlobalScope) for t in targets)
 
   def _call_site(self, call: cst.Call, ref_set: set, claimed: set) -> Optional[Site]:
     if call.func in ref_set:
@@ -237,6 +238,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _decorator_sites(self, fundef: cst.FunctionDef, ref_set: set,
                        claimed: set) -> list[Site]:
     runs: list[list[tuple[int, PmapOptions, Optional[str]]]] = []
+    entry: tuple[int, PmapOptions, Optional[str]]
     previous = -2
     for i, dec in enumerate(fundef.decorators):
       expr = dec.decorator
@@ -259,6 +261,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       previous = i
     sites = []
     for run in runs:
+      error: Optional[str]
       if any("fun" in opts.values for _, opts, _ in run):
         error = "a pmap decorator passes `fun` itself, so the decorated def is not the function"
       else:
@@ -270,6 +273,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         if outer is not None:
           outer.absorbed = True
         outer = site
+      assert outer is not None  # a run has at least one decorator
       outer.error = error
       sites.append(outer)
     return sites
@@ -420,6 +424,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
     if site.fundef is None:
       fun = levels[-1].fun
+      assert fun is not None  # a call site without a function is reported, not built
       fun_code = _code(fun)
       # A function written over several lines is formatted as a stand-in, then moved in.
       multi_line = "\n" in fun_code
@@ -451,6 +456,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def _indent_of(self, line: int) -> str:
     if self._lines is None:
+      assert self._module is not None  # set by visit_Module before any site is built
       self._lines = (self._source if self._source is not None else self._module.code).splitlines()
     text = self._lines[line - 1] if line - 1 < len(self._lines) else ""
     return text[:len(text) - len(text.lstrip())]
@@ -535,11 +541,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     return new.with_changes(lpar=getattr(updated, "lpar", ()), rpar=getattr(updated, "rpar", ()))
 
   def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-    return self._rename(original_node, updated_node)
+    return cast(cst.BaseExpression, self._rename(original_node, updated_node))
 
   def leave_Attribute(self, original_node: cst.Attribute,
                       updated_node: cst.Attribute) -> cst.BaseExpression:
-    return self._rename(original_node, updated_node)
+    return cast(cst.BaseExpression, self._rename(original_node, updated_node))
 
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
     replacement = self._call_sites.get(original_node)
@@ -569,5 +575,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 _FUN = "__pmap_to_shmap_function__"  # stands for a multi-line function while formatting
 
 
-def _code(node: cst.CSTNode) -> str:
+def _code(node: Optional[cst.CSTNode]) -> str:
+  assert node is not None  # callers pass arguments the site was checked to have
   return cst.Module([]).code_for_node(node)

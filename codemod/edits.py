@@ -8,7 +8,7 @@ keep their indentation relative to it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Union, cast
 
 import libcst as cst
 
@@ -94,4 +94,4 @@ class _AbsoluteIndent(cst.CSTTransformer):
 
 
 def parse_expression(text: str) -> cst.BaseExpression:
-  return cst.parse_expression(text).visit(_AbsoluteIndent())
+  return cast(cst.BaseExpression, cst.parse_expression(text).visit(_AbsoluteIndent()))

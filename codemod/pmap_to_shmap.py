@@ -32,7 +32,7 @@ _PROGRESS_FROM = 100  # files; smaller runs print no progress lines
 def default_target() -> str:
   """'experimental' for an installed jax older than 0.6.1 (no jax.shard_map), else 'jax'."""
   try:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import version
     installed = version("jax")
   except Exception:  # PackageNotFoundError, or no metadata at all
     return "jax"
@@ -151,13 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   support = _support_module_change(args, results)
 
   totals = Totals()
-  lines = []
+  lines: list[str] = []
   for result in results:
     totals.add(result)
     lines.extend(f.format(result.path) for f in result.findings)
     if not result.changed:
       continue
-    if args.in_place:
+    if args.in_place and result.new_source is not None:
       write_atomically(result.path, result.new_source)
     elif not args.check:
       sys.stdout.write(result.diff)

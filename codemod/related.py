@@ -66,7 +66,8 @@ class RelatedPatterns(cst.CSTVisitor):
   """Collects report entries for the related patterns into ``findings``."""
 
   def __init__(self, get_metadata: Callable, multihost: bool, target: str):
-    self.get_metadata = get_metadata
+    # The command's metadata lookup: this visitor walks the command's tree, not its own.
+    self.get_metadata = get_metadata  # type: ignore[method-assign]
     self.multihost = multihost
     self.rewrite_removed = target == "jax"
     self.findings: list[Finding] = []

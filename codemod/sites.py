@@ -95,7 +95,8 @@ class Site:
   error: Optional[str] = None
 
   def levels(self) -> list["Site"]:
-    chain, site = [], self
+    chain: list[Site] = []
+    site: Optional[Site] = self
     while site is not None:
       chain.append(site)
       site = site.inner

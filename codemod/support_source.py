@@ -57,7 +57,7 @@ def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None, static_argnu
   return decorate
 
 
-_WRAPPERS = {}
+_WRAPPERS: dict = {}  # (fun, specs, options) -> the function on_pmap_mesh returned
 
 
 def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axis_size,
