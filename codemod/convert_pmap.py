@@ -72,7 +72,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def __init__(self, context: CodemodContext, target: str = "experimental",
                multihost: bool = False, support_module: str = support_module.DEFAULT_NAME,
-               support_root: Optional[str] = None, source: Optional[str] = None) -> None:
+               support_root: Optional[str] = None, source: Optional[str] = None,
+               caller_writes_support: bool = False) -> None:
     super().__init__(context)
     if target not in TARGETS:
       raise ValueError(f"target must be 'experimental' or 'jax', got {target!r}")
@@ -80,6 +81,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.multihost = multihost
     self.support_module = support_module
     self.support_root = support_root
+    self.caller_writes_support = caller_writes_support  # the project CLI does
     self._source = source  # the file's text, when the caller has it: saves regenerating it
     self._reset()
 
@@ -111,8 +113,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
       raise RuntimeError("a site planned for conversion was not rewritten")
     self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
-    if self.support_root is not None and self.sites_converted:
+    if self.sites_converted and self.support_root is not None:
       support_module.write(self.support_root, self.support_module)
+    elif self.sites_converted and not self.caller_writes_support:
+      self._warn(1, 1, Severity.WARNING,
+                 f"the converted sites import {self.support_module}, which this run does not "
+                 "write: pass --support-root DIR (the directory on sys.path when the code "
+                 "runs), or run python -m codemod.pmap_to_shmap")
     return new
 
   # ----- analysis (on the original tree, where metadata lives) -----

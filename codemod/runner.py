@@ -52,7 +52,8 @@ def make_command(options: Options, context: CodemodContext, source: str | None =
     return PmapToShimCommand(context)
   from codemod.convert_pmap import ConvertPmapCommand
   return ConvertPmapCommand(context, target=options.target, multihost=options.multihost,
-                            support_module=options.support_module, source=source)
+                            support_module=options.support_module, source=source,
+                            caller_writes_support=True)
 
 
 @dataclass

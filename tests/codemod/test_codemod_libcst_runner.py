@@ -63,3 +63,13 @@ def test_libcst_runner_and_project_cli_agree(tmp_path, flags):
     elif line.startswith("WARNING: ") and current:
       tool_findings.add((current, line[len("WARNING: "):]))
   assert cli_findings and tool_findings == cli_findings
+
+
+def test_libcst_runner_without_support_root_warns_that_nothing_wrote_the_module(tmp_path):
+  theirs = _copy_fixtures(tmp_path / "libcst")
+  tool = _run(["-m", "libcst.tool", "codemod", "-x", COMMAND, "--no-format", "-j", "1",
+               str(theirs / "collectives.py"), "--target", "jax"])
+  assert tool.returncode == 0, tool.stderr
+  assert "import pmap_shard_map, which this run does not write: pass --support-root" in (
+      tool.stdout + tool.stderr)
+  assert not (theirs / "pmap_shard_map.py").exists()

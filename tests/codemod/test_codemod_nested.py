@@ -2,7 +2,7 @@
 not statically clear is reported and left unchanged."""
 import textwrap
 
-from codemod_testing import TOP, PmapCodemodTest, SiteTest, rewrite
+from codemod_testing import PmapCodemodTest, SiteTest, rewrite
 
 
 class NestedTest(SiteTest):

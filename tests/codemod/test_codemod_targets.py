@@ -1,6 +1,6 @@
 """Rule: --target picks the shard_map API the sites call; --multihost adds the host-local
 <-> global conversion around the jitted site."""
-from codemod_testing import PmapCodemodTest, SiteTest, rewrite
+from codemod_testing import SiteTest, rewrite
 
 
 class TargetTest(SiteTest):
