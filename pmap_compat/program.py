@@ -163,19 +163,20 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
     unmapped = [y for y, d in zip(outs, out_axes, strict=True) if d is None]
     flags = [_varies(y, manual) for y in unmapped] if strict else []
     return mapped, unmapped, flags
-  # Tracing errors (e.g. a tracer used as a bool) then name the user's function and
-  # arguments, not ours.
-  body.__fun_sourceinfo__ = api_util.fun_sourceinfo(fun)
   args, kwargs = call.rebuild(call.leaves)
   grouped = body_arguments.group(fun, args, kwargs, tuple(call.static))
   in_specs = tuple(in_spec(d, name) for d in call.in_axes)
   body_args = tuple(call.leaves)
   if grouped is not None:
-    body.__signature__ = grouped.signature
     in_specs = body_arguments.regroup(grouped, in_specs)
     body_args = body_arguments.regroup(grouped, call.leaves)
+  # Tracing errors (e.g. a tracer used as a bool) then say "while tracing the function f
+  # at ... for pmap" and name the user's arguments, as legacy's do.
+  dbg = api_util.debug_info("pmap", body, body_args, {}, sourceinfo=api_util.fun_sourceinfo(fun),
+                            signature=None if grouped is None else grouped.signature)
   mapped, unmapped, flags = shard_map(body, mesh, in_specs=in_specs,
-                                      out_specs=(P(name), P(), P()), check_rep=False)(*body_args)
+                                      out_specs=(P(name), P(), P()), check_rep=False,
+                                      debug_info=dbg)(*body_args)
   mapped, unmapped = iter(mapped), iter(unmapped)
   outs = [next(unmapped) if d is None else _move_leading_axis(next(mapped), d)
           for d in found["axes"]]

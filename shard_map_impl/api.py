@@ -62,7 +62,8 @@ class _OutNames:
 @traceback_util.api_boundary
 def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
               out_specs: Specs | Callable[[], Specs], check_rep: bool = True,
-              auto: frozenset[Hashable] = frozenset()) -> Callable:
+              auto: frozenset[Hashable] = frozenset(),
+              debug_info: core.DebugInfo | None = None) -> Callable:
   """Map ``f`` over shards of its arguments, as ``jax.experimental.shard_map``.
 
   Args:
@@ -76,11 +77,19 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
     check_rep: verify that promise statically (and enable the efficient
       transpose).
     auto: mesh axes left to the compiler (partially manual shard_map).
+    debug_info: how tracing errors and jaxprs describe ``f`` and its arguments
+      (``api_util.debug_info(...)`` for ``f`` applied to the arguments the mapped
+      function is called with, one name per flattened argument). For an API built on
+      shard_map that wants its own name in errors ("... for pmap"). Default: built
+      per call as ``api_util.debug_info("shard_map", f, args, {})``.
 
   Returns:
     The mapped function, taking global arrays and returning global arrays.
   """
   auto = errors.checked_arguments(f, mesh, auto)
+  if debug_info is not None and not isinstance(debug_info, core.DebugInfo):
+    raise TypeError("shard_map debug_info must be a jax DebugInfo (api_util.debug_info(...)) "
+                    f"or None, but got {debug_info!r} of type {type(debug_info)}.")
   _validate_specs("in", in_specs, auto)
   if not callable(out_specs):
     _validate_specs("out", out_specs, auto)
@@ -88,12 +97,19 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
   @functools.wraps(f)
   @traceback_util.api_boundary
   def mapped(*args):
-    return _call(f, mesh, in_specs, out_specs, check_rep, auto, args)
+    dbg = debug_info or api_util.debug_info("shard_map", f, args, {})
+    return _call(f, mesh, in_specs, out_specs, check_rep, auto, dbg, args)
   return mapped
 
 
-def _call(f, mesh: AnyMesh, in_specs, out_specs, check_rep: bool, auto: frozenset, args) -> Any:
+def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callable[[], Specs],
+          check_rep: bool, auto: frozenset, debug_info: core.DebugInfo, args: tuple) -> Any:
   args_flat, in_tree = tree_flatten(args)
+  if len(debug_info.arg_names) != len(args_flat):  # only a debug_info= given can disagree
+    raise ValueError(
+        f"shard_map debug_info names {len(debug_info.arg_names)} arguments "
+        f"{debug_info.arg_names} but the call passes {len(args_flat)} flattened arguments; "
+        "build it from this call's arguments.")
   try:
     specs_flat = broadcast_prefix(in_specs, args, is_leaf=lambda x: x is None)
   except ValueError:
@@ -102,7 +118,7 @@ def _call(f, mesh: AnyMesh, in_specs, out_specs, check_rep: bool, auto: frozense
   # Arguments with spec None are closed over as constants, not mapped.
   dyn = [i for i, s in enumerate(specs_flat) if s is not None]
   dyn_specs = [specs_flat[i] for i in dyn]
-  dbg = debug_names.for_arguments(api_util.debug_info("shard_map", f, args, {}), dyn)
+  dbg = debug_names.for_arguments(debug_info, dyn)
   fun, out_tree = api_util.flatten_fun_nokwargs(lu.wrap_init(f, debug_info=dbg),
                                                 in_tree)
   fun, dyn_args = api_util.argnums_partial(fun, tuple(dyn), args_flat, False)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import api_util
 from jax._src import config
 from jax._src import core
 from jax.experimental.shard_map import shard_map as jax_shard_map
@@ -174,3 +175,28 @@ def test_dce_keeps_names_of_what_remains():
   body = pruned.eqns[0].params["jaxpr"]
   assert body.debug_info.arg_names == ("b",)
   assert body.debug_info.result_paths == ("result[1]",)
+
+
+def test_a_given_debug_info_names_the_api_in_tracing_errors():
+  """``debug_info=`` (what pmap_compat passes): JAX's message, with that API's name."""
+  def with_name(traced_for):
+    def sm(f, mesh, **kw):
+      return lambda x: shard_map_impl.shard_map(
+          f, mesh, **kw, debug_info=api_util.debug_info(traced_for, f, (x,), {}))(x)
+    return sm
+  theirs = _concretization_message(jax_shard_map, jax.jit, jnp.ones(8))
+  assert _concretization_message(with_name("shard_map"), jax.jit, jnp.ones(8)) == theirs
+  ours = _concretization_message(with_name("my_map"), jax.jit, jnp.ones(8))
+  assert ours == theirs.replace(" for shard_map.", " for my_map.")
+  assert ours != theirs
+
+
+def test_debug_info_argument_is_checked():
+  mesh = make_mesh((8,))
+  with pytest.raises(TypeError, match="debug_info"):
+    shard_map_impl.shard_map(jnp.sin, mesh, in_specs=P("x"), out_specs=P("x"), debug_info="f")
+  two_names = api_util.debug_info("shard_map", jnp.add, (1.0, 2.0), {})
+  g = shard_map_impl.shard_map(jnp.sin, mesh, in_specs=P("x"), out_specs=P("x"),
+                               debug_info=two_names)
+  with pytest.raises(ValueError, match="debug_info names 2 arguments"):
+    g(jnp.ones(8))
