@@ -165,12 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     path, text = support
     old = support_module.read(args.support_root, args.support_module)
     verb = "written" if old is None else "updated from an older version"
-    lines.append(f"{path}:1:1 INFO support module {args.support_module} {verb}; the converted "
+    lines.append(f"{_display_path(path)}:1:1 INFO support module {args.support_module} {verb}; the converted "
                  "files import it")
     if args.in_place:
       support_module.write(args.support_root, args.support_module)
     elif not args.check:
-      sys.stdout.write(_new_file_diff(path, old or "", text.decode("utf-8")))
+      sys.stdout.write(_new_file_diff(_display_path(path), old or "", text.decode("utf-8")))
   lines.append(totals.format())
   report = "\n".join(lines) + "\n"
   if args.report:
@@ -184,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.check and (totals.files_changed or support is not None):
     return 1
   return 0
+
+
+def _display_path(path: str) -> str:
+  """`path` relative to the working directory when it lies below it, as the PATHs given."""
+  relative = os.path.relpath(path)
+  return path if relative.startswith(os.pardir) else relative
 
 
 def _new_file_diff(path: str, old: str, new: str) -> str:
