@@ -18,7 +18,7 @@ JOBS ?= 2
 EXTRA_JAX := 0.10.2 0.7.2 0.4.38
 EXTRA_STAMPS := $(foreach v,$(EXTRA_JAX),.venv-jax$(v)/.installed)
 
-.PHONY: setup venvs demo test test-all bench clean
+.PHONY: setup venvs demo lint test test-all bench clean
 
 setup: $(STAMP)
 
@@ -40,9 +40,15 @@ $(STAMP): pyproject.toml
 demo: venvs
 	$(PY) tools/demo.py
 
-# One pytest run on jax 0.6.0; tests that need another JAX run their code in that
-# environment's python (tests/support/venvs.py).
-test: venvs
+# ruff and mypy, configured in pyproject.toml; either failing fails the build.
+LINT_PATHS := shard_map_impl pmap_compat codemod tools bench examples tests
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+
+# Lint, then one pytest run on jax 0.6.0; tests that need another JAX run their code in
+# that environment's python (tests/support/venvs.py).
+test: lint venvs
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 test-all: venvs

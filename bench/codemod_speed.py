@@ -130,7 +130,7 @@ def time_pair(first, second, paths: list[str], repeat: int) -> tuple[float, floa
         start = time.perf_counter()
         fn(p)
         totals[i] += time.perf_counter() - start
-    best = [min(b, t) for b, t in zip(best, totals)]
+    best = [min(b, t) for b, t in zip(best, totals, strict=True)]
   return best[0], best[1]
 
 

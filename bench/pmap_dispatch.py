@@ -102,7 +102,7 @@ def _ordered(shared, **own):
   cases = dict(shared, **own)
   order = ["tiny", "numpy_input", "psum", "pytree", "in_axes_none", "static_int", "matmul",
            "out0", "first_call"]
-  return dict(zip(CASES, [cases[k] for k in order]))
+  return dict(zip(CASES, [cases[k] for k in order], strict=True))
 
 
 def _pmap_cases(pmap):
@@ -140,7 +140,9 @@ def _jit_cases(shard_map):
   mesh = Mesh(np.array(jax.devices()[:N_DEVICES]), ("i",))
   zeros = np.zeros((N_DEVICES,), np.float32)
 
-  def smap(fun, in_specs=P("i"), out_specs=P("i"), **jit_kwargs):
+  mapped = P("i")
+
+  def smap(fun, in_specs=mapped, out_specs=mapped, **jit_kwargs):
     return jax.jit(shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
                    **jit_kwargs)
 
@@ -271,7 +273,7 @@ def _paired_ratio(results, name, case):
   a, b = results.get((name, case)), results.get(("legacy", case))
   if not a or not b:
     return None
-  pairs = [(l / x if case in WALL else x / l) for x, l in zip(a, b)]
+  pairs = [(l / x if case in WALL else x / l) for x, l in zip(a, b, strict=True)]
   return statistics.median(pairs)
 
 

@@ -30,7 +30,7 @@ def evaluate(x, params):
 def init_params(sizes, seed: int = 3) -> dict:
   rng = np.random.default_rng(seed)
   layers = [{"w": (rng.normal(size=(a, b)) / np.sqrt(a)).astype(np.float32),
-             "b": np.zeros((b,), np.float32)} for a, b in zip(sizes[:-1], sizes[1:])]
+             "b": np.zeros((b,), np.float32)} for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
   return {"layers": layers}
 
 
@@ -44,7 +44,7 @@ def run(batches: int = 2) -> dict:
     images = rng.normal(size=(n_dev, 4, 12)).astype(np.float32)
     labels = rng.integers(0, 10, size=(n_dev, 4)).astype(np.int32)
     outputs.append(eval_step((images, labels), params))
-  preds, log_probs, correct = (jnp.stack(v) for v in zip(*outputs))
+  preds, log_probs, correct = (jnp.stack(v) for v in zip(*outputs, strict=True))
   return {"predictions": preds, "log_probs": log_probs, "correct": correct}
 
 

@@ -11,7 +11,8 @@ the way out (``multihost``), so ``f.lower(x).compile()(x)`` behaves as legacy's 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np

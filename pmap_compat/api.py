@@ -1,7 +1,8 @@
 """``pmap``: the public entry point, with legacy ``jax.pmap``'s signature and argument checks."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from jax._src.api_util import _ensure_index_tuple
 

@@ -1,7 +1,8 @@
 """A call's positional arguments split into static and dynamic ones, and put back together."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 
 def split_static(args: Sequence[Any], static_argnums: Iterable[int]) -> tuple[list, dict[int, Any]]:

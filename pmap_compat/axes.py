@@ -5,7 +5,8 @@ hits an internal assertion; JAX's shard_map-based pmaps silently use axis 0).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from jax._src.tree_util import broadcast_prefix, prefix_errors

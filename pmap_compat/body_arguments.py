@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import collections
 import inspect
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
 
 from jax._src import api_util
 from jax.tree_util import tree_flatten, tree_structure, tree_unflatten

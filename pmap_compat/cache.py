@@ -8,7 +8,8 @@ The staged program holds ``f`` weakly, so dropping the last wrapper frees the en
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 from jax.sharding import Mesh
@@ -71,7 +72,7 @@ class Entry:
     return self._spread
 
 
-_BY_FUN: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_BY_FUN: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
 def entry_for(fun: Callable, cfg: PmapConfig) -> Entry:

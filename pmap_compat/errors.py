@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import collections
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np

@@ -21,7 +21,8 @@ through as is; ``place`` is the general entry point for the slow path.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 from jax._src import core

@@ -8,7 +8,8 @@ in the body are inlined and fixed too; inside scan / cond / while they are not.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 from jax import lax

@@ -9,7 +9,8 @@ assignment per computation).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 import numpy as np

@@ -19,7 +19,8 @@ process-major device order) or we refuse with a clear error.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 import numpy as np

@@ -10,7 +10,8 @@ replica ids). If the outer mesh lacks the inner axis, the inner pmap raises
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np

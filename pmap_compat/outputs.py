@@ -15,7 +15,8 @@ on the fast path the C++ dispatcher builds these arrays itself (fastpath.py).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from jax._src import core

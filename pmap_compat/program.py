@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 import numpy as np

@@ -8,7 +8,8 @@ calls; the plain-jit slow path moves committed inputs onto the mesh before traci
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np

@@ -8,7 +8,8 @@ which is also what allows ``out_specs`` to be a thunk.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Hashable
+from typing import Any
+from collections.abc import Callable, Hashable
 
 from jax._src import api_util
 from jax._src import core

@@ -13,7 +13,8 @@ Residual specs and rank-0 promotion come from ``split_residuals``.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu

@@ -9,7 +9,8 @@ in a spec is an error, as in JAX (unless ``jax_disable_vmap_shmap_error``).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 import dataclasses
 from math import prod
 

@@ -8,7 +8,7 @@ every replicated-to-varying conversion explicit.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from jax._src import config
 from jax._src import core

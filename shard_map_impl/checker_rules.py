@@ -5,7 +5,7 @@ its own here.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from jax._src import checkify
 from jax._src import core

@@ -11,7 +11,7 @@ JAX's own ``safe_arg_names`` / ``safe_result_paths`` report for them.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu

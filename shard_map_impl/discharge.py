@@ -8,7 +8,7 @@ such rule.)
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu

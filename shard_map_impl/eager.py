@@ -19,7 +19,8 @@ rejected, both as in JAX's eager shard_map.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -130,7 +131,7 @@ def _jitted(applier: _PrimApplier, mesh: AnyMesh, in_specs: tuple, out_specs, ch
   return jax.jit(_flat_program(applier, mesh, in_specs, out_specs, check))
 
 
-def _apply(trace: "EagerTrace", prim: core.Primitive, params, stacked, in_specs: tuple, out_specs):
+def _apply(trace: EagerTrace, prim: core.Primitive, params, stacked, in_specs: tuple, out_specs):
   """Run ``prim`` on every device's blocks; ``out_specs`` a P or list of P."""
   applier = _PrimApplier(prim, params)
   out_key = tuple(out_specs) if isinstance(out_specs, list) else out_specs
@@ -150,7 +151,7 @@ class EagerTracer(core.Tracer):
   """
   __slots__ = ("stacked", "rep")
 
-  def __init__(self, trace: "EagerTrace", rep, stacked):
+  def __init__(self, trace: EagerTrace, rep, stacked):
     self._trace = trace
     self.rep = rep
     self.stacked = stacked
@@ -300,7 +301,7 @@ def _debug_callback_eager(trace: EagerTrace, *stacked, callback, effect, partiti
   del effect, partitioned
   with _outside(trace.context_mesh):
     per_arg = [list(s) for s in stacked]
-  for blocks in zip(*per_arg):
+  for blocks in zip(*per_arg, strict=True):
     callback(*blocks)
   return []
 

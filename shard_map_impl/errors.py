@@ -9,7 +9,8 @@ below with one entry per flat output (``None`` where that output is fine);
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import tree_structure, tree_unflatten

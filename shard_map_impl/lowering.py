@@ -16,7 +16,7 @@ manual in an enclosing shard_map are excluded from the conversion.
 from __future__ import annotations
 
 from math import prod
-from typing import Sequence
+from collections.abc import Sequence
 
 from jax._src import config
 from jax._src import core

@@ -12,7 +12,8 @@ the unknown inputs.  Residual specs and rank-0 promotion come from
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from math import prod
-from typing import Iterator
+from collections.abc import Iterator
 
 from jax._src import config
 from jax._src import core

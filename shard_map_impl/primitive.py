@@ -8,7 +8,8 @@ themselves here; nothing is added to JAX's trace classes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu

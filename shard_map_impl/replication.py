@@ -15,7 +15,8 @@ Two modes, following ``jax_varying_axes_in_types``:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from jax._src import ad_checkpoint, ad_util, callback, core, dispatch, ffi, pjit, prng, random
 from jax._src import custom_derivatives as cd
@@ -30,7 +31,7 @@ from shard_map_impl.per_device import manual_axes_of, vma_enabled
 from shard_map_impl.specs import (AnyMesh, AxisNames, axis_tuple, spec_axes,
                                  unmentioned_axes)
 
-Rep = Optional[frozenset]
+Rep = frozenset | None
 RepRule = Callable[..., Any]
 
 rep_rules: dict[core.Primitive, RepRule] = {}

@@ -21,7 +21,8 @@ collectives.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from jax._src import core
 from jax._src import custom_derivatives as cd
@@ -113,7 +114,7 @@ class RewriteTracer(core.Tracer):
   """A body value during the rewrite: ``payload`` is (value, axes it is replicated on)."""
   __slots__ = ("payload",)
 
-  def __init__(self, trace: "RewriteTrace", val: Any, rep: Rep):
+  def __init__(self, trace: RewriteTrace, val: Any, rep: Rep):
     self._trace, self.payload = trace, (val, rep)
 
   val = property(lambda self: self.payload[0])

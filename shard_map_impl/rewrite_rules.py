@@ -11,7 +11,8 @@ unchanged and its replication comes from ``replication.rep_rules``.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from jax._src import ad_checkpoint, core, ffi, pjit
 from jax._src import custom_derivatives as cd

@@ -9,7 +9,7 @@ the messages themselves are built in ``errors``.
 from __future__ import annotations
 
 from math import prod
-from typing import Callable, Hashable, Mapping, Sequence, Union
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from jax._src import core
 from jax._src.mesh import AbstractMesh, Mesh
@@ -17,13 +17,13 @@ from jax.sharding import PartitionSpec
 from jax.tree_util import tree_leaves
 
 AxisName = Hashable
-AnyMesh = Union[Mesh, AbstractMesh]
+AnyMesh = Mesh | AbstractMesh
 # Array dimension -> the mesh axes it is split over (unsplit dimensions absent).
 AxisNames = dict[int, tuple[AxisName, ...]]
 # Gives a shard_map's output names once its body has been traced.
 OutNamesThunk = Callable[[], Sequence[AxisNames]]
 # A pytree of PartitionSpecs (None leaves allowed in in_specs).
-Specs = Union[PartitionSpec, None, Sequence["Specs"], Mapping[Hashable, "Specs"]]
+Specs = PartitionSpec | None | Sequence["Specs"] | Mapping[Hashable, "Specs"]
 
 
 def canonicalize_spec(spec: PartitionSpec | AxisNames) -> AxisNames:

@@ -16,7 +16,7 @@ before leaving the first half and squeezed back on entering the second.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from jax import lax
 from jax._src import config

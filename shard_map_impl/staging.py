@@ -8,7 +8,8 @@ hoisted to leading inputs (replicated, in_names ``{}``) so the equation's
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu

@@ -20,7 +20,7 @@ How replicated values are reduced depends on the equation's ``rewrite`` flag:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 from math import prod
 
 from jax import lax

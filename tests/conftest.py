@@ -12,8 +12,6 @@ from support.devices import require_host_devices  # noqa: E402
 
 require_host_devices(8)  # raises (and so aborts collection) if jax came up with fewer
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 

@@ -48,7 +48,7 @@ def report_summary(tree: eq.CodemodTree) -> list[str]:
   # One totals line per codemod invocation (--multihost files run separately): add them up.
   templates = {re.sub(r"\d+", "{}", l) for l in totals}
   if len(templates) == 1 and len(totals) > 1:
-    sums = [sum(col) for col in zip(*([int(v) for v in re.findall(r"\d+", l)] for l in totals))]
+    sums = [sum(col) for col in zip(*([int(v) for v in re.findall(r"\d+", l)] for l in totals), strict=True)]
     totals = [templates.pop().format(*sums) + f"   (over {len(tree.returncodes)} invocations)"]
   lines += totals[-4:]
   for entry in tree.report.splitlines():  # the entries that need a person, shortened

@@ -42,7 +42,8 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools")
@@ -534,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   with tempfile.TemporaryDirectory(prefix="equivalence-") as tmp:
     runner = Runner(tmp, sources={source: flags})
     legacy = runner.result(case, "legacy")
-    print(f"legacy: {'ran in %.2fs' % legacy.seconds if legacy.ok else legacy.error}")
+    print(f"legacy: {f'ran in {legacy.seconds:.2f}s' if legacy.ok else legacy.error}")
     for mode in modes:
       if mode == NEWEST_PMAP and not runner.result(case, mode).ok:
         # Information, not a failure: the codemod output is what runs on the newest JAX.

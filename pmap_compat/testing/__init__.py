@@ -92,7 +92,8 @@ Library::
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 

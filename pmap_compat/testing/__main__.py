@@ -5,7 +5,7 @@ import argparse
 import contextlib
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 # Exit statuses.
 PASS, DIFFERS, NOT_COMPARED = 0, 1, 2

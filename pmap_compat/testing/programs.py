@@ -9,7 +9,8 @@ import json
 import os
 import sys
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 

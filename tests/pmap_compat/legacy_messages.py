@@ -1,7 +1,8 @@
 """``same_message``: a program fails under legacy jax.pmap and pmap_compat with one message."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from pmap_compat import pmap
 from support.compare import compare_with_legacy

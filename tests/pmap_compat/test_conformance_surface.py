@@ -160,7 +160,8 @@ def test_retrace_on_new_shapes_and_dtypes():
 def test_cache_size_grows_on_retrace():
   def program(pm):
     f = pm(lambda x: x * 2)
-    f(arr(8, 2)); f(arr(8, 2))
+    f(arr(8, 2))
+    f(arr(8, 2))
     a = f._cache_size()
     f(arr(8, 3))
     return a, f._cache_size()
@@ -263,7 +264,7 @@ def test_global_arg_shapes_rejected():
 _MESH8 = Mesh(np.array(jax.devices()), ("d",))
 
 
-def __o(pm):
+def _o(pm):
   return pm(lambda x: x * 2)(arr(8, 3))
 
 

@@ -48,7 +48,7 @@ def test_output_sharding_equals_legacy(in_axes, out_axes, shape):
 def test_pytree_outputs_are_all_pmap_sharded():
   legacy, ours = both(lambda t: {"a": step(t[0]), "b": [t[1] + 1, lax.psum(t[1], "i")]},
                       (data(N, 2), data(N)))
-  for l, o in zip(jax.tree.leaves(legacy), jax.tree.leaves(ours)):
+  for l, o in zip(jax.tree.leaves(legacy), jax.tree.leaves(ours), strict=True):
     assert o.sharding == l.sharding
   assert_trees_equal(legacy, ours)
 

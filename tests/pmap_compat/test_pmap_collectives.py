@@ -1,7 +1,5 @@
 """Every collective, axis_index and axis_index_groups under pmap_compat vs legacy (row 15)."""
-from functools import partial
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

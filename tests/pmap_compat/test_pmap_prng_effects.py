@@ -88,12 +88,16 @@ def test_debug_print(capfd, impl):
       sorted(f"value {float(i)}" for i in range(8))
 
 
+def _values_seen_by_callback(pm) -> list[int]:
+  seen: list[int] = []
+  pm(lambda x: jax.debug.callback(lambda v: seen.append(int(v)), x) or x)(np.arange(8))
+  jax.effects_barrier()
+  return sorted(seen)
+
+
 def test_debug_callback_sees_every_shard():
   for pm in (jax.pmap, pmap):
-    seen = []
-    pm(lambda x: jax.debug.callback(lambda v: seen.append(int(v)), x) or x)(np.arange(8))
-    jax.effects_barrier()
-    assert sorted(seen) == list(range(8)), pm
+    assert _values_seen_by_callback(pm) == list(range(8)), pm
 
 
 def test_ordered_io_callback():
@@ -109,6 +113,6 @@ def test_ordered_io_callback():
   jax.effects_barrier()
   np.testing.assert_array_equal(np.asarray(out), np.arange(8, dtype=np.float32) * 2)
   assert sorted(float(v) for v in log) == list(map(float, range(8)))
-  with pytest.raises(Exception):
+  with pytest.raises(ValueError):
     jax.pmap(lambda x: io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), x,
                                    ordered=True))(np.arange(8, dtype=np.float32))

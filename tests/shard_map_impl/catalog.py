@@ -9,8 +9,8 @@ are written against ``mesh.axis_names`` so they run on every standard mesh
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -22,7 +22,7 @@ def settings(shardy: bool, vma: bool):
 
 
 def _assert_same_shardings(expected, actual) -> None:
-  for e, a in zip(jax.tree.leaves(expected), jax.tree.leaves(actual)):
+  for e, a in zip(jax.tree.leaves(expected), jax.tree.leaves(actual), strict=True):
     es, as_ = getattr(e, "sharding", None), getattr(a, "sharding", None)
     if isinstance(es, NamedSharding) and isinstance(as_, NamedSharding):
       assert es.is_equivalent_to(as_, e.ndim), (

@@ -181,7 +181,7 @@ def test_eager_tracer_str_like_jax():
   texts = {}
   for k, sm in IMPLS.items():
     got = []
-    sm(lambda x: (got.append(str(x)), x)[1], mesh, P("x"), P("x"))(
+    sm(lambda x, got=got: (got.append(str(x)), x)[1], mesh, P("x"), P("x"))(
         np.arange(8.0, dtype=np.float32))
     texts[k] = got[0]
   assert texts["ours"] == texts["jax"]
@@ -219,5 +219,5 @@ def test_explicit_axes_mesh_like_jax(mode):
       g = sm(lambda v: v * 2, mesh, P("x"), P("x"), auto=frozenset({"y"}))
       outs[k] = (jax.jit(f)(x), jax.jit(g)(x)) if mode == "jit" else (f(x),)
   assert_trees_equal(outs["jax"], outs["ours"])
-  for a, b in zip(outs["jax"], outs["ours"]):
+  for a, b in zip(outs["jax"], outs["ours"], strict=True):
     assert a.sharding == b.sharding

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -158,7 +158,7 @@ def test_check_rep_false_costs_conservative_psums(name):
     counts[impl_name] = collective_counts(fn, args)
     values[impl_name] = jax.jit(fn)(*args)
   assert counts["ours"] == counts["jax"]
-  for a, b in zip(jax.tree.leaves(values["jax"]), jax.tree.leaves(values["ours"])):
+  for a, b in zip(jax.tree.leaves(values["jax"]), jax.tree.leaves(values["ours"]), strict=True):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
 
 
@@ -266,7 +266,7 @@ def test_dce_prunes_outputs_and_keeps_effects(used):
 def test_dce_drops_pure_unused_shard_map():
   for smap in _impls().values():
     f = smap(lambda x: jnp.sin(x), make_mesh((8,)), P('x'), P('x'))
-    closed = jax.make_jaxpr(lambda x: (f(x), x)[1])(rand(8))
+    closed = jax.make_jaxpr(lambda x, f=f: (f(x), x)[1])(rand(8))
     pruned, _ = pe.dce_jaxpr(closed.jaxpr, [True])
     assert not _shard_map_eqns(pruned)
 
@@ -324,5 +324,5 @@ def test_state_discharge_of_closed_over_ref():
       lambda xb, a: (jnp.sin(xb) * 2.0, a + lax.psum(jnp.sum(xb, 0), 'x')),
       mesh, (P('x'), P()), (P('x'), P()))
   want = jax.jit(pure)(x, acc0)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)

@@ -9,7 +9,8 @@ program can nest pmaps, wrap them in ``jax.grad`` and so on.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -93,7 +94,7 @@ def assert_trees_equal(expected: Any, actual: Any, *, rtol: float | None = None,
       f"output tree structure {a_struct} differs from legacy's {e_struct}")
   e_leaves = jax.tree_util.tree_flatten_with_path(expected)[0]
   a_leaves = jax.tree.leaves(actual)
-  for (path, e), a in zip(e_leaves, a_leaves):
+  for (path, e), a in zip(e_leaves, a_leaves, strict=True):
     assert_leaf_equal(e, a, where=_describe(path), rtol=rtol, atol=atol)
 
 

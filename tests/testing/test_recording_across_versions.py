@@ -110,4 +110,4 @@ def test_the_package_names_still_resolve_on_jax_0_6_0():
   assert pmap_compat.pmap is api.pmap and pmap_compat.patched is patching.patched
   assert set(pmap_compat.__all__) <= set(dir(pmap_compat))
   with pytest.raises(AttributeError, match="no attribute 'pnap'"):
-    pmap_compat.pnap  # pylint: disable=pointless-statement
+    _ = pmap_compat.pnap

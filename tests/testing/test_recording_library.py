@@ -152,7 +152,7 @@ def test_wrong_dtype_shape_or_type_is_named(tmp_path, actual, detail):
   report = testing.check({"w": actual}, tmp_path / "rec")
   [leaf] = report.leaves
   assert leaf.status == "mismatch" and leaf.detail == detail
-  assert f"['w']" in str(report) and detail in str(report)
+  assert "['w']" in str(report) and detail in str(report)
 
 
 def test_typed_keys_must_match_exactly_and_by_impl(tmp_path):

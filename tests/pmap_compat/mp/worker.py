@@ -160,7 +160,7 @@ def check(program) -> str:
   if ours.error is not None:
     return "ours raised: " + "".join(traceback.format_exception(ours.error))[-3000:]
   assert_trees_equal(legacy.value, ours.value)
-  for a, b in zip(_shardings(legacy.value), _shardings(ours.value)):
+  for a, b in zip(_shardings(legacy.value), _shardings(ours.value), strict=True):
     if a is not None and a != b:
       return f"output sharding {b} differs from legacy's {a}"
   return "ok"
