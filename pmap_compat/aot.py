@@ -98,6 +98,10 @@ def global_abstract_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: di
                          meshes_used: dict) -> tuple[tuple, dict, list]:
   """``args``/``kwargs`` with each dynamic leaf replaced by its global ShapeDtypeStruct."""
   call, mesh, shardings = program.input_shardings(cfg, fun, args, kwargs, False, meshes_used)
+  if mesh is None:  # devices= of another size, to be completed by nested pmaps
+    raise NotImplementedError(
+        "pmap_compat: .lower()/.trace() in a multi-process job needs devices= to match the "
+        "mapped size (nested pmaps that complete the device count are found only by tracing)")
   size = mesh.shape[mesh.axis_names[0]]
   structs = []
   for x, d, s in zip(call.leaves, call.in_axes, shardings, strict=True):

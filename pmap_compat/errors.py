@@ -158,7 +158,7 @@ def inconsistent_sizes(fun: Callable, args: tuple, kwargs: dict,
               for p, x in tree_flatten_with_path(args)[0]]
   labelled += [(f"kwargs{keystr(p)}", x) for p, x in tree_flatten_with_path(kwargs)[0]]
   sizes = [None if d is None else np.shape(x)[d] for (_, x), d in zip(labelled, axes, strict=True)]
-  first_at = {}
+  first_at: dict[int, int] = {}
   for i, s in enumerate(sizes):
     if s is not None:
       first_at.setdefault(s, i)

@@ -91,7 +91,8 @@ def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
   if executable is None:
     if len(per_program) >= _MAX_EXECUTABLES_PER_PROGRAM:
       del per_program[next(iter(per_program))]  # the oldest signature
-    executable = per_program[key] = jitted.lower(*args, **kwargs).compile()
+    executable = per_program[key] = jitted.lower(  # type: ignore[attr-defined]  # a jit object
+        *args, **kwargs).compile()
   return executable
 
 
@@ -115,8 +116,10 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
     return None
   if config.debug_nans.value or config.debug_infs.value:
     return None
-  in_pmap = [outputs.named_to_pmap(s, x.ndim) for s, x in zip(in_shardings, leaves, strict=True)]
-  if any(p is None for p in in_pmap) or not all(type(o) is ArrayImpl for o in outs):
+  maybe_pmap = [outputs.named_to_pmap(s, x.ndim)
+                for s, x in zip(in_shardings, leaves, strict=True)]
+  in_pmap = [p for p in maybe_pmap if p is not None]
+  if len(in_pmap) != len(maybe_pmap) or not all(type(o) is ArrayImpl for o in outs):
     return None
   out_pmap = [o.sharding for o in outs]
   if not all(isinstance(s, outputs.PmapSharding) for s in out_pmap):
@@ -132,7 +135,8 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
       out_handler=call.out_handler,
       out_pytree_def=out_tree,
       input_devices=devices,
-      input_indices=[tuple(p.devices_indices_map(x.shape).values())
+      # One index per device for each argument (JAX annotates this field as one Index).
+      input_indices=[tuple(p.devices_indices_map(x.shape).values())  # type: ignore[arg-type]
                      for p, x in zip(in_pmap, leaves, strict=True)],
       input_array_shardings=in_pmap,
       out_avals=[o.aval for o in outs],

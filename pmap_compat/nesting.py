@@ -84,6 +84,7 @@ def run_nested(name: Any, leaves: list, in_axes: tuple, invoke: Callable[[list],
                out_axes_for: Callable[[Any], tuple]) -> Any:
   """The inner pmap's semantics inside the outer body (see module docstring)."""
   frame = _STATE.frame
+  assert frame is not None, "run_nested is only called while an outer pmap body is traced"
   idx = lax.axis_index(name)
   picked = [x if d is None else lax.dynamic_index_in_dim(x, idx, d, keepdims=False)
             for x, d in zip(leaves, in_axes, strict=True)]

@@ -52,7 +52,8 @@ def pmap_sharding_of(sharding: NamedSharding, ndim: int) -> PmapSharding | None:
   spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
   if len(spec) != ndim:
     return None
-  dims, order = [], {}  # mesh axis -> position among all chunked mesh axes
+  dims: list[NoSharding | Chunked] = []
+  order: dict[Any, int] = {}  # mesh axis -> position among all chunked mesh axes
   for entry in spec:
     names = spec_entry_axes(entry)
     if not names:
@@ -81,7 +82,8 @@ def named_of_pmap(sharding: PmapSharding, shape: tuple) -> NamedSharding | None:
       chunk_dims += [(d, c) for c in dim.chunks]
     elif not isinstance(dim, NoSharding):
       return None  # Unstacked: rank-reducing layouts have no NamedSharding twin
-  sizes, names, per_dim = [], [], [[] for _ in spec.sharding]
+  sizes, names = [], []
+  per_dim: list[list[tuple[int, str]]] = [[] for _ in spec.sharding]
   for m, entry in enumerate(spec.mesh_mapping):
     name = f"_pmap_compat_m{m}"
     names.append(name)
@@ -92,8 +94,8 @@ def named_of_pmap(sharding: PmapSharding, shape: tuple) -> NamedSharding | None:
       size = entry.replicas
     sizes.append(size)
   devices = np.asarray(sharding.devices).reshape(-1).reshape(sizes)
-  parts = [tuple(n for _, n in sorted(axes)) or None for axes in per_dim]
-  parts = [p[0] if p and len(p) == 1 else p for p in parts]
+  grouped = [tuple(n for _, n in sorted(axes)) or None for axes in per_dim]
+  parts = [g[0] if g and len(g) == 1 else g for g in grouped]
   named = NamedSharding(Mesh(devices, tuple(names)), PartitionSpec(*parts))
   return named if same_blocks(sharding, named, shape) else None
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 
 _lock = threading.Lock()
 _depth = 0
-_original = None
+_original: Callable[..., Any] | None = None
 
 
 def patch() -> None:
@@ -37,6 +38,7 @@ def unpatch() -> None:
       raise RuntimeError("pmap_compat.unpatch() called without a matching patch()")
     _depth -= 1
     if _depth == 0:
+      assert _original is not None  # set by the patch() this undoes
       jax.pmap = _original
       _original = None
 

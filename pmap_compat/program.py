@@ -201,7 +201,7 @@ def stage_top(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread:
     # and decide once every nested pmap is known (legacy also checks after tracing).
     provisional = cfg.devices is not None and len(cfg.devices) != total
     if provisional and total > len(meshes.backend_devices(cfg.backend, None)):
-      raise errors.nested_devices_mismatch(total, call.size, cfg.devices)
+      raise errors.nested_devices_mismatch(total, call.size, cfg.devices or ())
     mesh = meshes.build_mesh(mesh_axes, cfg.backend, None if provisional else cfg.devices,
                              spread)
     if spread:
@@ -212,7 +212,7 @@ def stage_top(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread:
       mesh_axes.append((need.name, need.size))
       continue
     if provisional:
-      raise errors.nested_devices_mismatch(total, call.size, cfg.devices)
+      raise errors.nested_devices_mismatch(total, call.size, cfg.devices or ())
     meshes_used[call.size] = mesh
     return out
 
@@ -270,9 +270,9 @@ def make_staged(fun_ref: Callable[[], Callable], cfg: PmapConfig, spread: bool,
   def staged(*args, **kwargs):
     return stage_top(cfg, fun_ref(), args, kwargs, spread, meshes_used)
   staged.__name__ = staged.__qualname__ = info.name
-  staged.__fun_sourceinfo__ = info.sourceinfo
+  staged.__fun_sourceinfo__ = info.sourceinfo  # type: ignore[attr-defined]  # read by jit
   if info.signature is not None:
-    staged.__signature__ = info.signature
+    staged.__signature__ = info.signature  # type: ignore[attr-defined]  # read by inspect
   return staged
 
 

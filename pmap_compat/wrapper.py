@@ -94,7 +94,7 @@ def _with_placement(entry: cache.Entry, fun: Callable,
       if placed is None:
         raise
     return target(*placed[0], **placed[1])
-  run.keep_alive = fun
+  run.keep_alive = fun  # type: ignore[attr-defined]  # a reference, not read anywhere
   return run
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from typing import Any
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 
 from jax._src import api_util
 from jax._src import core
@@ -17,11 +17,11 @@ from jax._src import linear_util as lu
 from jax._src import traceback_util
 from jax._src.mesh import AbstractMesh, Mesh
 from jax._src.tree_util import broadcast_prefix, prefix_errors
-from jax.tree_util import tree_flatten, tree_unflatten
+from jax.tree_util import PyTreeDef, tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
-from shard_map_impl.specs import (AnyMesh, Specs, canonicalize_spec,
+from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
                                  divisibility_failures, rank_failures, spec_leaf_problems,
                                  specs_are_valid)
 
@@ -38,12 +38,12 @@ def _validate_specs(kind: str, specs: Specs, auto: frozenset) -> None:
 class _OutNames:
   """Memoised thunk: flat out_specs (canonical) once the output tree is known."""
 
-  def __init__(self, out_specs, out_tree: Callable, auto: frozenset):
+  def __init__(self, out_specs: Specs | Callable[[], Specs], out_tree: Callable, auto: frozenset):
     self._specs, self._out_tree, self._auto = out_specs, out_tree, auto
-    self._value = None
-    self.resolved_specs = None
+    self._value: tuple[AxisNames, ...] | None = None
+    self.resolved_specs: Specs = None
 
-  def __call__(self) -> tuple:
+  def __call__(self) -> tuple[AxisNames, ...]:
     if self._value is None:
       specs = self._specs() if callable(self._specs) else self._specs
       if callable(self._specs):
@@ -97,7 +97,7 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
 
   @functools.wraps(f)
   @traceback_util.api_boundary
-  def mapped(*args):
+  def mapped(*args: Any):
     dbg = debug_info or api_util.debug_info("shard_map", f, args, {})
     return _call(f, mesh, in_specs, out_specs, check_rep, auto, dbg, args)
   return mapped
@@ -139,11 +139,12 @@ def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callab
   return tree_unflatten(out_tree(), outs)
 
 
-def _check_args(f, mesh: AnyMesh, in_tree, in_specs, dyn, dyn_specs, dyn_args) -> None:
+def _check_args(f: Callable, mesh: AnyMesh, in_tree: PyTreeDef, in_specs: Specs, dyn: Sequence[int],
+                dyn_specs: Sequence[Any], dyn_args: Sequence[Any]) -> None:
   """Rank and divisibility of each mapped argument against its spec."""
   avals = [core.shaped_abstractify(x) for x in dyn_args]
 
-  def spread(fails):  # back to one entry per flat argument
+  def spread(fails: Sequence[Any]):  # back to one entry per flat argument
     full = [None] * in_tree.num_leaves
     for i, fail in zip(dyn, fails, strict=True):
       full[i] = fail

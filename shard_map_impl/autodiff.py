@@ -14,7 +14,7 @@ Residual specs and rank-0 promotion come from ``split_residuals``.
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu
@@ -28,18 +28,18 @@ from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
 
-def _pick(values, mask):
+def _pick(values: Sequence[Any], mask: Sequence[bool]):
   return [v for v, m in zip(values, mask, strict=True) if m]
 
 
 # ------------------------------------------------------------------------ JVP
 
 @lu.transformation_with_aux2
-def _flat_tangents(f, store, nonzero_in: tuple, *args):
+def _flat_tangents(f: Callable, store: lu.Store, nonzero_in: tuple, *args: Any):
   """(primals, tangents) -> flat [*primals, *non-zero tangents], both ways."""
   primals, given = split_list(args, [len(nonzero_in)])
-  given = iter(given)
-  tangents = [next(given) if nz else ad.Zero.from_primal_value(p)
+  given_iter = iter(given)
+  tangents = [next(given_iter) if nz else ad.Zero.from_primal_value(p)
               for p, nz in zip(primals, nonzero_in, strict=True)]
   out_primals, out_tangents = f(primals, tangents)
   nonzero_out = tuple(type(t) is not ad.Zero for t in out_tangents)
@@ -48,7 +48,8 @@ def _flat_tangents(f, store, nonzero_in: tuple, *args):
 
 
 @register_trace_rule(ad.JVPTrace)
-def jvp_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], *,
+def jvp_rule(trace: ad.JVPTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+             *,
              mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk,
              check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   pairs = [trace.to_primal_tangent_pair(t) for t in tracers]
@@ -71,8 +72,8 @@ def jvp_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[
                               (body, *primals, *_pick(tangents, nonzero_in)), params)
   mask = nonzero_out()
   out_primals, out_tangents = split_list(outs, [len(mask)])
-  out_tangents = iter(out_tangents)
-  return [ad.maybe_jvp_tracer(trace, p, next(out_tangents)) if nz else p
+  tangents_iter = iter(out_tangents)
+  return [ad.maybe_jvp_tracer(trace, p, next(tangents_iter)) if nz else p
           for p, nz in zip(out_primals, mask, strict=True)]
 
 
@@ -81,7 +82,7 @@ def jvp_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[
 class _Promoter:
   """Wraps the primal half: promotes its rank-0 non-forwarded residual outputs."""
 
-  def __init__(self, aux):
+  def __init__(self, aux: Any):
     self.aux = aux
 
   def fresh_mask(self):
@@ -89,7 +90,7 @@ class _Promoter:
     return [i is None and o is None for i, o in zip(in_fwd, out_fwd, strict=True)], res_avals
 
   def wrap(self, fun: lu.WrappedFun) -> lu.WrappedFun:
-    def primal_half(*args):
+    def primal_half(*args: Any):
       outs = fun.call_wrapped(*args)
       fresh, _ = self.fresh_mask()
       n_res = sum(fresh)
@@ -99,7 +100,8 @@ class _Promoter:
 
 
 @register_trace_rule(ad.LinearizeTrace)
-def linearize_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+def linearize_rule(trace: ad.LinearizeTrace, prim: core.Primitive, fun: lu.WrappedFun,
+                   tracers: Sequence[Any],
                    *, mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk:
                    OutNamesThunk, check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   pairs = [trace.to_primal_tangent_pair(t) for t in tracers]
@@ -137,7 +139,7 @@ def linearize_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Seq
   squeeze = [f and rs.is_scalar(a) for f, a in zip(fresh, res_avals, strict=True)]
   n_res = len(residuals)
 
-  def tangent_half(*args):
+  def tangent_half(*args: Any):
     res, rest = split_list(args, [n_res])
     res = [rs.demote(r) if s else r for r, s in zip(res, squeeze, strict=True)]
     return core.eval_jaxpr(lin_jaxpr, res, *rest)

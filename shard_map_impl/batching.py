@@ -25,7 +25,7 @@ from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
 
 
-def batched_names(names: AxisNames, dim, spmd_axes) -> AxisNames:
+def batched_names(names: AxisNames, dim, spmd_axes: Any) -> AxisNames:
   """``names`` of a value whose batch dimension sits at ``dim`` (None: unbatched)."""
   if dim is batching.not_mapped:
     return dict(names)
@@ -35,7 +35,7 @@ def batched_names(names: AxisNames, dim, spmd_axes) -> AxisNames:
   return moved
 
 
-def _reject_spmd_axes_in(kind: str, all_names, spmd_axes) -> None:
+def _reject_spmd_axes_in(kind: str, all_names: Sequence[AxisNames], spmd_axes: Any) -> None:
   if spmd_axes is None or config.disable_vmap_shmap_error.value:
     return
   used = set().union(*map(spec_axes, all_names)) if all_names else set()
@@ -44,7 +44,8 @@ def _reject_spmd_axes_in(kind: str, all_names, spmd_axes) -> None:
 
 
 @register_trace_rule(batching.BatchTrace)
-def batch_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], *,
+def batch_rule(trace: batching.BatchTrace, prim: core.Primitive, fun: lu.WrappedFun,
+               tracers: Sequence[Any], *,
                mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk,
                check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   vals, dims = zip(*map(trace.to_batch_info, tracers), strict=True) if tracers else ((), ())

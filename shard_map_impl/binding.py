@@ -8,7 +8,8 @@ every replicated-to-varying conversion explicit.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from jax._src import config
 from jax._src import core
@@ -22,7 +23,7 @@ from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
 def _pvary_outputs_to_specs(fun: lu.WrappedFun,
                             out_names: OutNamesThunk) -> lu.WrappedFun:
   @lu.transformation2
-  def mark(f, *args):
+  def mark(f: Callable, *args: Any):
     outs = f(*args)
     marked = []
     for x, names in zip(outs, out_names(), strict=True):

@@ -6,6 +6,7 @@ its own here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from jax._src import checkify
 from jax._src import core
@@ -18,9 +19,10 @@ from shard_map_impl.specs import AnyMesh, AxisNames
 
 # --- checkify -------------------------------------------------------------------
 
-def _checkify_rule(error, enabled_errors, *vals, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
+def _checkify_rule(error: Any, enabled_errors: Any, *vals: Any, jaxpr: core.Jaxpr, mesh: AnyMesh,
+                   in_names:
                    Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
-                   rewrite: bool, auto: frozenset, **_witness):
+                   rewrite: bool, auto: frozenset, **_witness: Any):
   """checkify a shard_map equation: the body is checked per device.
 
   Incoming error values enter replicated; each device's resulting error comes
@@ -32,7 +34,7 @@ def _checkify_rule(error, enabled_errors, *vals, jaxpr: core.Jaxpr, mesh: AnyMes
   body = core.ClosedJaxpr(jaxpr, ())
   err_out_tree = []
 
-  def checked(*args):
+  def checked(*args: Any):
     err = tree_unflatten(err_tree, args[:len(err_in)])
     new_err, outs = checkify.checkify_jaxpr(body, enabled_errors, err,
                                             *args[len(err_in):])

@@ -6,6 +6,8 @@ ordered IO, ...) is kept even when none of its outputs is used.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
@@ -13,7 +15,7 @@ from shard_map_impl.per_device import body_context
 from shard_map_impl.primitive import shard_map_p
 
 
-def _keep(seq, mask):
+def _keep(seq: Sequence[Any], mask: Sequence[bool]):
   return [x for x, m in zip(seq, mask, strict=True) if m]
 
 

@@ -28,7 +28,7 @@ def consistent(jaxpr: core.Jaxpr) -> core.Jaxpr:
   dbg = jaxpr.debug_info
   if callable(dbg.result_paths):
     dbg = dbg.resolve_result_paths()
-  paths = dbg.result_paths if dbg.result_paths is not None else ()
+  paths = dbg.result_paths if isinstance(dbg.result_paths, tuple) else ()
   n_in, n_out = len(jaxpr.invars), len(jaxpr.outvars)
   fixed = dbg._replace(
       arg_names=dbg.arg_names if len(dbg.arg_names) == n_in else ("",) * n_in,

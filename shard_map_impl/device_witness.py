@@ -14,6 +14,8 @@ sub-jaxprs.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 from jax._src import core
 from jax._src import pjit
@@ -27,7 +29,7 @@ from shard_map_impl.specs import AnyMesh
 WITNESS_PARAM = "device_witness"
 
 
-def _constrain_to_mesh(x, sharding: NamedSharding):
+def _constrain_to_mesh(x: Any, sharding: NamedSharding):
   return jax.lax.with_sharding_constraint(x, sharding)
 
 

@@ -9,6 +9,7 @@ such rule.)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from jax._src import core
 from jax._src import linear_util as lu
@@ -21,9 +22,10 @@ from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import AnyMesh, AxisNames
 
 
-def discharge_rule(in_avals, out_avals, *args, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
+def discharge_rule(in_avals: Sequence[core.AbstractValue], out_avals: Sequence[core.AbstractValue],
+                   *args: Any, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
                    Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
-                   rewrite: bool, auto: frozenset, **_hidden) -> tuple[list, list]:
+                   rewrite: bool, auto: frozenset, **_hidden: Any) -> tuple[list, list]:
   del out_avals
   is_ref = [isinstance(a, AbstractRef) for a in in_avals]
   with body_context(mesh, auto, check_rep):
@@ -31,7 +33,7 @@ def discharge_rule(in_avals, out_avals, *args, jaxpr: core.Jaxpr, mesh: AnyMesh,
   ref_names = [n for n, r in zip(in_names, is_ref, strict=True) if r]
   n_consts = len(consts)
 
-  def run(*vals):
+  def run(*vals: Any):
     return core.eval_jaxpr(body, vals[:n_consts], *vals[n_consts:])
 
   outs = shard_map_p.bind(

@@ -46,28 +46,34 @@ from shard_map_impl.staging import output_rank_failures
 
 # --- converting between global arrays and stacked per-device blocks ------------
 
-def _flat_program(fn, mesh: Mesh, in_specs: Sequence[PartitionSpec],
+def _flat_program(fn: Callable[..., Sequence[Any]], mesh: AnyMesh,
+                  in_specs: Sequence[PartitionSpec],
                   out_specs: PartitionSpec | Sequence[PartitionSpec], check: bool) -> Callable:
   """A shard_map of ours running ``fn`` (flat list in, flat list out) per device.
 
   ``out_specs`` is one spec per output, or a single spec shared by them all.
   """
   in_names = tuple(canonicalize_spec(s) for s in in_specs)
-  shared = isinstance(out_specs, PartitionSpec)
-  out_names = (canonicalize_spec(out_specs) if shared
-               else tuple(canonicalize_spec(s) for s in out_specs))
+  shared: AxisNames | None = None
+  per_output: tuple[AxisNames, ...] = ()
+  if isinstance(out_specs, PartitionSpec):
+    shared = canonicalize_spec(out_specs)
+  else:
+    per_output = tuple(canonicalize_spec(s) for s in out_specs)
 
-  def program(*args):
+  def program(*args: Any):
     n_outs: list[int] = []  # known once the body has been traced
 
-    def body(*blocks):
+    def body(*blocks: Any):
       outs = fn(*blocks)
       n_outs.append(len(outs))
       return outs
 
     dbg = api_util.debug_info("shard_map", fn, args, {})
-    names = (DerivedNames(lambda: (out_names,) * n_outs[-1], ("shared", out_specs, fn))
-             if shared else ConstThunk(out_names))
+    names: DerivedNames | ConstThunk = ConstThunk(per_output)
+    if shared is not None:
+      one = shared
+      names = DerivedNames(lambda: (one,) * n_outs[-1], ("shared", out_specs, fn))
     return bind_body(lu.wrap_init(body, debug_info=dbg), args, mesh=mesh,
                      in_names=in_names, out_names_thunk=names, check_rep=check,
                      auto=frozenset())
@@ -85,16 +91,16 @@ def _converter(kind: str, mesh: AnyMesh, spec: PartitionSpec, stacked: Partition
   return jax.jit(lambda x: convert(x)[0], out_shardings=NamedSharding(mesh, spec))
 
 
-def _stack_block(block):
+def _stack_block(block: Any):
   return [block[None]]
 
 
-def _unstack_block(block):
+def _unstack_block(block: Any):
   return [block[0]]
 
 
 @contextlib.contextmanager
-def _outside(context_mesh):
+def _outside(context_mesh: AbstractMesh):
   """Leave the body: evaluate with jit enabled under the caller's mesh."""
   with core.eval_context(), jax.disable_jit(False), use_abstract_mesh(context_mesh):
     yield
@@ -105,6 +111,7 @@ class _PrimApplier:
 
   def __init__(self, prim: core.Primitive, params: dict):
     self.prim, self.params = prim, params
+    self.key: tuple[core.Primitive, tuple[tuple[str, Any], ...]] | None
     try:
       self.key = (prim, tuple(sorted(params.items())))
       hash(self.key)
@@ -114,24 +121,26 @@ class _PrimApplier:
   def __hash__(self):
     return hash(self.key) if self.key is not None else id(self)
 
-  def __eq__(self, other):
+  def __eq__(self, other: object):
     if self.key is None:
       return self is other
     return isinstance(other, _PrimApplier) and self.key == other.key
 
-  def __call__(self, *blocks):
+  def __call__(self, *blocks: Any):
     outs = self.prim.bind(*(b[0] for b in blocks), **self.params)
     outs = outs if self.prim.multiple_results else [outs]
     return [o[None] for o in outs]
 
 
 @util.cache(max_size=4096, trace_context_in_key=False)
-def _jitted(applier: _PrimApplier, mesh: AnyMesh, in_specs: tuple, out_specs, check: bool):
+def _jitted(applier: _PrimApplier, mesh: AnyMesh, in_specs: tuple,
+            out_specs: PartitionSpec | Sequence[PartitionSpec], check: bool):
   # A tuple key stands for a list of per-output specs (a single P is a tuple too).
   return jax.jit(_flat_program(applier, mesh, in_specs, out_specs, check))
 
 
-def _apply(trace: EagerTrace, prim: core.Primitive, params, stacked, in_specs: tuple, out_specs):
+def _apply(trace: EagerTrace, prim: core.Primitive, params: dict[str, Any], stacked: Sequence[Any],
+           in_specs: tuple, out_specs: PartitionSpec | Sequence[PartitionSpec]):
   """Run ``prim`` on every device's blocks; ``out_specs`` a P or list of P."""
   applier = _PrimApplier(prim, params)
   out_key = tuple(out_specs) if isinstance(out_specs, list) else out_specs
@@ -150,8 +159,9 @@ class EagerTracer(core.Tracer):
   is just its vma, otherwise every manual axis.
   """
   __slots__ = ("stacked", "rep")
+  _trace: EagerTrace
 
-  def __init__(self, trace: EagerTrace, rep, stacked):
+  def __init__(self, trace: EagerTrace, rep: frozenset | None, stacked: Any):
     self._trace = trace
     self.rep = rep
     self.stacked = stacked
@@ -196,26 +206,26 @@ class EagerTracer(core.Tracer):
 class EagerTrace(core.Trace):
   """Trace of an eagerly executing shard_map body."""
 
-  def __init__(self, mesh: Mesh, auto: frozenset, check: bool, context_mesh):
+  def __init__(self, mesh: Mesh, auto: frozenset, check: bool, context_mesh: AbstractMesh):
     super().__init__()
     self.mesh, self.auto, self.check = mesh, auto, check
     self.context_mesh = context_mesh
     self.typed = vma_enabled(check)  # fixed at entry, like JAX
     self.inner_check = self.typed
 
-  def stack_axes(self, rep) -> tuple:
+  def stack_axes(self, rep: frozenset | None) -> tuple:
     manual = manual_axes_of(self.mesh, self.auto)
     if not self.typed:
       return manual
     return tuple(a for a in manual if rep is None or a not in rep)
 
-  def stack_spec(self, rep) -> PartitionSpec:
+  def stack_spec(self, rep: frozenset | None) -> PartitionSpec:
     return PartitionSpec(self.stack_axes(rep))
 
   def constant_rep(self):
     return frozenset(self.mesh.axis_names) if self.typed else None
 
-  def lift(self, value) -> tuple[Any, Any]:
+  def lift(self, value: Any) -> tuple[Any, Any]:
     """(stacked value, rep) for a tracer of ours or a constant."""
     if isinstance(value, EagerTracer) and value._trace is self:
       return value.stacked, value.rep
@@ -228,7 +238,8 @@ class EagerTrace(core.Trace):
                            self.stack_spec(rep), self.inner_check)(value)
     return stacked, rep
 
-  def _out_reps(self, prim: core.Primitive, tracers: Sequence[Any], in_reps, params):
+  def _out_reps(self, prim: core.Primitive, tracers: Sequence[Any],
+                in_reps: Sequence[frozenset | None], params: dict[str, Any]):
     if not self.check:
       return _UNCHECKED
     if self.typed:
@@ -240,7 +251,7 @@ class EagerTrace(core.Trace):
       raise replication.missing_rule(prim)
     return rule(self.mesh, *in_reps, **params)
 
-  def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params):
+  def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params: dict[str, Any]):
     pairs = [self.lift(t) for t in tracers]
     stacked = [s for s, _ in pairs]
     in_reps = [r for _, r in pairs]
@@ -250,6 +261,7 @@ class EagerTrace(core.Trace):
       outs = eager_rule(self, *stacked, **params)
     else:
       in_specs = tuple(self.stack_spec(r) for r in in_reps)
+      out_specs: list[PartitionSpec] | PartitionSpec
       if self.typed:  # blocks stacked over exactly the outputs' vma
         out_specs = [self.stack_spec(r) for r in reps]
       else:
@@ -260,24 +272,28 @@ class EagerTrace(core.Trace):
     results = [EagerTracer(self, r, o) for r, o in zip(reps, outs, strict=True)]
     return results if prim.multiple_results else results[0]
 
-  def process_custom_jvp_call(self, prim: core.Primitive, fun: lu.WrappedFun, jvp, tracers:
-                              Sequence[Any], *, symbolic_zeros):
+  def process_custom_jvp_call(self, prim: core.Primitive, fun: lu.WrappedFun, jvp: lu.WrappedFun,
+                              tracers:
+                              Sequence[Any], *, symbolic_zeros: bool):
     del prim, jvp, symbolic_zeros  # eager: just run the primal function
     with core.set_current_trace(self):
       return fun.call_wrapped(*tracers)
 
-  def process_custom_vjp_call(self, prim: core.Primitive, fun: lu.WrappedFun, fwd, bwd,
-                              tracers: Sequence[Any], out_trees, symbolic_zeros):
+  def process_custom_vjp_call(self, prim: core.Primitive, fun: lu.WrappedFun, fwd: lu.WrappedFun,
+                              bwd: lu.WrappedFun,
+                              tracers: Sequence[Any], out_trees: Callable, symbolic_zeros: bool):
     del prim, fwd, bwd, out_trees, symbolic_zeros
     with core.set_current_trace(self):
       return fun.call_wrapped(*tracers)
 
-  def process_call(self, call_primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
+  def process_call(self, call_primitive: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+                   params: dict[str, Any]):
     raise NotImplementedError(
         f"Eager evaluation of `{call_primitive}` inside a `shard_map` isn't "
         "supported. Put a `jax.jit` around the `shard_map`-decorated function.")
 
-  def process_map(self, map_primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
+  def process_map(self, map_primitive: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+                  params: dict[str, Any]):
     raise NotImplementedError(
         "Eager evaluation of `pmap` inside a `shard_map` isn't supported. Put a "
         "`jax.jit` around the `shard_map`-decorated function.")
@@ -286,7 +302,7 @@ class EagerTrace(core.Trace):
 _UNCHECKED = object()  # rep results when check_rep=False: nothing known
 
 
-def _broadcast_reps(prim: core.Primitive, reps, n_out: int) -> list:
+def _broadcast_reps(prim: core.Primitive, reps: Sequence[frozenset | None], n_out: int) -> list:
   if reps is _UNCHECKED:
     return [frozenset()] * n_out
   if not prim.multiple_results:
@@ -296,7 +312,8 @@ def _broadcast_reps(prim: core.Primitive, reps, n_out: int) -> list:
 
 # --- primitives with their own eager behaviour ----------------------------------
 
-def _debug_callback_eager(trace: EagerTrace, *stacked, callback, effect, partitioned):
+def _debug_callback_eager(trace: EagerTrace, *stacked: Any, callback: Callable[..., Any],
+                          effect: Any, partitioned: bool):
   """One callback per stacked block, blocks of all operands zipped (as JAX)."""
   del effect, partitioned
   with _outside(trace.context_mesh):
@@ -306,7 +323,8 @@ def _debug_callback_eager(trace: EagerTrace, *stacked, callback, effect, partiti
   return []
 
 
-def _device_put_eager(trace: EagerTrace, *stacked, devices, srcs, copy_semantics):
+def _device_put_eager(trace: EagerTrace, *stacked: Any, devices: Sequence[Any], srcs: Sequence[Any],
+                      copy_semantics: Sequence[Any]):
   del trace, srcs, copy_semantics
   for d in devices:
     if d is not None:
@@ -315,7 +333,7 @@ def _device_put_eager(trace: EagerTrace, *stacked, devices, srcs, copy_semantics
   return list(stacked)
 
 
-_eager_rules = {
+_eager_rules: dict[core.Primitive, Callable[..., list]] = {
     debugging.debug_callback_p: _debug_callback_eager,
     dispatch.device_put_p: _device_put_eager,
 }
@@ -323,7 +341,7 @@ _eager_rules = {
 
 # --- entry: binding shard_map_p outside any transformation ----------------------
 
-def _concrete_mesh(mesh: AnyMesh, args) -> Mesh:
+def _concrete_mesh(mesh: AnyMesh, args: Sequence[Any]) -> Mesh:
   """An AbstractMesh is resolved from the arguments' NamedShardings."""
   found = mesh
   for x in args:
@@ -343,7 +361,8 @@ def _concrete_mesh(mesh: AnyMesh, args) -> Mesh:
 
 
 @register_trace_rule(core.EvalTrace)
-def _eager(trace, prim: core.Primitive, fun: lu.WrappedFun, args, *, mesh: AnyMesh,
+def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Sequence[Any], *,
+           mesh: AnyMesh,
            in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk, check_rep: bool,
            rewrite: bool, auto: frozenset):
   del trace, prim, rewrite

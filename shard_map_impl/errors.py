@@ -13,9 +13,9 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
-from jax.tree_util import tree_structure, tree_unflatten
+from jax.tree_util import PyTreeDef, tree_structure, tree_unflatten
 
-from shard_map_impl.specs import AnyMesh, canonicalize_spec, unmentioned_axes
+from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, unmentioned_axes
 
 P_HINT = "where `P = jax.sharding.PartitionSpec`"
 
@@ -42,11 +42,11 @@ class _Tag:
   """Leaf wrapper so (path, spec) pairs broadcast as single leaves."""
   __slots__ = ("path", "spec")
 
-  def __init__(self, path, spec):
+  def __init__(self, path: tuple, spec: Any):
     self.path, self.spec = path, spec
 
 
-def failing_entries(tree, specs, failures: Sequence[Any]) -> list[tuple]:
+def failing_entries(tree: PyTreeDef, specs: Specs, failures: Sequence[Any]) -> list[tuple]:
   """[(spec_path, spec, value_path, failure)] for each failing flat value."""
   tagged = tree_unflatten(tree_structure(specs, is_leaf=lambda x: x is None),
                           [_Tag(p, s) for p, s in generate_key_paths(
@@ -67,7 +67,7 @@ def _bullets(lines: list[str]) -> str:
   return "\n\n".join("* " + l for l in lines)
 
 
-def _param_note(f: Callable, tree, value_path) -> str:
+def _param_note(f: Callable, tree: PyTreeDef, value_path: tuple) -> str:
   """", where args[i] is bound to f's parameter 'name'," when inferable."""
   try:
     bound = inspect.signature(f).bind(*tree_unflatten(tree, [0] * tree.num_leaves))
@@ -85,10 +85,10 @@ def _param_note(f: Callable, tree, value_path) -> str:
           f"varargs parameter '{var.name}',")
 
 
-def checked_arguments(f, mesh: AnyMesh, auto: frozenset) -> frozenset:
+def checked_arguments(f: object, mesh: AnyMesh, auto: frozenset) -> frozenset:
   """Validate shard_map's non-spec arguments; returns ``auto`` as a frozenset."""
   from jax._src.mesh import AbstractMesh, Mesh
-  what = None
+  what: Exception | None = None
   if not callable(f):
     what = TypeError(f"shard_map requires a callable for its first argument, "
                      f"but got {f} of type {type(f)}.")
@@ -132,7 +132,8 @@ def bad_spec_leaves(kind: str, bad_type: list, bad_auto: list, auto: frozenset) 
       + f"\n\nCheck the {arg} values passed to shard_map.")
 
 
-def rank_error(kind: str, f: Callable, tree, specs, failures) -> ValueError:
+def rank_error(kind: str, f: Callable, tree: PyTreeDef, specs: Specs,
+               failures: Sequence[Any]) -> ValueError:
   """Spec longer than the rank of the value it describes (in or out)."""
   name = _fun_name(f)
   arg = f"{kind}_specs"
@@ -167,7 +168,8 @@ def _mesh_line(mesh: AnyMesh) -> str:
           f"corresponding axis names {mesh.axis_names}.")
 
 
-def divisibility_error(f: Callable, mesh: AnyMesh, tree, specs, failures) -> ValueError:
+def divisibility_error(f: Callable, mesh: AnyMesh, tree: PyTreeDef, specs: Specs,
+                       failures: Sequence[Any]) -> ValueError:
   name = _fun_name(f)
   lines = []
   for spath, spec, vpath, aval in failing_entries(tree, specs, failures):
@@ -196,8 +198,8 @@ def divisibility_error(f: Callable, mesh: AnyMesh, tree, specs, failures) -> Val
       f"'{name}' appropriately.")
 
 
-def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree, specs,
-                      failures) -> ValueError:
+def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree: PyTreeDef, specs: Specs,
+                      failures: Sequence[Any]) -> ValueError:
   """Outputs whose inferred replication misses axes out_specs leave out."""
   name = _fun_name(f)
   lines = []

@@ -16,7 +16,8 @@ manual in an enclosing shard_map are excluded from the conversion.
 from __future__ import annotations
 
 from math import prod
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 from jax._src import config
 from jax._src import core
@@ -26,7 +27,7 @@ from jax._src.interpreters import mlir
 from jax._src.interpreters import pxla
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import sdy
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, Sharding
 
 from shard_map_impl.per_device import axis_env, manual_axes_of
 from shard_map_impl.primitive import shard_map_p
@@ -43,15 +44,16 @@ class _Region:
                          if isinstance(outer, sharding_impls.SPMDAxisContext)
                          else frozenset())
     self.manual = frozenset(manual_axes_of(mesh, auto))
+    # JAX annotates SPMDAxisContext and manual_proto with Mesh; an AbstractMesh works too.
     self.body_ctx = ctx.module_context.replace(
-        axis_context=sharding_impls.SPMDAxisContext(mesh, self.manual))
+        axis_context=sharding_impls.SPMDAxisContext(mesh, self.manual))  # type: ignore[arg-type]
 
-  def trivial(self, axes) -> bool:
+  def trivial(self, axes: Iterable[Hashable]) -> bool:
     """A manual region over devices of total size 1 needs no conversion."""
     return prod(self.mesh.shape[a] for a in axes) == 1
 
-  def global_sharding(self, names: dict, aval: core.AbstractValue) -> tuple[NamedSharding,
-                      core.AbstractValue]:
+  def global_sharding(self, names: AxisNames, aval: core.ShapedArray) -> tuple[
+                      Sharding, core.ShapedArray]:
     """The operand's global sharding (physical, for extended dtypes)."""
     sharding = NamedSharding(self.mesh, names_to_pspec(names),
                              _manual_axes=self.outer_manual)
@@ -64,21 +66,25 @@ class _Region:
 
   # GSPMD ----------------------------------------------------------------------
 
-  def to_manual(self, ctx: mlir.LoweringRuleContext, names: AxisNames, global_aval, local_aval, x):
+  def to_manual(self, ctx: mlir.LoweringRuleContext, names: AxisNames,
+                global_aval: core.ShapedArray, local_aval: core.ShapedArray,
+                x: ir.Value) -> ir.Value:
     sharding, phys = self.global_sharding(names, global_aval)
     free = self.unspecified(phys.ndim)
     annotated = mlir.wrap_with_sharding_op(
         ctx, x, phys, sharding._to_xla_hlo_sharding(phys.ndim).to_proto(),
         unspecified_dims=free)
-    manual = pxla.manual_proto(phys, self.manual, self.mesh)
+    manual = pxla.manual_proto(phys, self.manual, self.mesh)  # type: ignore[arg-type]
     return mlir.wrap_with_full_to_shard_op(ctx, annotated, local_aval, manual, free)
 
-  def to_global(self, ctx: mlir.LoweringRuleContext, names: AxisNames, local_aval, global_aval, x):
+  def to_global(self, ctx: mlir.LoweringRuleContext, names: AxisNames,
+                local_aval: core.ShapedArray, global_aval: core.ShapedArray,
+                x: ir.Value) -> ir.Value:
     sharding, phys_out = self.global_sharding(names, global_aval)
     phys_in = (core.physical_aval(local_aval)
                if dtypes.issubdtype(local_aval.dtype, dtypes.extended) else local_aval)
     free = self.unspecified(phys_out.ndim)
-    manual = pxla.manual_proto(phys_in, self.manual, self.mesh)
+    manual = pxla.manual_proto(phys_in, self.manual, self.mesh)  # type: ignore[arg-type]
     annotated = mlir.wrap_with_sharding_op(ctx, x, phys_in, manual,
                                            unspecified_dims=free)
     return mlir.wrap_with_shard_to_full_op(
@@ -87,7 +93,7 @@ class _Region:
 
   # Shardy ---------------------------------------------------------------------
 
-  def sdy_sharding(self, names: AxisNames, aval: core.AbstractValue):
+  def sdy_sharding(self, names: AxisNames, aval: core.ShapedArray) -> Any:
     sharding, phys = self.global_sharding(names, aval)
     result = sharding._to_sdy_sharding(phys.ndim)
     if self.auto:
@@ -104,13 +110,15 @@ def _dim_labels(names: dict, aval: core.AbstractValue) -> str:
   return str([names.get(d) for d in range(aval.ndim)])
 
 
-def _lower_gspmd(ctx: mlir.LoweringRuleContext, region: _Region, args, jaxpr, in_names:
+def _lower_gspmd(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence[Any],
+                 jaxpr: core.Jaxpr, in_names:
                  Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool):
   local_in = [v.aval for v in jaxpr.invars]
   local_out = [v.aval for v in jaxpr.outvars]
   convert = not region.trivial(region.manual)
   if convert:
-    args = [region.to_manual(ctx, n, g, l, x)
+    # JAX types avals as AbstractValue; a shard_map's operands are ShapedArrays.
+    args = [region.to_manual(ctx, n, g, l, x)  # type: ignore[arg-type]
             for n, g, l, x in zip(in_names, ctx.avals_in, local_in, args, strict=True)]
   with axis_env(region.mesh, region.auto), config._check_rep(check_rep):
     outs, tokens = mlir.call_lowering(
@@ -121,11 +129,12 @@ def _lower_gspmd(ctx: mlir.LoweringRuleContext, region: _Region, args, jaxpr, in
   ctx.set_tokens_out(tokens)
   if not convert:
     return outs
-  return [region.to_global(ctx, n, l, g, x)
+  return [region.to_global(ctx, n, l, g, x)  # type: ignore[arg-type]  # ShapedArrays
           for n, l, g, x in zip(out_names, local_out, ctx.avals_out, outs, strict=True)]
 
 
-def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args, jaxpr,
+def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence[Any],
+                  jaxpr: core.Jaxpr,
                   in_names: Sequence[AxisNames], out_names: Sequence[AxisNames],
                   check_rep: bool):
   # Axes manual in an enclosing region are already per-device here.
@@ -144,21 +153,23 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args, jaxpr,
   op = sdy.ManualComputationOp(
       [mlir.aval_to_ir_type(a) for a in ctx.avals_out], args,
       shardings(in_names, ctx.avals_in), shardings(out_names, ctx.avals_out),
-      sdy.ManualAxesAttr.get(ir.ArrayAttr.get([ir.StringAttr.get(a) for a in manual])))
+      sdy.ManualAxesAttr.get(  # type: ignore[attr-defined]  # missing from jaxlib's stubs
+          ir.ArrayAttr.get([ir.StringAttr.get(a) for a in manual])))
   block = ir.Block.create_at_start(
-      op.body, [mlir.aval_to_ir_type(v.aval) for v in jaxpr.invars])
+      # aval_to_ir_type is typed for tokens too (a tuple); an array aval gives one type.
+      op.body, [mlir.aval_to_ir_type(v.aval) for v in jaxpr.invars])  # type: ignore[misc]
   env, rep = scope()
   with ir.InsertionPoint(block), env, rep:
     outs, _ = mlir.jaxpr_subcomp(
         region.body_ctx, jaxpr, ctx.name_stack, mlir.TokenSet(), (),
-        *block.arguments, dim_var_values=ctx.dim_var_values)
-    sdy.ReturnOp([ir.Value(o) for o in outs])
+        *block.arguments, dim_var_values=ctx.dim_var_values)  # type: ignore[misc]  # iterable
+    sdy.ReturnOp([ir.Value(o) for o in outs])  # type: ignore[arg-type]  # one value per output
   return op.results
 
 
-def _lower(ctx: mlir.LoweringRuleContext, *args, jaxpr: core.Jaxpr, mesh: AnyMesh,
+def _lower(ctx: mlir.LoweringRuleContext, *args: Any, jaxpr: core.Jaxpr, mesh: AnyMesh,
            in_names: Sequence[dict], out_names: Sequence[dict], check_rep: bool,
-           rewrite: bool, auto: frozenset, **_witness):
+           rewrite: bool, auto: frozenset, **_witness: Any):
   del rewrite
   region = _Region(ctx, mesh, auto)
   lower = _lower_shardy if config.use_shardy_partitioner.value else _lower_gspmd

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shard_map_impl.specs import OutNamesThunk
+from shard_map_impl.specs import AxisNames, OutNamesThunk
 
 
 class ConstThunk:
@@ -47,9 +47,9 @@ class DerivedNames:
   def __init__(self, compute: OutNamesThunk, key: Any):
     self._compute = compute
     self._key = key
-    self._value = None
+    self._value: tuple[AxisNames, ...] | None = None
 
-  def __call__(self) -> tuple:
+  def __call__(self) -> tuple[AxisNames, ...]:
     if self._value is None:
       self._value = tuple(self._compute())
     return self._value

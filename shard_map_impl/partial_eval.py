@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu
@@ -45,7 +45,8 @@ class _Split:
 
 
 @lu.transformation_with_aux2
-def _known_half(f, store, in_knowns: tuple, unknown_avals: tuple, *known_vals):
+def _known_half(f: Callable, store: lu.Store, in_knowns: tuple, unknown_avals: tuple,
+                *known_vals: Any):
   """Known inputs -> [*known outputs, *fresh residuals (rank 0 promoted)]."""
   known_iter, unknown_iter = iter(known_vals), iter(unknown_avals)
   pvals = [pe.PartialVal.known(next(known_iter)) if k

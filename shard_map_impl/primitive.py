@@ -49,11 +49,11 @@ class ShardMapPrimitive(core.Primitive):
   """Primitive class for ``shard_map_impl.shard_map_p`` (multiple results)."""
   multiple_results = True
 
-  def bind(self, fun: lu.WrappedFun, *args, **params):
+  def bind(self, fun: lu.WrappedFun, *args: Any, **params: Any):
     # The first operand is a function: skip value canonicalisation.
     return self._true_bind(fun, *args, **params)
 
-  def bind_with_trace(self, trace, fun_and_args, params):
+  def bind_with_trace(self, trace: core.Trace, fun_and_args: Sequence[Any], params: dict[str, Any]):
     fun, *args = fun_and_args
     rule = lookup_trace_rule(type(trace))
     return rule(trace, self, fun, args, **params)

@@ -11,6 +11,8 @@ are not emitted twice; the others get specs and rank-0 promotion from
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 from jax._src.util import partition_list
@@ -21,26 +23,28 @@ from shard_map_impl.per_device import body_context, unshard_aval
 from shard_map_impl.primitive import shard_map_p
 
 
-def _kept(values, mask) -> list:
+def _kept(values: Sequence[Any], mask: Sequence[bool]) -> list:
   return [v for v, m in zip(values, mask, strict=True) if m]
 
 
-def _forwarding(known: core.Jaxpr, n_outs: int):
+def _forwarding(known: core.Jaxpr, n_outs: int) -> tuple[list[int | None], list[int | None]]:
   """Per residual of ``known``: (known input index | None, known output index | None)."""
   in_index = {v: i for i, v in enumerate(known.invars)}
-  out_index = {}
+  out_index: dict[core.Var, int] = {}
   for i, v in enumerate(known.outvars[:n_outs]):
     if type(v) is core.Var:
       out_index.setdefault(v, i)
-  in_fwd, out_fwd = [], []
+  in_fwd: list[int | None] = []
+  out_fwd: list[int | None] = []
   for v in known.outvars[n_outs:]:
-    i = in_index.get(v) if type(v) is core.Var else None
-    in_fwd.append(i)
-    out_fwd.append(out_index.get(v) if i is None and type(v) is core.Var else None)
+    fwd = in_index.get(v) if type(v) is core.Var else None
+    in_fwd.append(fwd)
+    out_fwd.append(out_index.get(v) if fwd is None and type(v) is core.Var else None)
   return in_fwd, out_fwd
 
 
-def remat_rule(saveable, unks_in, inst_in, eqn: core.JaxprEqn) -> tuple:
+def remat_rule(saveable: Callable, unks_in: Sequence[bool], inst_in: Sequence[bool],
+               eqn: core.JaxprEqn) -> tuple:
   params = eqn.params
   mesh, auto, check_rep = params["mesh"], params["auto"], params["check_rep"]
   fresh_axes = rs.newly_manual_axes(mesh, auto)

@@ -16,7 +16,7 @@ Two modes, following ``jax_varying_axes_in_types``:
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from jax._src import ad_checkpoint, ad_util, callback, core, dispatch, ffi, pjit, prng, random
 from jax._src import custom_derivatives as cd
@@ -116,46 +116,47 @@ def jaxpr_replication(mesh: AnyMesh, jaxpr: core.Jaxpr, in_reps: Sequence[Rep]) 
   return [read(v) for v in jaxpr.outvars]
 
 
-def closed_replication(mesh: AnyMesh, closed, in_reps) -> list:
+def closed_replication(mesh: AnyMesh, closed: core.ClosedJaxpr,
+                       in_reps: Sequence[frozenset | None]) -> list:
   jaxpr = closed.jaxpr if isinstance(closed, core.ClosedJaxpr) else closed
   return jaxpr_replication(mesh, jaxpr, in_reps)
 
 
 # --- rules --------------------------------------------------------------------
 
-def elementwise(mesh: AnyMesh, *reps, **_):
+def elementwise(mesh: AnyMesh, *reps: Any, **_: Any):
   return meet(mesh, reps)
 
 
-def _collective_keeps_varying(mesh: AnyMesh, x, *, axis_name, **_):
+def _collective_keeps_varying(mesh: AnyMesh, x: Any, *, axis_name: Hashable, **_: Any):
   """all_gather/all_to_all/ppermute/psum_scatter: varying over axis_name."""
   names = axis_tuple(axis_name)
   return _norm(mesh, x) - frozenset(names)
 
 
-def _reducing(mesh: AnyMesh, *reps, axes, **_):
+def _reducing(mesh: AnyMesh, *reps: Any, axes: Hashable, **_: Any):
   """psum/pmin/pmax: the result is equal along the reduced axes."""
   names = frozenset(axis_tuple(axes))
   outs = [_norm(mesh, r) | names for r in reps]
   return outs
 
 
-def _pmin_pmax(mesh: AnyMesh, x, *, axes, **_):
+def _pmin_pmax(mesh: AnyMesh, x: Any, *, axes: Hashable, **_: Any):
   names = frozenset(axis_tuple(axes))
   return _norm(mesh, x) | names
 
 
-def _pvary(mesh: AnyMesh, *reps, axes, **_):
+def _pvary(mesh: AnyMesh, *reps: Any, axes: tuple[Hashable, ...], **_: Any):
   return [_norm(mesh, r) - frozenset(axes) for r in reps]
 
 
-def _axis_index(mesh: AnyMesh, *, axis_name):
+def _axis_index(mesh: AnyMesh, *, axis_name: Hashable):
   names = axis_tuple(axis_name)
   return _full(mesh) - frozenset(names)
 
 
 def _call_like(param: str):
-  def rule(mesh: AnyMesh, *reps, **params):
+  def rule(mesh: AnyMesh, *reps: Any, **params: Any):
     return closed_replication(mesh, params[param], reps)
   return rule
 
@@ -174,7 +175,8 @@ def loop_fixpoint(step: Callable[[list], list], carry: list) -> list:
   raise AssertionError("replication fixpoint not reached")
 
 
-def _scan(mesh: AnyMesh, *reps, jaxpr, num_consts, num_carry, **_):
+def _scan(mesh: AnyMesh, *reps: Any, jaxpr: core.ClosedJaxpr, num_consts: int, num_carry: int,
+          **_: Any):
   consts, carry, xs = (list(reps[:num_consts]),
                        list(reps[num_consts:num_consts + num_carry]),
                        list(reps[num_consts + num_carry:]))
@@ -183,7 +185,8 @@ def _scan(mesh: AnyMesh, *reps, jaxpr, num_consts, num_carry, **_):
   return carry + closed_replication(mesh, jaxpr, consts + carry + xs)[num_carry:]
 
 
-def _while(mesh: AnyMesh, *reps, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, **_):
+def _while(mesh: AnyMesh, *reps: Any, cond_jaxpr: core.ClosedJaxpr, body_jaxpr: core.ClosedJaxpr,
+           cond_nconsts: int, body_nconsts: int, **_: Any):
   bconsts = list(reps[cond_nconsts:cond_nconsts + body_nconsts])
   carry = list(reps[cond_nconsts + body_nconsts:])
   body = lambda c: closed_replication(mesh, body_jaxpr, bconsts + c)
@@ -196,7 +199,7 @@ def _while(mesh: AnyMesh, *reps, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncon
   return carry
 
 
-def _cond(mesh: AnyMesh, index, *reps, branches, **_):
+def _cond(mesh: AnyMesh, index: Any, *reps: Any, branches: Sequence[core.ClosedJaxpr], **_: Any):
   outs = [closed_replication(mesh, b, reps) for b in branches]
   merged = [meet(mesh, column) for column in zip(*outs, strict=True)]
   if index is not None:
@@ -204,25 +207,29 @@ def _cond(mesh: AnyMesh, index, *reps, branches, **_):
   return merged
 
 
-def _custom_vjp(mesh: AnyMesh, *reps, **params):
-  jaxpr = params.get("fun_jaxpr", params.get("call_jaxpr"))
+def _custom_vjp(mesh: AnyMesh, *reps: Any, **params: Any):
+  jaxpr = params["fun_jaxpr"] if "fun_jaxpr" in params else params["call_jaxpr"]
   return closed_replication(mesh, jaxpr, reps)
 
 
-def _nothing_replicated(mesh: AnyMesh, *_, result_avals=None, out_avals=None, **__):
-  n = len(result_avals if result_avals is not None else out_avals)
+def _nothing_replicated(mesh: AnyMesh, *_: Any,
+                        result_avals: Sequence[core.AbstractValue] | None = None,
+                        out_avals: Sequence[core.AbstractValue] | None = None, **__: Any):
+  avals = result_avals if result_avals is not None else out_avals
+  assert avals is not None, "the primitive's params give its result avals"
+  n = len(avals)
   return [frozenset()] * n
 
 
 def _all_results_meet(count_param: str):
-  def rule(mesh: AnyMesh, *reps, **params):
+  def rule(mesh: AnyMesh, *reps: Any, **params: Any):
     value = params[count_param]
     n = len(value.solve.out_avals) if count_param == "jaxprs" else len(value)
     return [meet(mesh, reps)] * n
   return rule
 
 
-def _nested_shard_map(outer_mesh: AnyMesh, *reps, **params):
+def _nested_shard_map(outer_mesh: AnyMesh, *reps: Any, **params: Any):
   """A shard_map nested in a body: replicated along axes it leaves alone only
   where every operand is, and along its own manual axes where its out_specs
   promise so."""
@@ -234,7 +241,7 @@ def _nested_shard_map(outer_mesh: AnyMesh, *reps, **params):
           for n in params["out_names"]]
 
 
-def _register_standard(modules) -> None:
+def _register_standard(modules: Sequence[Any]) -> None:
   for module in modules:
     for value in vars(module).values():
       if isinstance(value, core.Primitive):

@@ -22,7 +22,7 @@ collectives.
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from jax._src import core
 from jax._src import custom_derivatives as cd
@@ -50,11 +50,11 @@ def register_rewrite_rule(*prims: core.Primitive) -> Callable[[RewriteRule], Rew
   return register
 
 
-def as_list(prim: core.Primitive, out) -> list:
+def as_list(prim: core.Primitive, out: Any) -> list:
   return list(out) if prim.multiple_results else [out]
 
 
-def common_rep(mesh: AnyMesh, reps) -> Rep:
+def common_rep(mesh: AnyMesh, reps: Sequence[Rep]) -> Rep:
   out = full_rep(mesh)
   for r in reps:
     out = out & r
@@ -63,9 +63,9 @@ def common_rep(mesh: AnyMesh, reps) -> Rep:
 
 def standard_rule(prim: core.Primitive) -> RewriteRule:
   """Operands ``pvary``-ed down to their common replication, which results get."""
-  def rule(mesh: AnyMesh, in_reps, *args, **params):
+  def rule(mesh: AnyMesh, in_reps: Sequence[Rep], *args: Any, **params: Any):
     target = common_rep(mesh, in_reps)
-    args = [vary(mesh, x, r, target) for x, r in zip(args, in_reps, strict=True)]
+    args = tuple(vary(mesh, x, r, target) for x, r in zip(args, in_reps, strict=True))
     outs = as_list(prim, prim.bind(*args, **params))
     return outs, [target] * len(outs)
   return rule
@@ -75,7 +75,7 @@ def _unchanged_rule(prim: core.Primitive) -> RewriteRule:
   """Bound as is; replication from ``replication.rep_rules``."""
   rep_rule = replication.rep_rules[prim]
 
-  def rule(mesh: AnyMesh, in_reps, *args, **params):
+  def rule(mesh: AnyMesh, in_reps: Sequence[Rep], *args: Any, **params: Any):
     outs = as_list(prim, prim.bind(*args, **params))
     reps = rep_rule(mesh, *in_reps, **params)
     reps = list(reps) if isinstance(reps, (list, tuple)) else [reps] * len(outs)
@@ -99,7 +99,7 @@ def full_rep(mesh: AnyMesh) -> Rep:
   return frozenset(mesh.axis_names)
 
 
-def vary(mesh: AnyMesh, x, have: Rep, want: Rep):
+def vary(mesh: AnyMesh, x: Any, have: Rep, want: Rep):
   """``x`` (replicated along ``have``) made varying along ``have - want``.
 
   Only axes bound in the current axis environment can be named by ``pvary``;
@@ -113,6 +113,7 @@ def vary(mesh: AnyMesh, x, have: Rep, want: Rep):
 class RewriteTracer(core.Tracer):
   """A body value during the rewrite: ``payload`` is (value, axes it is replicated on)."""
   __slots__ = ("payload",)
+  _trace: RewriteTrace
 
   def __init__(self, trace: RewriteTrace, val: Any, rep: Rep):
     self._trace, self.payload = trace, (val, rep)
@@ -138,12 +139,12 @@ class RewriteTrace(core.Trace):
     self.tag = tag
     self.mesh = mesh
 
-  def lift(self, x) -> tuple[Any, Rep]:
+  def lift(self, x: Any) -> tuple[Any, Rep]:
     if isinstance(x, RewriteTracer) and x._trace.tag is self.tag:
       return x.payload
     return x, full_rep(self.mesh)  # constants are the same on every device
 
-  def _wrap(self, vals, reps) -> list:
+  def _wrap(self, vals: Sequence[Any], reps: Sequence[Rep]) -> list:
     return [RewriteTracer(self, v, r) for v, r in zip(vals, reps, strict=True)]
 
   def _forward(self, tracers: Sequence[Any], emit: Callable) -> list:
@@ -153,40 +154,44 @@ class RewriteTrace(core.Trace):
       outs, out_reps = emit(vals, reps)
     return self._wrap(outs, out_reps() if callable(out_reps) else out_reps)
 
-  def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params):
+  def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params: dict[str, Any]):
     rule = rule_for(prim)
     results = self._forward(tracers, lambda v, r: rule(self.mesh, r, *v, **params))
     return results if prim.multiple_results else results[0]
 
-  def process_call(self, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
-    def emit(vals, reps):
+  def process_call(self, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+                   params: dict[str, Any]):
+    def emit(vals: Sequence[Any], reps: Sequence[Rep]):
       body, out_reps = rewrite_subtrace(fun, self.tag, self.mesh, tuple(reps))
       return prim.bind(body, *vals, **params), out_reps
     return self._forward(tracers, emit)
 
-  def process_map(self, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any], params):
+  def process_map(self, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+                  params: dict[str, Any]):
     raise NotImplementedError(
         "pmap inside shard_map_impl.shard_map with check_rep=True is not supported; "
         "pass check_rep=False")
 
-  def process_custom_jvp_call(self, prim: core.Primitive, fun: lu.WrappedFun, jvp, tracers:
-                              Sequence[Any], *, symbolic_zeros):
-    def emit(vals, reps):
+  def process_custom_jvp_call(self, prim: core.Primitive, fun: lu.WrappedFun, jvp: lu.WrappedFun,
+                              tracers:
+                              Sequence[Any], *, symbolic_zeros: bool):
+    def emit(vals: Sequence[Any], reps: Sequence[Rep]):
       new_fun, fun_reps = rewrite_subtrace(fun, self.tag, self.mesh, tuple(reps))
       new_jvp, jvp_reps = _rewrite_jvp(jvp, self.tag, self.mesh, tuple(reps) * 2)
       outs = prim.bind(new_fun, new_jvp, *vals, symbolic_zeros=symbolic_zeros)
       return outs, lambda: lu.merge_linear_aux(fun_reps, jvp_reps)[1]
     return self._forward(tracers, emit)
 
-  def process_custom_vjp_call(self, prim: core.Primitive, fun: lu.WrappedFun, fwd, bwd,
-                              tracers: Sequence[Any], out_trees, symbolic_zeros):
+  def process_custom_vjp_call(self, prim: core.Primitive, fun: lu.WrappedFun, fwd: lu.WrappedFun,
+                              bwd: lu.WrappedFun,
+                              tracers: Sequence[Any], out_trees: Callable, symbolic_zeros: bool):
     if symbolic_zeros:
       raise NotImplementedError(
           "custom_vjp with symbolic_zeros=True inside shard_map_impl.shard_map with "
           "check_rep=True and jax_varying_axes_in_types off; pass check_rep=False")
     mesh = self.mesh
 
-    def emit(vals, reps):
+    def emit(vals: Sequence[Any], reps: Sequence[Rep]):
       new_fun, fun_reps = rewrite_subtrace(fun, self.tag, mesh, tuple(reps))
       # fwd takes (primal, is-nonzero flag) pairs; the flags are static bools.
       paired = tuple(r2 for r in reps for r2 in (r, full_rep(mesh)))
@@ -202,12 +207,13 @@ class RewriteTrace(core.Trace):
     return self._forward(tracers, emit)
 
 
-def unzip_pairs(pairs) -> tuple[list, list]:
+def unzip_pairs(pairs: Iterable[tuple[Any, Any]]) -> tuple[list, list]:
   pairs = list(pairs)
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _run(f: Callable, tag: core.TraceTag, mesh: AnyMesh, in_reps: Sequence[Rep], args):
+def _run(f: Callable, tag: core.TraceTag, mesh: AnyMesh, in_reps: Sequence[Rep],
+         args: Sequence[Any]):
   """Call ``f`` on rewrite tracers; returns (output values, output reps)."""
   with core.take_current_trace() as parent:
     trace = RewriteTrace(parent, tag, mesh)
@@ -219,18 +225,20 @@ def _run(f: Callable, tag: core.TraceTag, mesh: AnyMesh, in_reps: Sequence[Rep],
 
 
 @lu.transformation_with_aux2
-def rewrite_subtrace(f, store, tag, mesh: AnyMesh, in_reps, *args):
+def rewrite_subtrace(f: Callable, store: lu.Store, tag: core.TraceTag, mesh: AnyMesh,
+                     in_reps: Sequence[Rep], *args: Any):
   vals, reps = _run(f, tag, mesh, in_reps, args)
   store.store(reps)
   return vals
 
 
 @lu.transformation_with_aux2
-def _rewrite_jvp(f, store, tag, mesh: AnyMesh, in_reps, *args):
+def _rewrite_jvp(f: Callable, store: lu.Store, tag: core.TraceTag, mesh: AnyMesh,
+                 in_reps: Sequence[Rep], *args: Any):
   """custom_jvp rule: tangents adopt (at most) their primal's replication."""
   live = [not isinstance(x, cd.SymbolicZero) for x in args]
 
-  def call(*live_args):
+  def call(*live_args: Any):
     it = iter(live_args)
     return f(*(next(it) if keep else x for x, keep in zip(args, live, strict=True)))
 
@@ -248,7 +256,7 @@ def _rewrite_jvp(f, store, tag, mesh: AnyMesh, in_reps, *args):
   return [*vals[:n], *tangents]
 
 
-def match(mesh: AnyMesh, x, have: Rep, want: Rep):
+def match(mesh: AnyMesh, x: Any, have: Rep, want: Rep):
   """Convert ``x`` from replication ``have`` to ``want`` (psum up, pvary down)."""
   bound = core.get_axis_env().axis_sizes
   up = tuple(a for a in mesh.axis_names if a in want and a not in have and a in bound)
@@ -260,7 +268,7 @@ def match(mesh: AnyMesh, x, have: Rep, want: Rep):
 def rewrite_bwd(bwd: lu.WrappedFun, mesh: AnyMesh, in_reps_thunk: Callable,
                 out_reps: Sequence[Rep]) -> lu.WrappedFun:
   """custom_vjp bwd rewritten; its cotangents made exactly as replicated as the primals."""
-  def new_bwd(*args):
+  def new_bwd(*args: Any):
     fun, reps = rewrite_subtrace(bwd, core.TraceTag(), mesh, tuple(in_reps_thunk()))
     cts = fun.call_wrapped(*args)
     return [ct if ct is None else match(mesh, ct, r, want)
@@ -278,7 +286,7 @@ def rewrite_jaxpr(mesh: AnyMesh, jaxpr: core.ClosedJaxpr, in_reps: Sequence[Rep]
   """
   seen: list = []
 
-  def body(*args):
+  def body(*args: Any):
     vals, reps = _run(lambda *a: core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *a),
                       core.TraceTag(), mesh, in_reps, args)
     seen.append(reps)
@@ -301,7 +309,8 @@ def efficient_transpose_rewrite(fun: lu.WrappedFun, mesh: AnyMesh, in_names: Seq
 
 
 @lu.transformation2
-def _rewritten_body(f, mesh: AnyMesh, in_reps, out_names_thunk: OutNamesThunk, *args):
+def _rewritten_body(f: Callable, mesh: AnyMesh, in_reps: Sequence[Rep],
+                    out_names_thunk: OutNamesThunk, *args: Any):
   vals, reps = _run(f, core.TraceTag(), mesh, in_reps, args)
   wanted = [frozenset(unmentioned_axes(mesh, n)) for n in out_names_thunk()]
   # Outputs less replicated than promised are left for the replication check

@@ -12,7 +12,7 @@ unchanged and its replication comes from ``replication.rep_rules``.
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from jax._src import ad_checkpoint, core, ffi, pjit
 from jax._src import custom_derivatives as cd
@@ -32,7 +32,8 @@ from shard_map_impl.specs import AnyMesh, axis_tuple, spec_axes
 # --- collectives --------------------------------------------------------------
 
 @register_rewrite_rule(lax_parallel.psum_p)
-def _psum(mesh: AnyMesh, in_reps, *args, axes, axis_index_groups):
+def _psum(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, axes: Hashable,
+          axis_index_groups: Any):
   if axis_index_groups is not None:
     raise NotImplementedError(
         "psum with axis_index_groups inside shard_map_impl.shard_map with check_rep=True")
@@ -40,14 +41,14 @@ def _psum(mesh: AnyMesh, in_reps, *args, axes, axis_index_groups):
   reduced = frozenset(axes)
   # Operands replicated along a reduced axis are first made varying there, so
   # the sum counts each device's copy, as psum does.
-  args = [vary(mesh, x, r & reduced, frozenset()) for x, r in zip(args, in_reps, strict=True)]
+  args = tuple(vary(mesh, x, r & reduced, frozenset()) for x, r in zip(args, in_reps, strict=True))
   outs = lax_parallel.psum_invariant_p.bind(*args, axes=axes,
                                             axis_index_groups=axis_index_groups)
   return list(outs), [r | reduced for r in in_reps]
 
 
 def _keeps_varying(prim: core.Primitive) -> RewriteRule:
-  def rule(mesh: AnyMesh, in_reps, x, **params):
+  def rule(mesh: AnyMesh, in_reps: Sequence[frozenset], x: Any, **params: Any):
     axes = frozenset(axis_tuple(params["axis_name"]))
     rep, = in_reps
     x = vary(mesh, x, rep & axes, frozenset())
@@ -56,7 +57,7 @@ def _keeps_varying(prim: core.Primitive) -> RewriteRule:
 
 
 def _reduces(prim: core.Primitive) -> RewriteRule:
-  def rule(mesh: AnyMesh, in_reps, x, **params):
+  def rule(mesh: AnyMesh, in_reps: Sequence[frozenset], x: Any, **params: Any):
     axes = frozenset(axis_tuple(params["axes"]))
     rep, = in_reps
     x = vary(mesh, x, rep & axes, frozenset())
@@ -77,19 +78,22 @@ for _p in (control_flow.solves.linear_solve_p, ffi.ffi_call_p):
 # --- calls --------------------------------------------------------------------
 
 @register_rewrite_rule(pjit.pjit_p)
-def _pjit(mesh: AnyMesh, in_reps, *args, jaxpr, **params):
+def _pjit(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, jaxpr: core.ClosedJaxpr,
+          **params: Any):
   new, out_reps = rewrite_jaxpr(mesh, jaxpr, in_reps)
   return list(pjit.pjit_p.bind(*args, jaxpr=new, **params)), out_reps
 
 
 @register_rewrite_rule(core.closed_call_p)
-def _closed_call(mesh: AnyMesh, in_reps, *args, call_jaxpr, **params):
+def _closed_call(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any,
+                 call_jaxpr: core.ClosedJaxpr, **params: Any):
   new, out_reps = rewrite_jaxpr(mesh, call_jaxpr, in_reps)
   return list(core.closed_call_p.bind(*args, call_jaxpr=new, **params)), out_reps
 
 
 @register_rewrite_rule(ad_checkpoint.remat_p)
-def _remat(mesh: AnyMesh, in_reps, *args, jaxpr, **params):
+def _remat(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, jaxpr: core.Jaxpr,
+           **params: Any):
   new, out_reps = rewrite_jaxpr(mesh, pe.close_jaxpr(jaxpr), in_reps)
   body = pe.convert_constvars_jaxpr(new.jaxpr)
   outs = ad_checkpoint.remat_p.bind(*new.consts, *args, jaxpr=body, **params) \
@@ -100,7 +104,8 @@ def _remat(mesh: AnyMesh, in_reps, *args, jaxpr, **params):
 # --- control flow -------------------------------------------------------------
 
 @register_rewrite_rule(control_flow.loops.scan_p)
-def _scan(mesh: AnyMesh, in_reps, *args, jaxpr, num_consts, num_carry, **params):
+def _scan(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, jaxpr: core.ClosedJaxpr,
+          num_consts: int, num_carry: int, **params: Any):
   consts = list(in_reps[:num_consts])
   carry = list(in_reps[num_consts:num_consts + num_carry])
   xs = list(in_reps[num_consts + num_carry:])
@@ -110,14 +115,16 @@ def _scan(mesh: AnyMesh, in_reps, *args, jaxpr, num_consts, num_carry, **params)
   _, out_reps = rewrite_jaxpr(mesh, jaxpr, body_in)
   out_reps = carry + out_reps[num_carry:]
   new, _ = rewrite_jaxpr(mesh, jaxpr, body_in, out_reps)
-  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, body_in, strict=True)]
+  args = tuple(vary(mesh, x, have, want)
+               for x, have, want in zip(args, in_reps, body_in, strict=True))
   outs = control_flow.loops.scan_p.bind(*args, jaxpr=new, num_consts=num_consts,
                                         num_carry=num_carry, **params)
   return list(outs), out_reps
 
 
 @register_rewrite_rule(control_flow.loops.while_p)
-def _while(mesh: AnyMesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+def _while(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, cond_jaxpr: core.ClosedJaxpr,
+           body_jaxpr: core.ClosedJaxpr, cond_nconsts: int, body_nconsts: int):
   cconsts = list(in_reps[:cond_nconsts])
   bconsts = list(in_reps[cond_nconsts:cond_nconsts + body_nconsts])
   carry = list(in_reps[cond_nconsts + body_nconsts:])
@@ -126,7 +133,8 @@ def _while(mesh: AnyMesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, 
   new_cond, _ = rewrite_jaxpr(mesh, cond_jaxpr, cconsts + carry)
   new_body, _ = rewrite_jaxpr(mesh, body_jaxpr, bconsts + carry, carry)
   wanted = cconsts + bconsts + carry
-  args = [vary(mesh, x, have, want) for x, have, want in zip(args, in_reps, wanted, strict=True)]
+  args = tuple(vary(mesh, x, have, want)
+               for x, have, want in zip(args, in_reps, wanted, strict=True))
   outs = control_flow.loops.while_p.bind(
       *args, cond_jaxpr=new_cond, body_jaxpr=new_body, cond_nconsts=cond_nconsts,
       body_nconsts=body_nconsts)
@@ -134,7 +142,8 @@ def _while(mesh: AnyMesh, in_reps, *args, cond_jaxpr, body_jaxpr, cond_nconsts, 
 
 
 @register_rewrite_rule(control_flow.conditionals.cond_p)
-def _cond(mesh: AnyMesh, in_reps, index, *args, branches, **params):
+def _cond(mesh: AnyMesh, in_reps: Sequence[frozenset], index: Any, *args: Any,
+          branches: Sequence[core.ClosedJaxpr], **params: Any):
   index_rep, arg_reps = in_reps[0], list(in_reps[1:])
   per_branch = [rewrite_jaxpr(mesh, b, arg_reps)[1] for b in branches]
   out_reps = [common_rep(mesh, column) & index_rep for column in zip(*per_branch, strict=True)]
@@ -146,8 +155,9 @@ def _cond(mesh: AnyMesh, in_reps, index, *args, branches, **params):
 # --- custom derivatives in jaxpr form ------------------------------------------
 
 @register_rewrite_rule(cd.custom_vjp_call_jaxpr_p)
-def _custom_vjp_jaxpr(mesh: AnyMesh, in_reps, *args, fun_jaxpr, fwd_jaxpr_thunk, bwd,
-                      num_consts, out_trees, symbolic_zeros):
+def _custom_vjp_jaxpr(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any,
+                      fun_jaxpr: core.ClosedJaxpr, fwd_jaxpr_thunk: Callable, bwd: lu.WrappedFun,
+                      num_consts: int, out_trees: Callable, symbolic_zeros: bool):
   if symbolic_zeros:
     raise NotImplementedError(
         "custom_vjp with symbolic_zeros=True inside shard_map_impl.shard_map with "
@@ -164,11 +174,11 @@ def _custom_vjp_jaxpr(mesh: AnyMesh, in_reps, *args, fun_jaxpr, fwd_jaxpr_thunk,
 class _RewrittenFwd:
   """``fwd_jaxpr_thunk`` whose jaxprs are rewritten; remembers their output reps."""
 
-  def __init__(self, mesh: AnyMesh, thunk, arg_reps):
+  def __init__(self, mesh: AnyMesh, thunk: Callable, arg_reps: Sequence[frozenset]):
     self.mesh, self.thunk, self.arg_reps = mesh, thunk, arg_reps
     self.cache: dict = {}
 
-  def __call__(self, *zeros):
+  def __call__(self, *zeros: Any):
     if zeros not in self.cache:
       new, reps = rewrite_jaxpr(self.mesh, core.ClosedJaxpr(*self.thunk(*zeros)),
                                 self.arg_reps)
@@ -182,7 +192,8 @@ class _RewrittenFwd:
 
 # --- nested shard_map ---------------------------------------------------------
 
-def nested_shard_map(mesh: AnyMesh, in_reps, fun: lu.WrappedFun, args, params):
+def nested_shard_map(mesh: AnyMesh, in_reps: Sequence[frozenset], fun: lu.WrappedFun,
+                     args: Sequence[Any], params: dict[str, Any]):
   """An inner shard_map: operands meet (like the standard rule); each output is
   replicated along the inner manual axes its out_specs leave unmentioned, and
   along the other axes where every operand was."""
@@ -195,8 +206,8 @@ def nested_shard_map(mesh: AnyMesh, in_reps, fun: lu.WrappedFun, args, params):
 
 
 @register_trace_rule(RewriteTrace)
-def _nested_shard_map_rule(trace, prim: core.Primitive, fun: lu.WrappedFun, tracers:
-                           Sequence[Any], **params):
+def _nested_shard_map_rule(trace: RewriteTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers:
+                           Sequence[Any], **params: Any):
   vals, reps = unzip_pairs(map(trace.lift, tracers))
   with core.set_current_trace(trace.parent_trace):
     outs, out_reps = nested_shard_map(trace.mesh, reps, fun, vals, params)

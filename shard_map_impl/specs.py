@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from math import prod
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 from jax._src import core
 from jax._src.mesh import AbstractMesh, Mesh
@@ -42,12 +43,10 @@ def names_to_pspec(names: AxisNames) -> PartitionSpec:
   """Inverse of ``canonicalize_spec`` (single names unpacked, as JAX does)."""
   if not names:
     return PartitionSpec()
-  entries = []
+  entries: list[AxisName | tuple[AxisName, ...] | None] = []
   for dim in range(max(names) + 1):
     axes = names.get(dim)
-    if axes is not None and len(axes) == 1:
-      axes = axes[0]
-    entries.append(axes)
+    entries.append(axes[0] if axes is not None and len(axes) == 1 else axes)
   return PartitionSpec(*entries)
 
 
@@ -72,7 +71,8 @@ def axis_tuple(names: AxisName | tuple[AxisName, ...] | None) -> tuple[AxisName,
 def spec_leaf_problems(specs: Specs, auto: frozenset) -> tuple[list, list]:
   """(non-PartitionSpec leaves, (leaf, auto axis) uses) among ``specs``."""
   from jax._src.tree_util import generate_key_paths
-  bad_type, bad_auto = [], []
+  bad_type: list[tuple[Any, Any]] = []
+  bad_auto: list[tuple[Any, Any]] = []
   for path, leaf in generate_key_paths(specs):
     if not isinstance(leaf, PartitionSpec):
       bad_type.append((path, leaf))
@@ -99,7 +99,7 @@ def rank_failures(specs_flat: Sequence[PartitionSpec], avals: Sequence) -> list:
 def divisibility_failures(mesh: AnyMesh, names_flat: Sequence[AxisNames],
                           avals: Sequence) -> list:
   """Per input: the aval if a mapped dim is not divisible, else None."""
-  def bad(names: AxisNames, aval: core.AbstractValue):
+  def bad(names: AxisNames, aval: core.ShapedArray) -> bool:
     return any(aval.shape[d] % prod(mesh.shape[n] for n in axes)
                for d, axes in names.items())
   return [a if bad(n, a) else None for n, a in zip(names_flat, avals, strict=True)]

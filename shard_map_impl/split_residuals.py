@@ -17,6 +17,7 @@ before leaving the first half and squeezed back on entering the second.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from jax import lax
 from jax._src import config
@@ -50,7 +51,7 @@ def residual_names(mesh: AnyMesh, check_rep: bool, fresh_axes: tuple,
                    aval: core.AbstractValue) -> AxisNames:
   """Spec of a non-forwarded residual with per-device type ``aval``."""
   if vma_enabled(check_rep):
-    vma = getattr(aval, "vma", frozenset())
+    vma: frozenset = getattr(aval, "vma", frozenset())
     return {0: tuple(a for a in mesh.axis_names if a in vma)}
   return {0: fresh_axes}
 
@@ -59,12 +60,12 @@ def is_scalar(aval: core.AbstractValue) -> bool:
   return not getattr(aval, "shape", ())
 
 
-def promote(x):
+def promote(x: Any):
   """Rank-0 residual -> shape (1,), so it can be split along dimension 0."""
   return lax.broadcast(x, (1,))
 
 
-def demote(x):
+def demote(x: Any):
   return lax.squeeze(x, (0,))
 
 
@@ -105,9 +106,9 @@ def retrace_jaxpr(jaxpr: core.Jaxpr, *, mesh: AnyMesh, auto: frozenset, check_re
   avals = [promoted_aval(v.aval) if i < n_in and demote_inputs[i] else v.aval
            for i, v in enumerate(jaxpr.invars)]
 
-  def body(*args):
-    args = [demote(x) if i < n_in and demote_inputs[i] else x
-            for i, x in enumerate(args)]
+  def body(*args: Any):
+    args = tuple(demote(x) if i < n_in and demote_inputs[i] else x
+                 for i, x in enumerate(args))
     outs = core.eval_jaxpr(jaxpr, (), *args)
     first = len(outs) - n_out
     return [promote(x) if i >= first and promote_outputs[i - first] else x

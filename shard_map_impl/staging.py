@@ -8,7 +8,7 @@ hoisted to leading inputs (replicated, in_names ``{}``) so the equation's
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Sequence
 
 from jax._src import core
@@ -37,9 +37,11 @@ def trace_body(fun: lu.WrappedFun, mesh: AnyMesh, in_names: Sequence[dict],
   return debug_names.consistent(jaxpr), out_avals, consts
 
 
-def output_rank_failures(out_names: Sequence[dict], out_avals) -> list:
+def output_rank_failures(out_names: Sequence[AxisNames],
+                         out_avals: Sequence[core.AbstractValue]) -> list:
   """Per output: its aval if its out_spec names a dim it does not have."""
-  return [a if names and max(names) >= a.ndim else None
+  # A shard_map's outputs are arrays: each aval is a ShapedArray.
+  return [a if names and max(names) >= cast(core.ShapedArray, a).ndim else None
           for names, a in zip(out_names, out_avals, strict=True)]
 
 
@@ -80,7 +82,7 @@ def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun
   body, _, consts = trace_body(fun, mesh, in_names, [t.aval for t in tracers],
                                check_rep, auto)
   body = hoist_consts(body, mesh, auto, check_rep)
-  all_names = ({},) * len(consts) + tuple(in_names)
+  all_names: tuple[AxisNames, ...] = ({},) * len(consts) + tuple(in_names)
   out_names = tuple(out_names_thunk())
   check_outputs(mesh, auto, check_rep, out_names, body, all_names)
   out_avals = [unshard_aval(mesh, check_rep, names, v.aval)
@@ -99,9 +101,10 @@ def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun
   return outs
 
 
-def _typecheck(_ctx_factory, *in_atoms, jaxpr, mesh: AnyMesh, in_names: Sequence[AxisNames],
+def _typecheck(_ctx_factory: Any, *in_atoms: Any, jaxpr: core.Jaxpr, mesh: AnyMesh,
+               in_names: Sequence[AxisNames],
                out_names: Sequence[AxisNames], check_rep: bool, rewrite: bool, auto:
-               frozenset, **_witness):
+               frozenset, **_witness: Any):
   """core.check_jaxpr rule: binders match sharded inputs, body is well typed,
   outputs are as replicated as out_names promise."""
   del rewrite
@@ -134,7 +137,7 @@ def _check_rep_ctx(check_rep: bool):
   return config._check_rep(check_rep)
 
 
-def _pp_rule(eqn: core.JaxprEqn, context, settings):
+def _pp_rule(eqn: core.JaxprEqn, context: core.JaxprPpContext, settings: core.JaxprPpSettings):
   """Print like any equation, minus the internal device witness."""
   shown = sorted(k for k in eqn.params if k != WITNESS_PARAM)
   return core._pp_eqn(eqn, context, settings, params=shown)

@@ -21,6 +21,7 @@ How replicated values are reduced depends on the equation's ``rewrite`` flag:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from math import prod
 
 from jax import lax
@@ -42,7 +43,7 @@ def _replicated_axes(mesh: AnyMesh, names: AxisNames, auto: frozenset) -> tuple:
   return tuple(a for a in mesh.axis_names if a not in used)
 
 
-def _divide_for_replication(ct, size: int):
+def _divide_for_replication(ct: Any, size: int):
   if size == 1 or dtypes.dtype(ct) == dtypes.float0:
     return ct
   return ct / size
@@ -59,7 +60,7 @@ class _TransposeBody:
     self.reduce_in = reduce_in  # per linear input: axes to psum its cotangent over
     self.nonzero_out: list[bool] | None = None
 
-  def __call__(self, *args):
+  def __call__(self, *args: Any):
     n_ct = sum(self.ct_given)
     given_cts, res_args = args[:n_ct], args[n_ct:]
     given_iter = iter(given_cts)
@@ -76,7 +77,7 @@ class _TransposeBody:
     self.nonzero_out = [type(ct) is not ad.Zero for ct in results]
     return [ct for ct in results if type(ct) is not ad.Zero]
 
-  def _linear_cotangents(self, res_args, cts) -> list:
+  def _linear_cotangents(self, res_args: Sequence[Any], cts: Sequence[Any]) -> list:
     # Separate the body into the part computable from the residual inputs
     # and the part linear in the undefined inputs, then transpose the latter.
     known_jaxpr, linear_jaxpr, out_unknown, _ = pe.partial_eval_jaxpr_nounits(
@@ -92,9 +93,9 @@ class _TransposeBody:
     return all_cts[len(res):]
 
 
-def transpose_rule(out_cts, *args, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
+def transpose_rule(out_cts: Sequence[Any], *args: Any, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
                    Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
-                   rewrite: bool, auto: frozenset, **_hidden) -> list:
+                   rewrite: bool, auto: frozenset, **_hidden: Any) -> list:
   linear = [ad.is_undefined_primal(x) for x in args]
   ct_given = [type(ct) is not ad.Zero for ct in out_cts]
   given = []
@@ -118,8 +119,9 @@ def transpose_rule(out_cts, *args, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
       out_names_thunk=DerivedNames(out_names_thunk, ("T", id(body))),
       check_rep=check_rep, rewrite=rewrite, auto=auto)
   out_iter = iter(outs)
+  assert body.nonzero_out is not None  # set when the bind above traced the body
   nz_iter = iter(body.nonzero_out)
-  result = []
+  result: list[Any] = []
   for x, lin in zip(args, linear, strict=True):
     if not lin:
       result.append(None)

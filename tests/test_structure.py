@@ -1,4 +1,5 @@
-"""Structure of the three packages: no import cycle among a package's modules.
+"""Structure of the three packages: no import cycle among a package's modules, and
+parameters annotated with types (mypy checks the bodies of annotated functions only).
 
 Imports are read from the source (module-level and function-level ones both
 count): ``import a.b``, ``from a import b`` (``a.b`` when it is a module),
@@ -130,3 +131,33 @@ def test_the_check_sees_cycles(tmp_path, monkeypatch):
   monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
   assert find_cycle(import_graph("cyclic")) in (["cyclic.a", "cyclic.b", "cyclic.a"],
                                                ["cyclic.b", "cyclic.a", "cyclic.b"])
+
+
+def annotated_parameters(package: str) -> tuple[int, int]:
+  """(annotated, all) parameters of the package's functions, self and cls left out."""
+  annotated = total = 0
+  for path in modules_of(package).values():
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      a = node.args
+      params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+      for p in params:
+        if p.arg not in ("self", "cls"):
+          total += 1
+          annotated += p.annotation is not None
+  return annotated, total
+
+
+@pytest.mark.parametrize("package", ["shard_map_impl", "pmap_compat"])
+def test_parameters_are_annotated(package):
+  annotated, total = annotated_parameters(package)
+  assert annotated >= 0.93 * total, f"{package}: {annotated} of {total} parameters annotated"
+
+
+def test_annotation_count_sees_bare_parameters(tmp_path, monkeypatch):
+  pkg = tmp_path / "bare"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("def f(x, *a: int, k, **kw):\n  pass\n")
+  monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+  assert annotated_parameters("bare") == (1, 4)

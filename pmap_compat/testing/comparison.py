@@ -254,7 +254,7 @@ def _in_float32_if_exact(expected: np.ndarray, actual: np.ndarray) -> tuple[np.n
   if narrow is None:
     return expected, actual
   with np.errstate(over="ignore"):
-    as_narrow = expected.astype(narrow)
+    as_narrow: np.ndarray = expected.astype(narrow)
   finite = np.isfinite(expected)
   if not np.array_equal(as_narrow[finite], expected[finite]):
     return expected, actual

@@ -26,6 +26,8 @@ def load_program(program: str) -> ModuleType:
     if directory not in sys.path:
       sys.path.insert(0, directory)
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+      raise ImportError(f"PROGRAM {program!r} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

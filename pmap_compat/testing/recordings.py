@@ -182,7 +182,7 @@ def write(directory: str, outputs: Any, producer: dict, metadata: dict | None = 
   os.makedirs(os.path.join(staging, LEAF_DIR))
   entries = []
   for i, leaf in enumerate(leaves):
-    entry = {"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": list(leaf.shape)}
+    entry: dict[str, Any] = {"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": list(leaf.shape)}
     if leaf.key_impl is not None:
       entry["key_impl"] = leaf.key_impl
     if leaf.kind == "python.str":
