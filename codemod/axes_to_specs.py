@@ -97,7 +97,7 @@ def _shape(tree):
 def in_positions(axes_per_level: tuple, names: list[str]) -> dict[int, str]:
   """Where each level's mapped axis sits in the original argument (outer level first)."""
   taken: dict[int, str] = {}
-  for axis, name in zip(axes_per_level, names):
+  for axis, name in zip(axes_per_level, names, strict=True):
     if axis is None:
       continue
     free = [p for p in range(axis + len(taken) + 1) if p not in taken]
@@ -108,7 +108,7 @@ def in_positions(axes_per_level: tuple, names: list[str]) -> dict[int, str]:
 def out_positions(axes_per_level: tuple, names: list[str]) -> dict[int, str]:
   """Where each level put its axis in the final output: inner levels stack first."""
   placed: dict[int, str] = {}
-  for axis, name in reversed(list(zip(axes_per_level, names))):
+  for axis, name in reversed(list(zip(axes_per_level, names, strict=True))):
     if axis is None:
       continue
     placed = {(p + 1 if p >= axis else p): n for p, n in placed.items()}
@@ -152,7 +152,7 @@ def _render(zipped, names, p_name, outputs) -> str:
   _, template, children = zipped
   parts = [_render(c, names, p_name, outputs) for c in children]
   if isinstance(template, KeyedAxes):
-    return "{" + ", ".join(f"{k}: {v}" for (k, _), v in zip(template.items, parts)) + "}"
+    return "{" + ", ".join(f"{k}: {v}" for (k, _), v in zip(template.items, parts, strict=True)) + "}"
   if isinstance(template, list):
     return "[" + ", ".join(parts) + "]"
   return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
-from typing import Optional, cast
+from typing import cast
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
@@ -72,7 +72,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def __init__(self, context: CodemodContext, target: str = "experimental",
                multihost: bool = False, support_module: str = support_module.DEFAULT_NAME,
-               support_root: Optional[str] = None, source: Optional[str] = None,
+               support_root: str | None = None, source: str | None = None,
                caller_writes_support: bool = False) -> None:
     super().__init__(context)
     if target not in TARGETS:
@@ -95,10 +95,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._renames: dict[cst.CSTNode, cst.BaseExpression] = {}
     self._p = "P"
     self._site_lines: list[int] = []
-    self._module: Optional[cst.Module] = None
-    self._lines: Optional[list[str]] = None
+    self._module: cst.Module | None = None
+    self._lines: list[str] | None = None
     self._imports_requested = False
-    self._pmap_imports: list[tuple[str, Optional[str]]] = []
+    self._pmap_imports: list[tuple[str, str | None]] = []
     self._partial_aliases: frozenset[str] = frozenset()
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -183,7 +183,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       sites.extend(self._decorator_sites(fundef, ref_set, claimed))
     return sites
 
-  def _pmap_partial(self, node: cst.BaseExpression, ref_set: set) -> Optional[cst.Call]:
+  def _pmap_partial(self, node: cst.BaseExpression, ref_set: set) -> cst.Call | None:
     """``node`` when it is ``partial(pmap, ...)``."""
     if (isinstance(node, cst.Call) and node.args and node.args[0].keyword is None
         and not node.args[0].star and node.args[0].value in ref_set
@@ -217,7 +217,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         t is not None and isinstance(self.get_metadata(ScopeProvider, t, None),
                                      cst.metadata.GlobalScope) for t in targets)
 
-  def _call_site(self, call: cst.Call, ref_set: set, claimed: set) -> Optional[Site]:
+  def _call_site(self, call: cst.Call, ref_set: set, claimed: set) -> Site | None:
     if call.func in ref_set:
       ref, base, skip = call.func, PmapOptions(), 0
     else:
@@ -244,8 +244,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def _decorator_sites(self, fundef: cst.FunctionDef, ref_set: set,
                        claimed: set) -> list[Site]:
-    runs: list[list[tuple[int, PmapOptions, Optional[str]]]] = []
-    entry: tuple[int, PmapOptions, Optional[str]]
+    runs: list[list[tuple[int, PmapOptions, str | None]]] = []
+    entry: tuple[int, PmapOptions, str | None]
     previous = -2
     for i, dec in enumerate(fundef.decorators):
       expr = dec.decorator
@@ -268,12 +268,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       previous = i
     sites = []
     for run in runs:
-      error: Optional[str]
+      error: str | None
       if any("fun" in opts.values for _, opts, _ in run):
         error = "a pmap decorator passes `fun` itself, so the decorated def is not the function"
       else:
         error = next((err for _, _, err in run if err), None)
-      outer: Optional[Site] = None
+      outer: Site | None = None
       for i, opts, _ in reversed(run):
         site = Site(fundef.decorators[i], opts, None, fundef=fundef,
                     decorators=tuple(j for j, _, _ in run), inner=outer)
@@ -582,6 +582,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 _FUN = "__pmap_to_shmap_function__"  # stands for a multi-line function while formatting
 
 
-def _code(node: Optional[cst.CSTNode]) -> str:
+def _code(node: cst.CSTNode | None) -> str:
   assert node is not None  # callers pass arguments the site was checked to have
   return cst.Module([]).code_for_node(node)

@@ -8,7 +8,7 @@ keep their indentation relative to it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union, cast
+from typing import cast
 
 import libcst as cst
 
@@ -20,8 +20,8 @@ _HANG_AFTER = 48  # columns: an opening parenthesis further right gets hanging l
 @dataclass(frozen=True)
 class Call:
   """A call to render: ``func(args...)``; ``func`` and the args may be calls themselves."""
-  func: Union[str, "Call"]
-  args: tuple[Union[str, "Call"], ...]
+  func: str | Call
+  args: tuple[str | Call, ...]
 
 
 def render(call: Call, column: int, indent: int = 0) -> str:

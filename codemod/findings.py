@@ -34,7 +34,7 @@ class Finding:
     return f"{self.line}:{self.column} {self.severity.value} {self.message}"
 
   @classmethod
-  def from_warning(cls, text: str) -> "Finding":
+  def from_warning(cls, text: str) -> Finding:
     match = _WARNING_RE.fullmatch(text)
     if match is None:  # a warning from libcst itself or another command
       return cls(1, 1, Severity.WARNING, text)

@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Sequence
+from collections.abc import Sequence
 
 from codemod import support_module
 from codemod.files import write_atomically
@@ -78,7 +78,7 @@ def default_support_root(paths: Sequence[str]) -> str:
 def _support_module_change(args, results: list[FileResult]) -> tuple[str, bytes] | None:
   """(path, text) of the support module when a converted file imports it and the copy
   under the support root is missing or stale; None otherwise."""
-  needle = f"from {args.support_module} import".encode("utf-8")
+  needle = f"from {args.support_module} import".encode()
 
   def imports_it(result: FileResult) -> bool:
     if result.changed:

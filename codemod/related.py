@@ -10,7 +10,7 @@ applied by the command.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider

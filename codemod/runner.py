@@ -13,7 +13,7 @@ import os
 import re
 import traceback
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext

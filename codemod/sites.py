@@ -9,7 +9,6 @@ nodes, merged the way ``functools.partial`` and pmap's signature merge them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider
@@ -25,7 +24,7 @@ KNOWN_OPTIONS = ("fun", "axis_name", "in_axes", "out_axes", "static_broadcasted_
 _POSITIONAL = ("fun", "axis_name")
 
 
-def pmap_imports_of(node: cst.ImportFrom) -> list[tuple[str, Optional[str]]]:
+def pmap_imports_of(node: cst.ImportFrom) -> list[tuple[str, str | None]]:
   """(module, alias) for each ``from jax import pmap [as alias]`` name in ``node``."""
   module = cst.Module([]).code_for_node(node.module) if node.module else ""
   if module not in ("jax", "jax.api") or isinstance(node.names, cst.ImportStar):
@@ -39,10 +38,10 @@ class PmapOptions:
   values: dict[str, cst.BaseExpression] = field(default_factory=dict)
   positional: int = 0  # how many positional arguments have been supplied so far
 
-  def get(self, name: str) -> Optional[cst.BaseExpression]:
+  def get(self, name: str) -> cst.BaseExpression | None:
     return self.values.get(name)
 
-  def merged(self, args: list[cst.Arg], skip_positional: int = 0) -> "PmapOptions":
+  def merged(self, args: list[cst.Arg], skip_positional: int = 0) -> PmapOptions:
     """These options updated by a call's arguments (a partial's, then the call's)."""
     values = dict(self.values)
     position = self.positional + skip_positional
@@ -62,11 +61,11 @@ class PmapOptions:
     return PmapOptions(values, position)
 
 
-def is_none(node: Optional[cst.BaseExpression]) -> bool:
+def is_none(node: cst.BaseExpression | None) -> bool:
   return isinstance(node, cst.Name) and node.value == "None"
 
 
-def int_tuple(node: Optional[cst.BaseExpression], what: str) -> Optional[tuple[int, ...]]:
+def int_tuple(node: cst.BaseExpression | None, what: str) -> tuple[int, ...] | None:
   """A literal int / tuple of ints, checked non-negative; None when not a literal."""
   if node is None:
     return ()
@@ -87,16 +86,16 @@ class Site:
   """One pmap application: a call, or a run of pmap decorators on one def."""
   node: cst.CSTNode                      # the Call, or the first pmap Decorator
   options: PmapOptions
-  fun: Optional[cst.BaseExpression]      # None for decorators (the def is the function)
-  fundef: Optional[cst.FunctionDef] = None
+  fun: cst.BaseExpression | None      # None for decorators (the def is the function)
+  fundef: cst.FunctionDef | None = None
   decorators: tuple = ()                 # indices into fundef.decorators, outer first
-  inner: Optional["Site"] = None         # a pmap applied directly inside this one
+  inner: Site | None = None         # a pmap applied directly inside this one
   absorbed: bool = False                 # this site is another site's `inner`
-  error: Optional[str] = None
+  error: str | None = None
 
-  def levels(self) -> list["Site"]:
+  def levels(self) -> list[Site]:
     chain: list[Site] = []
-    site: Optional[Site] = self
+    site: Site | None = self
     while site is not None:
       chain.append(site)
       site = site.inner
@@ -116,7 +115,7 @@ class References(RelatedPatterns):
     self.refs: list[cst.CSTNode] = []
     self.calls: list[cst.Call] = []
     self.defs: list[cst.FunctionDef] = []
-    self.pmap_imports: list[tuple[str, Optional[str]]] = []
+    self.pmap_imports: list[tuple[str, str | None]] = []
     self.pmap_spellings: set[str] = {"pmap"}
 
   def visit_Import(self, node: cst.Import) -> bool:
