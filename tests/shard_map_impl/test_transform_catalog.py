@@ -850,7 +850,7 @@ MODES = list(itertools.product((True, False), (True, False)))  # (varying, check
 
 # Cases that fail for reasons outside the transformation rules (name, varying, check_rep).
 # Strict xfails for failures outside the transformation rules, with the reason.
-# (Empty now: the checkify and nested-replication gaps of issue 3 were closed.)
+# (Empty now: the checkify and nested-replication gaps were closed.)
 KNOWN_ISSUES: dict[tuple[str, bool, bool], str] = {}
 
 
