@@ -27,6 +27,9 @@ __all__ = ["pmap", "patch", "patched", "unpatch"]
 def __getattr__(name: str) -> Any:
   if name not in _LAZY:
     raise AttributeError(f"module 'pmap_compat' has no attribute {name!r}")
+  # Before any module built on JAX internals: a clear error on an unsupported JAX.
+  from shard_map_impl.supported_jax import require_supported_jax
+  require_supported_jax()
   value = getattr(importlib.import_module(_LAZY[name]), name)
   globals()[name] = value  # later lookups skip this hook
   return value

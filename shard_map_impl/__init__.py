@@ -6,8 +6,12 @@ with ``jax.experimental.shard_map`` on every program and coexisting with it.
 """
 import importlib as _importlib
 
-from shard_map_impl.primitive import shard_map_p, register_trace_rule
-from shard_map_impl.api import shard_map
+from shard_map_impl.supported_jax import require_supported_jax
+
+require_supported_jax()
+
+from shard_map_impl.primitive import shard_map_p, register_trace_rule  # noqa: E402
+from shard_map_impl.api import shard_map  # noqa: E402
 
 # Rule modules register themselves on import (order does not matter).
 for _name in ("staging", "lowering", "eager", "replication", "checker_rules",
