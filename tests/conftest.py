@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from support.compare import compare_call, compare_with_legacy  # noqa: E402,F401
+from support.jax_lines import MARKERS, running_jax, skip_reason  # noqa: E402
 from support.meshes import MESH_SHAPES, make_mesh  # noqa: E402,F401
 
 
@@ -41,12 +42,20 @@ def mesh(request) -> Mesh:
 
 
 def pytest_collection_modifyitems(config, items):
-  """Multi-process jobs run one at a time, on one xdist worker (`--dist loadgroup`).
+  """Skips tests pinned to another JAX line; multi-process jobs run one at a time.
 
-  Two 2-process gloo jobs running at once on this 2-core machine were seen to hang
-  (both killed at the timeout); serialising them keeps every job bounded.
+  `jax06_only` / `jax010_only` tests are skipped, with their reason, on the other line.
+  Multi-process jobs go to one xdist worker (`--dist loadgroup`): two 2-process gloo
+  jobs running at once on this 2-core machine were seen to hang (both killed at the
+  timeout); serialising them keeps every job bounded.
   """
+  version = running_jax()
   for item in items:
+    for name in MARKERS:
+      marker = item.get_closest_marker(name)
+      reason = marker and skip_reason(marker, version)
+      if reason:
+        item.add_marker(pytest.mark.skip(reason=reason))
     if "2proc" in item.nodeid:  # equivalence cases of the 2-process example
       item.add_marker(pytest.mark.multiprocess)
     if item.get_closest_marker("multiprocess"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from support.compare import assert_trees_equal, compare_call, compare_with_legacy
+from support.jax_lines import LEGACY, NEWEST, on_legacy_line, running_jax, skip_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
@@ -131,6 +132,40 @@ def test_helper_reports_failure_of_the_implementation():
     return call
   with pytest.raises(AssertionError, match="boom"):
     compare_with_legacy(lambda pmap: pmap(lambda v: v)(np.zeros(8)), broken)
+
+
+@pytest.mark.jax06_only
+def test_jax06_only_runs_only_on_the_legacy_line():
+  assert running_jax() == LEGACY
+
+
+@pytest.mark.jax010_only(reason="JAX's shard_map-based jax.pmap")
+def test_jax010_only_runs_only_on_0_10():
+  assert running_jax().startswith("0.10.") and not on_legacy_line()
+
+
+@pytest.mark.parametrize("mark, version, expected", [
+    (pytest.mark.jax06_only, LEGACY, None),
+    (pytest.mark.jax06_only, NEWEST,
+     f"jax06_only: needs jax {LEGACY} in-process (legacy jax.pmap, PmapSharding, the C++ pmap "
+     f"path); this is jax {NEWEST}"),
+    (pytest.mark.jax06_only("PmapSharding outputs"), NEWEST,
+     f"jax06_only: PmapSharding outputs; this is jax {NEWEST}"),
+    (pytest.mark.jax06_only(reason="C++ pmap"), "0.7.2", "jax06_only: C++ pmap; this is jax 0.7.2"),
+    (pytest.mark.jax010_only, NEWEST, None),
+    (pytest.mark.jax010_only(reason="JAX's pmap"), LEGACY,
+     f"jax010_only: JAX's pmap; this is jax {LEGACY}"),
+])
+def test_line_markers_skip_with_their_reason(mark, version, expected):
+  assert skip_reason(mark.mark, version) == expected
+
+
+@pytest.mark.parametrize("mark", [pytest.mark.jax06_only("a", "b"),
+                                  pytest.mark.jax06_only("a", reason="b"),
+                                  pytest.mark.jax010_only(why="b")])
+def test_line_markers_reject_malformed_reasons(mark):
+  with pytest.raises(TypeError, match=mark.mark.name):
+    skip_reason(mark.mark, "0.7.2")
 
 
 def test_cli_help():

@@ -1,0 +1,51 @@
+"""Which JAX line this test process runs on, and the markers that pin a test to one.
+
+The suite runs twice: on jax 0.6.0 (`.venv`, legacy `jax.pmap` as the in-process
+reference) and on jax 0.10.2 (`.venv-jax0.10.2`, JAX's own `jax.shard_map` and
+shard_map-based `jax.pmap`). A test that can only mean something on one of them says so:
+
+  @pytest.mark.jax06_only                      # or jax06_only(reason="PmapSharding")
+  @pytest.mark.jax010_only(reason="...")
+
+and tests/conftest.py skips it elsewhere, with the reason in the skip message.
+"""
+from __future__ import annotations
+
+import jax
+import pytest
+
+LEGACY = "0.6.0"  # legacy jax.pmap lives here: the reference for every bit-exact comparison
+NEWEST = "0.10.2"
+
+# marker name -> (does the running jax qualify, what the test needs when it does not say)
+MARKERS = {
+    "jax06_only": (lambda version: version == LEGACY,
+                   f"needs jax {LEGACY} in-process (legacy jax.pmap, PmapSharding, the C++ "
+                   "pmap path)"),
+    "jax010_only": (lambda version: version.startswith("0.10."),
+                    "needs jax 0.10.x in-process (JAX's shard_map-based jax.pmap)"),
+}
+
+
+def running_jax() -> str:
+  return jax.__version__
+
+
+def on_legacy_line() -> bool:
+  """True on jax 0.6.0, where legacy jax.pmap can be run in-process."""
+  return running_jax() == LEGACY
+
+
+def skip_reason(marker: pytest.Mark, version: str) -> str | None:
+  """Why a test carrying `marker` is skipped on jax `version`, or None if it runs."""
+  applies, default = MARKERS[marker.name]
+  if applies(version):
+    return None
+  if marker.args and marker.kwargs.get("reason"):
+    raise TypeError(f"@pytest.mark.{marker.name}: give the reason once, positionally or as "
+                    "reason=")
+  if len(marker.args) > 1 or set(marker.kwargs) - {"reason"}:
+    raise TypeError(f"@pytest.mark.{marker.name} takes one optional reason (a string), got "
+                    f"args={marker.args!r} kwargs={marker.kwargs!r}")
+  reason = marker.kwargs.get("reason", marker.args[0] if marker.args else default)
+  return f"{marker.name}: {reason}; this is jax {version}"
