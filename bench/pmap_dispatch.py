@@ -1,30 +1,42 @@
 """Per-call dispatch cost of pmap implementations, interleaved in one run.
 
-Implementations (columns):
-  legacy  - jax.pmap of jax 0.6.0 (the reference, ratio 1.0)
-  ours    - pmap_compat.pmap
-  jit     - hand-written jax.jit(shard_map_impl.shard_map(...)) (what a full migration costs)
-  merge   - jax.pmap with JAX_PMAP_SHMAP_MERGE=true, in a worker process (the flag is
-            read at import), driven round by round from this one
+Runs on either supported JAX line; what it compares against depends on the line (the
+`LINES` table below is the only place that knows):
+
+  jax 0.6.0 (legacy pmap still present), columns:
+    legacy   - jax.pmap of jax 0.6.0 (the reference, ratio 1.0)
+    ours     - pmap_compat.pmap
+    jit      - hand-written jax.jit(shard_map_impl.shard_map(...)) (what a full migration costs)
+    merge    - jax.pmap with JAX_PMAP_SHMAP_MERGE=true, in a worker process (the flag is
+               read at import), driven round by round from this one
+  jax 0.10.2 (legacy pmap removed), columns:
+    jax.pmap - 0.10.2's own jax.pmap, a jit + shard_map re-implementation (the reference)
+    ours     - pmap_compat.pmap
+    jit      - hand-written jax.jit(jax.shard_map(...)) doing the same thing
+    and the issue's targets, each with PASS/FAIL: per call ours <= jax.pmap and
+    <= 1.15x jit; first call <= 1.3x jax.pmap; out[0] <= jax.pmap.
 
 Cases (rows): steady-state cases report the median main-thread CPU time of one call
 (time.thread_time), with the devices idle at the start of each call (we wait for
-each result outside the timed region); `first call` reports process CPU time (compilation runs on other
-threads) of calling a brand-new function; `matmul` reports wall time per call with
-block_until_ready and is compared as throughput. Each round runs every case on every
-implementation in a shuffled order; the figure is the median over rounds of the
-per-round medians; a ratio is the median over rounds of that round's impl/legacy
-ratio (pairing by round cancels load drifting between rounds), lower is better
-except for matmul throughput (legacy/impl, higher is better).
+each result outside the timed region); `first call` reports process CPU time (compilation
+runs on other threads) of tracing, compiling and calling a brand-new function; `matmul`
+reports wall time per call with block_until_ready and is compared as throughput (its
+time is the same XLA executable's in every column, so its target is a noise margin).
+Each round runs every case on every implementation in a shuffled order; the figure is
+the median over rounds of the per-round medians; a ratio is the median over rounds of
+that round's a/b ratio (pairing by round cancels load drifting between rounds), lower is
+better except for matmul throughput (b/a, higher is better).
 
-  .venv/bin/python bench/pmap_dispatch.py            # full run (a few minutes)
-  .venv/bin/python bench/pmap_dispatch.py --quick    # smoke test (< 30 s): tiny call,
-                                                     # pytree and out[0], no merge worker
+  python bench/pmap_dispatch.py            # full run (a few minutes), either venv
+  python bench/pmap_dispatch.py --quick    # smoke test (< 30 s): tiny call, pytree and
+                                           # out[0], no merge worker
+  python bench/pmap_dispatch.py --strict   # exit status 1 when a target fails
 The last line is a one-line summary starting with "dispatch:".
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -41,11 +53,62 @@ if "jax" not in sys.modules:
 
 CASES = ["tiny chained call", "numpy input", "psum", "64-leaf pytree", "in_axes=(0, None)",
          "static int arg", "matmul (8,512,512)", "out[0]", "first call"]
-TARGETS = {"tiny chained call": 1.15, "64-leaf pytree": 1.15, "out[0]": 1.5, "first call": 1.3,
-           "matmul (8,512,512)": 0.95}
 QUICK_CASES = ["tiny chained call", "64-leaf pytree", "out[0]"]
 WALL = {"matmul (8,512,512)"}
 PROCESS = {"first call"}
+PER_CALL = frozenset(CASES) - WALL - PROCESS - {"out[0]"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """`ours` against column `against` on `cases`: time ratio <= bound (throughput rows:
+  throughput ratio >= bound)."""
+  cases: frozenset[str]
+  against: str
+  bound: float
+
+  def holds(self, case: str, ratio: float) -> bool:
+    return ratio >= self.bound if case in WALL else ratio <= self.bound
+
+  def describe(self, case: str) -> str:
+    return f"ours/{self.against} {'≥' if case in WALL else '≤'} {self.bound:.2f}×"
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxLine:
+  """What the benchmark measures on one JAX line."""
+  reference: str  # the column of this line's own jax.pmap: every ratio's denominator
+  shard_map: str  # module:attr behind the hand-written jit(shard_map) column
+  merge_worker: bool  # a JAX_PMAP_SHMAP_MERGE=true jax.pmap column (read at import)
+  targets: tuple[Target, ...]
+
+
+def _on(*cases: str) -> frozenset[str]:
+  return frozenset(cases)
+
+
+LINES = {
+    "0.6.0": JaxLine("legacy", "shard_map_impl:shard_map", True, (
+        Target(_on("tiny chained call", "64-leaf pytree"), "legacy", 1.15),
+        Target(_on("out[0]"), "legacy", 1.5),
+        Target(_on("first call"), "legacy", 1.3),
+        Target(_on("matmul (8,512,512)"), "legacy", 0.95))),
+    "0.10.2": JaxLine("jax.pmap", "jax:shard_map", False, (
+        Target(PER_CALL, "jax.pmap", 1.0),
+        Target(PER_CALL, "jit", 1.15),
+        Target(_on("out[0]"), "jax.pmap", 1.0),
+        Target(_on("first call"), "jax.pmap", 1.3),
+        Target(_on("matmul (8,512,512)"), "jax.pmap", 0.95))),
+}
+
+
+def jax_line() -> JaxLine:
+  import jax
+  try:
+    return LINES[jax.__version__]
+  except KeyError:
+    raise SystemExit(f"bench/pmap_dispatch.py: jax {jax.__version__} is not a supported "
+                     f"line; run it with jax {' or '.join(LINES)}") from None
 
 
 def _chained(f, first, *rest):
@@ -205,6 +268,9 @@ class LocalImpl:
       jax.block_until_ready(out)
     return statistics.median(times)
 
+  def close(self):
+    pass
+
 
 class RemoteImpl:
   """An implementation timed in a worker process (for settings read at import)."""
@@ -260,25 +326,81 @@ def _worker(name):
     out.flush()
 
 
-def _resolve_ours(spec):
+def _resolve(spec: str, default_attr: str):
   """The object named by `module:attr`."""
   import importlib
   module, _, attr = spec.partition(":")
-  return getattr(importlib.import_module(module), attr or "pmap")
+  return getattr(importlib.import_module(module), attr or default_attr)
 
 
-def _paired_ratio(results, name, case):
-  """Median over rounds of this round's impl/legacy ratio (legacy/impl for
-  throughput rows): pairing by round cancels load that drifts between rounds."""
-  a, b = results.get((name, case)), results.get(("legacy", case))
-  if not a or not b:
+Results = dict[tuple[str, str], dict[int, float]]  # (impl, case) -> round -> median seconds
+
+
+def paired_ratio(results: Results, name: str, against: str, case: str) -> float | None:
+  """Median over rounds of that round's name/against time ratio (against/name, a
+  throughput ratio, for WALL rows); only rounds where both ran count."""
+  a, b = results.get((name, case), {}), results.get((against, case), {})
+  rounds = sorted(a.keys() & b.keys())
+  if not rounds:
     return None
-  pairs = [(l / x if case in WALL else x / l) for x, l in zip(a, b, strict=True)]
-  return statistics.median(pairs)
+  return statistics.median((b[r] / a[r]) if case in WALL else (a[r] / b[r]) for r in rounds)
 
 
 def _fmt(case, seconds):
   return f"{seconds * 1e3:.2f} ms" if case in WALL | PROCESS else f"{seconds * 1e6:.1f} µs"
+
+
+def measure(impls, cases: list[str], rounds: int, quick: bool) -> tuple[Results, dict]:
+  """Every case on every implementation, round by round in a shuffled order."""
+  results: Results = {}
+  broken: dict[tuple[str, str], str] = {}
+  for case in cases:
+    for impl in impls:
+      try:
+        impl.prepare(case)
+      except Exception as e:  # pylint: disable=broad-except
+        broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
+  for r in range(rounds):
+    for case in cases:
+      order = list(impls)
+      random.shuffle(order)
+      for impl in order:
+        if (impl.name, case) in broken:
+          continue
+        try:
+          results.setdefault((impl.name, case), {})[r] = impl.round(
+              case, _calls_per_round(case, quick))
+        except Exception as e:  # pylint: disable=broad-except
+          broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
+  return results, broken
+
+
+def verdicts(line: JaxLine, results: Results, cases: list[str]
+             ) -> list[tuple[str, Target, float | None]]:
+  """(case, target, ours' ratio or None when a column is missing) for every target."""
+  return [(case, t, paired_ratio(results, "ours", t.against, case))
+          for case in cases for t in line.targets if case in t.cases]
+
+
+def print_report(line: JaxLine, names: list[str], results: Results, cases: list[str],
+                 checked: list[tuple[str, Target, float | None]]) -> None:
+  ref = line.reference
+  pairs = [(n, ref) for n in names if n != ref] + sorted(
+      {("ours", t.against) for t in line.targets if t.against != ref and t.against in names})
+  header = ("| case | " + " | ".join(names) + " | " +
+            " | ".join(f"{a}/{b}" for a, b in pairs) + " | target (ours) | verdict |")
+  print(header)
+  print("|" + "---|" * (header.count("|") - 1))
+  for case in cases:
+    cells = [_fmt(case, statistics.median(results[(n, case)].values()))
+             if (n, case) in results else "error" for n in names]
+    ratios = [paired_ratio(results, a, b, case) for a, b in pairs]
+    mine = [(t, r) for c, t, r in checked if c == case]
+    verdict = ", ".join("n/a" if r is None else "PASS" if t.holds(case, r) else "FAIL"
+                        for t, r in mine)
+    print(f"| {case} | " + " | ".join(cells) + " | " +
+          " | ".join("–" if r is None else f"{r:.2f}×" for r in ratios) + " | " +
+          ", ".join(t.describe(case) for t, _ in mine) + f" | {verdict} |")
 
 
 def main(argv=None):
@@ -288,8 +410,10 @@ def main(argv=None):
   parser.add_argument("--ours", default="pmap_compat:pmap", help="module:attr of the pmap under test")
   parser.add_argument("--no-merge", action="store_true", help="skip the merge-mode worker")
   parser.add_argument("--cases", default=None, help="comma-separated subset of case numbers (1-based)")
-  parser.add_argument("--shard-map", default="shard_map_impl:shard_map",
-                      help="module:attr of the shard_map used for the hand-written jit column")
+  parser.add_argument("--shard-map", default=None,
+                      help="module:attr of the shard_map used for the hand-written jit column "
+                      "(default: shard_map_impl:shard_map on jax 0.6.0, jax:shard_map on 0.10.2)")
+  parser.add_argument("--strict", action="store_true", help="exit status 1 when a target fails")
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.worker:
@@ -297,79 +421,52 @@ def main(argv=None):
 
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax
-  shard_map = _resolve_ours(args.shard_map)
+  line = jax_line()
   rounds = args.rounds or (3 if args.quick else 7)
   if args.cases:
-    cases = [CASES[int(i) - 1] for i in args.cases.split(",")]
+    try:
+      cases = [CASES[int(i) - 1] for i in args.cases.split(",")]
+    except (ValueError, IndexError):
+      parser.error(f"--cases: expected 1-based numbers up to {len(CASES)}, got {args.cases!r}")
   else:
     cases = QUICK_CASES if args.quick else CASES
-  if args.quick:
-    args.no_merge = True
 
-  impls, failed = [LocalImpl("legacy", _pmap_cases(jax.pmap))], {}
+  impls, failed = [LocalImpl(line.reference, _pmap_cases(jax.pmap))], {}
   try:
-    impls.append(LocalImpl("ours", _pmap_cases(_resolve_ours(args.ours))))
+    impls.append(LocalImpl("ours", _pmap_cases(_resolve(args.ours, "pmap"))))
   except Exception as e:  # pylint: disable=broad-except
     failed["ours"] = f"{type(e).__name__}: {e}"
-  impls.append(LocalImpl("jit", _jit_cases(shard_map)))
-  remote = None if args.no_merge else RemoteImpl("merge", {"JAX_PMAP_SHMAP_MERGE": "true"},
-                                                 args.quick)
-  if remote is not None:
-    impls.append(remote)
-
-  results = {}  # (impl, case) -> list of round medians
-  broken = {}   # (impl, case) -> error
   try:
-    for case in cases:
-      for impl in impls:
-        try:
-          impl.prepare(case)
-        except Exception as e:  # pylint: disable=broad-except
-          broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
-    for _ in range(rounds):
-      for case in cases:
-        order = list(impls)
-        random.shuffle(order)
-        for impl in order:
-          if (impl.name, case) in broken:
-            continue
-          try:
-            results.setdefault((impl.name, case), []).append(
-                impl.round(case, _calls_per_round(case, args.quick)))
-          except Exception as e:  # pylint: disable=broad-except
-            broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
+    impls.append(LocalImpl("jit", _jit_cases(_resolve(args.shard_map or line.shard_map,
+                                                      "shard_map"))))
+  except Exception as e:  # pylint: disable=broad-except
+    failed["jit"] = f"{type(e).__name__}: {e}"
+  if line.merge_worker and not (args.quick or args.no_merge):
+    impls.append(RemoteImpl("merge", {"JAX_PMAP_SHMAP_MERGE": "true"}, args.quick))
+  try:
+    results, broken = measure(impls, cases, rounds, args.quick)
   finally:
-    if remote is not None:
-      remote.close()
+    for impl in impls:
+      impl.close()
 
   names = [i.name for i in impls]
   print(f"\npmap dispatch benchmark: jax {jax.__version__}, {jax.device_count()} CPU devices, "
-        f"{rounds} rounds, medians; ratio = median over rounds of impl/legacy "
-        f"(matmul: legacy/impl, throughput)\n")
-  header = "| case | " + " | ".join(names) + " | " + " | ".join(
-      f"{n}/legacy" for n in names[1:]) + " | target (ours) |"
-  print(header)
-  print("|" + "---|" * (header.count("|") - 1))
-  for case in cases:
-    med = {n: statistics.median(results[(n, case)]) for n in names if (n, case) in results}
-    cells = [(_fmt(case, med[n]) if n in med else "error") for n in names]
-    ratios = []
-    for n in names[1:]:
-      r = _paired_ratio(results, n, case)
-      ratios.append("–" if r is None else f"{r:.2f}×")
-    target = TARGETS.get(case)
-    tgt = "" if target is None else (f"≥ {target}×" if case in WALL else f"≤ {target}×")
-    print(f"| {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {tgt} |")
+        f"{rounds} rounds, medians; a/b = median over rounds of that round's ratio "
+        f"(matmul: b/a, throughput)\n")
+  checked = verdicts(line, results, cases)
+  print_report(line, names, results, cases, checked)
   for key, err in sorted({**{(k, ""): v for k, v in failed.items()}, **broken}.items()):
     print(f"note: {key[0]} {key[1]}: {err}")
-  summary = []
-  for case in cases:
-    r = _paired_ratio(results, "ours", case)
-    if r is not None:
-      summary.append(f"{case} {r:.2f}x")
-  print("dispatch: pmap_compat/legacy: " + (", ".join(summary) or "n/a") +
-        f" ({jax.device_count()} CPU devices, {rounds} rounds)")
-  return 0
+  fails = [f"{case}: {t.describe(case)} is {'missing' if r is None else f'{r:.2f}×'}"
+           for case, t, r in checked if r is None or not t.holds(case, r)]
+  if fails:
+    print("targets failed: " + "; ".join(fails))
+  summary = [f"{case} {r:.2f}x" for case in cases
+             for r in [paired_ratio(results, "ours", line.reference, case)] if r is not None]
+  print(f"dispatch: pmap_compat/{line.reference}: " + (", ".join(summary) or "n/a") +
+        f"; targets {len(checked) - len(fails)}/{len(checked)} PASS"
+        f" (jax {jax.__version__}, {jax.device_count()} CPU devices, {rounds} rounds)")
+  return 1 if args.strict and fails else 0
 
 
 if __name__ == "__main__":

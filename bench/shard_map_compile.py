@@ -1,11 +1,14 @@
-"""Benchmark: shard_map_impl.shard_map vs jax.experimental.shard_map.
+"""Benchmark: shard_map_impl.shard_map vs JAX's own shard_map.
 
 Reports, for a 200-op body on an 8-device CPU mesh, the time to trace, lower
 and compile a ``jax.jit`` of the shard_map (median over fresh functions, JAX's
 caches cleared in between), and the steady-state call time of the compiled
 function.  Targets: trace+lower+compile <= 1.1x JAX's, call time 1.0x.
+JAX's shard_map is `jax.experimental.shard_map.shard_map` on jax 0.6.0 and the
+public `jax.shard_map` on jax 0.10.2 (`jax_shard_map` below is the only place
+that knows); both are called with the keywords they share.
 
-Run: .venv/bin/python bench/shard_map_compile.py [--reps N] [--calls N]
+Run: python bench/shard_map_compile.py [--reps N] [--calls N]   (either venv)
 """
 from __future__ import annotations
 
@@ -22,10 +25,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.experimental.shard_map import shard_map as jax_shard_map  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import shard_map_impl  # noqa: E402
+
+
+
+def jax_shard_map() -> tuple[str, object]:
+  """This JAX line's own shard_map: (name, callable)."""
+  if jax.__version__ == "0.6.0":
+    from jax.experimental.shard_map import shard_map  # pylint: disable=import-outside-toplevel
+    return "jax.experimental.shard_map", shard_map
+  return "jax.shard_map", jax.shard_map
+
 
 ROUNDS = 11  # 18 equations per round: ~200 primitive applications in the body
 
@@ -42,7 +54,7 @@ def body(x, w):
 
 
 def make(sm, mesh):
-  return sm(body, mesh, in_specs=(P("x", "y"), P()), out_specs=P("x"))
+  return sm(body, mesh=mesh, in_specs=(P("x", "y"), P()), out_specs=P("x"))
 
 
 def compile_once(sm, mesh, args) -> dict:
@@ -85,7 +97,8 @@ def time_calls(impls: dict, mesh, args, calls: int) -> dict:
 
 def count_ops(sm, mesh, args) -> int:
   jaxpr = jax.make_jaxpr(make(sm, mesh))(*args).jaxpr
-  return len(jaxpr.eqns[0].params["jaxpr"].eqns)
+  body_jaxpr = jaxpr.eqns[0].params["jaxpr"]  # a Jaxpr or ClosedJaxpr, by JAX line
+  return len(getattr(body_jaxpr, "jaxpr", body_jaxpr).eqns)
 
 
 def main() -> None:
@@ -95,17 +108,17 @@ def main() -> None:
   opts = parser.parse_args()
   mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
   args = (np.ones((16, 8), np.float32), np.full((4, 4), 0.01, np.float32))
-  impls = {"jax.experimental.shard_map": jax_shard_map,
-           "shard_map_impl": shard_map_impl.shard_map}
-  assert np.array_equal(jax.jit(make(jax_shard_map, mesh))(*args),
+  ref_name, ref = jax_shard_map()
+  impls = {ref_name: ref, "shard_map_impl": shard_map_impl.shard_map}
+  assert np.array_equal(jax.jit(make(ref, mesh))(*args),
                         jax.jit(make(shard_map_impl.shard_map, mesh))(*args))
   time_compiles(impls, mesh, args, 1)  # warm up imports / first-use costs
   rows = time_compiles(impls, mesh, args, opts.reps)
   for name, t in time_calls(impls, mesh, args, opts.calls).items():
     rows[name]["call"] = t
   n = count_ops(shard_map_impl.shard_map, mesh, args)
-  ref, ours = rows["jax.experimental.shard_map"], rows["shard_map_impl"]
-  print(f"body: {n} jaxpr equations; mesh 4x2 CPU; median of {opts.reps} fresh "
+  ref, ours = rows[ref_name], rows["shard_map_impl"]
+  print(f"jax {jax.__version__}; body: {n} jaxpr equations; mesh 4x2 CPU; median of {opts.reps} fresh "
         f"compiles, {opts.calls} calls")
   print(f"{'':28} {'trace':>9} {'lower':>9} {'compile':>9} {'total':>9} {'call':>9}")
   for name, r in rows.items():

@@ -9,7 +9,11 @@
    codemod's `--target jax` output; the two must agree bit for bit where 0.10.2's pmap
    runs the example, and the codemod output must match legacy's recording within
    `pmap_compat.testing`'s cross-version bound;
-4. prints the dispatch-speed line of bench/pmap_dispatch.py.
+4. on jax 0.10.2: runs every example as written under `pmap_compat.patched()` (nested
+   pmaps included, which 0.10.2's own pmap rejects); it must agree bit for bit with
+   0.10.2's own pmap where that runs the example, and match legacy's recording within
+   the cross-version bound;
+5. prints the dispatch-speed line of bench/pmap_dispatch.py on each JAX line.
 
 Exits 1 if any comparison fails, 0 when every example matches on both JAX lines.
 """
@@ -97,16 +101,16 @@ def _collapse_added_runs(lines: list[str], head: int = 4, tail: int = 10) -> lis
   return out[:-1]
 
 
-def dispatch_line() -> str:
-  """The benchmark's own row for the tiny chained call; never a number of ours."""
+def dispatch_line(py: str) -> str:
+  """The benchmark's own summary for the tiny chained call and out[0] under the
+  interpreter `py`; never a number of ours."""
   if not os.path.exists(BENCH):
     return "bench/pmap_dispatch.py is not present in this checkout: no dispatch numbers to show"
-  py = sys.executable
   try:
     helptext = subprocess.run([py, BENCH, "--help"], capture_output=True, text=True,
                               timeout=120, check=False).stdout
     cmd = [py, BENCH] + (["--quick"] if "--quick" in helptext else []) + (
-        ["--cases", "1"] if "--cases" in helptext else [])  # case 1: the tiny chained call
+        ["--cases", "1,8"] if "--cases" in helptext else [])  # the tiny chained call, out[0]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False,
                           cwd=eq.ROOT)
   except subprocess.TimeoutExpired:
@@ -119,8 +123,8 @@ def dispatch_line() -> str:
     tail = (proc.stderr.strip().splitlines() or ["no summary line"])[-1]
     return f"bench/pmap_dispatch.py gave no dispatch line (exit {proc.returncode}: {tail})"
   notes = [l for l in out if l.startswith("note:")]
-  shown = " ".join(os.path.relpath(c, eq.ROOT) if os.path.isabs(c) else c for c in cmd[1:])
-  return "\n".join([f"$ python {shown}"] + picked + notes)
+  shown = " ".join(os.path.relpath(c, eq.ROOT) if os.path.isabs(c) else c for c in cmd)
+  return "\n".join([f"$ {shown}"] + picked + notes)
 
 
 def cell(c: eq.Comparison | None, result: eq.RunResult) -> str:
@@ -207,6 +211,28 @@ def newest_line(runner: eq.Runner) -> list[tuple[str, str, str]]:
   return failures
 
 
+def patched_line(runner: eq.Runner) -> list[tuple[str, str, str]]:
+  """The jax 0.10.2 table for the examples as written under pmap_compat.patched();
+  returns the failed comparisons."""
+  rows, failures = [], []
+  for case in eq.CASES:
+    result = runner.result(case, eq.NEWEST_PATCHED)
+    verdicts = {v.against: v for v in runner.newest_line(case, eq.NEWEST_PATCHED)}
+    bad = [v for v in verdicts.values() if not v.ok]
+    failures += [(case.name, f"{v.mode} vs {v.against}", v.message) for v in bad]
+    label = case.name + (f" ({case.processes} proc)" if case.processes > 1 else "")
+    pmap_ran = runner.result(case, eq.NEWEST_PMAP).ok
+    rows.append((label, cell(None, result),
+                 verdict_cell(verdicts.get(eq.NEWEST_PMAP)) if pmap_ran else "pmap fails",
+                 verdict_cell(verdicts["legacy"]) if result.ok else "n/a",
+                 "yes" if not bad and result.ok else "NO"))
+  print_table(("example", "pmap_compat", "= jax.pmap?", "vs legacy", "ok?"), rows)
+  print("('= jax.pmap?': bit for bit against 0.10.2's own jax.pmap where that runs the "
+        "example; 'vs legacy' as above)")
+  print_reasons(failures)
+  return failures
+
+
 def main() -> int:
   import jax
   start = time.perf_counter()
@@ -232,9 +258,12 @@ def main() -> int:
     failures = legacy_line(runner)
     heading(f"3. jax {eq.NEWEST_JAX}: its own jax.pmap and the codemod output (--target jax)")
     failures += newest_line(runner)
+    heading(f"4. jax {eq.NEWEST_JAX}: every example as written, under pmap_compat.patched()")
+    failures += patched_line(runner)
 
-    heading("4. dispatch speed")
-    print(dispatch_line())
+    heading("5. dispatch speed on both JAX lines")
+    for python in (sys.executable, eq.python_for(eq.NEWEST_PMAP)):
+      print(dispatch_line(python))
 
   heading("result")
   if failures:

@@ -13,13 +13,15 @@ subprocess in one of these modes:
   jax0.10.2-pmap        the example as written on jax 0.10.2, whose `jax.pmap` is
                         JAX's own shard_map-based one (legacy pmap is gone there)
   jax0.10.2-codemod-jax the codemod's `--target jax` output on jax 0.10.2
+  jax0.10.2-pmap_compat the example as written on jax 0.10.2, under `pmap_compat.patched()`
+                        (legacy semantics where 0.10.2's own pmap breaks, e.g. nested pmaps)
 
 Every child stores what `run` returned with `pmap_compat.testing.record` (a
 version-independent recording), and every comparison is
 `pmap_compat.testing.compare_recordings`: bit for bit between runs on the same JAX
-(the first four modes against legacy; the codemod output against 0.10.2's own pmap),
-and within the documented cross-version bound (`CROSS_VERSION_MAX_ULP`) between
-jax 0.10.2 and legacy on 0.6.0.
+(the first four modes against legacy; the codemod output and pmap_compat on 0.10.2
+against 0.10.2's own pmap where that runs the example), and within the documented
+cross-version bound (`CROSS_VERSION_MAX_ULP`) between jax 0.10.2 and legacy on 0.6.0.
 
 A fresh process per run keeps module-level pmap objects, caches and patching
 from leaking between modes. Multi-process cases start several children as one
@@ -53,12 +55,16 @@ TESTS = os.path.join(ROOT, "tests")
 NEWEST_JAX = "0.10.2"  # the newest JAX line, in .venv-jax0.10.2 (see the Makefile)
 NEWEST_PMAP = f"jax{NEWEST_JAX}-pmap"
 NEWEST_CODEMOD = f"jax{NEWEST_JAX}-codemod-jax"
+NEWEST_PATCHED = f"jax{NEWEST_JAX}-pmap_compat"
 MODES = ("legacy", "pmap_compat", "codemod-experimental", "codemod-jax", NEWEST_PMAP,
-         NEWEST_CODEMOD)
+         NEWEST_CODEMOD, NEWEST_PATCHED)
 LEGACY_LINE = MODES[1:4]  # run on jax 0.6.0 next to legacy and compared with it bit for bit
+NEWEST_LINE = (NEWEST_CODEMOD, NEWEST_PATCHED)  # checked by Runner.newest_line
 CODEMOD_TARGETS = {"codemod-experimental": "experimental", "codemod-jax": "jax",
                    NEWEST_CODEMOD: "jax"}
-JAX_OF_MODE = {NEWEST_PMAP: NEWEST_JAX, NEWEST_CODEMOD: NEWEST_JAX}  # others: this python's
+PATCHED_MODES = ("pmap_compat", NEWEST_PATCHED)  # run under pmap_compat.patched()
+JAX_OF_MODE = {NEWEST_PMAP: NEWEST_JAX, NEWEST_CODEMOD: NEWEST_JAX,
+               NEWEST_PATCHED: NEWEST_JAX}  # others: this python's
 CHILD_TIMEOUT_S = 240.0
 
 
@@ -186,7 +192,7 @@ def child_main(argv: Sequence[str]) -> int:
     if CODEMOD_TARGETS.get(mode) == "jax" and not hasattr(jax, "shard_map"):
       jax.shard_map = keyword_shard_map  # adds a name jax 0.6.0 lacks; replaces nothing
     with contextlib.ExitStack() as stack:
-      if mode == "pmap_compat":
+      if mode in PATCHED_MODES:
         import pmap_compat
         stack.enter_context(pmap_compat.patched())
       sys.path.insert(0, os.path.dirname(source))
@@ -263,7 +269,7 @@ def _collect(result: RunResult, procs: list, logs: list, timed_out: bool) -> Run
       return dataclasses.replace(result, error=got["error"], detail=got["detail"] + text[-2000:])
     pmaps.add(got["pmap"])
     seconds.append(got["seconds"])
-  if result.mode == "pmap_compat" and not all(p.startswith("pmap_compat") for p in pmaps):
+  if result.mode in PATCHED_MODES and not all(p.startswith("pmap_compat") for p in pmaps):
     return dataclasses.replace(result, error=f"jax.pmap resolved to {sorted(pmaps)} under "
                                "pmap_compat.patched(), not to pmap_compat's")
   return dataclasses.replace(result, seconds=max(seconds))
@@ -490,13 +496,16 @@ class Runner:
   def compare(self, case: Case, mode: str, against: str = "legacy") -> Comparison:
     return compare(case, self.result(case, against), self.result(case, mode))
 
-  def newest_line(self, case: Case) -> list[Comparison]:
-    """The jax 0.10.2 line: the codemod output bit for bit against 0.10.2's own pmap where
-    that runs the example, and within the cross-version bound against legacy on 0.6.0."""
+  def newest_line(self, case: Case, mode: str = NEWEST_CODEMOD) -> list[Comparison]:
+    """A mode of the jax 0.10.2 line (the codemod output, or the example under
+    pmap_compat.patched()): bit for bit against 0.10.2's own pmap where that runs the
+    example, and within the cross-version bound against legacy on 0.6.0."""
+    if mode not in NEWEST_LINE:
+      raise ValueError(f"mode: expected one of {NEWEST_LINE}, got {mode!r}")
     verdicts = []
     if self.result(case, NEWEST_PMAP).ok:
-      verdicts.append(self.compare(case, NEWEST_CODEMOD, against=NEWEST_PMAP))
-    return verdicts + [self.compare(case, NEWEST_CODEMOD)]
+      verdicts.append(self.compare(case, mode, against=NEWEST_PMAP))
+    return verdicts + [self.compare(case, mode)]
 
 
 # --------------------------------------------------------------------------- CLI
@@ -541,7 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Information, not a failure: the codemod output is what runs on the newest JAX.
         print(f"{mode}: failed to run ({runner.result(case, mode).error})")
         continue
-      verdicts = runner.newest_line(case) if mode == NEWEST_CODEMOD else [
+      verdicts = runner.newest_line(case, mode) if mode in NEWEST_LINE else [
           runner.compare(case, mode)]
       for verdict in verdicts:
         failed += not verdict.ok
