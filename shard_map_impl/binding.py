@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jax._src import config
 from jax._src import core
 from jax._src import linear_util as lu
 
+from shard_map_impl.jax_line import varying_axes_typed, vma_of
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.rewrite import efficient_transpose_rewrite
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
@@ -27,7 +27,7 @@ def _pvary_outputs_to_specs(fun: lu.WrappedFun,
     outs = f(*args)
     marked = []
     for x, names in zip(outs, out_names(), strict=True):
-      missing = tuple(sorted(spec_axes(names) - core.typeof(x).vma, key=str))
+      missing = tuple(sorted(spec_axes(names) - vma_of(core.typeof(x)), key=str))
       marked.append(core.pvary(x, missing) if missing else x)
     return marked
   return mark(fun)
@@ -40,7 +40,7 @@ def bind_body(fun: lu.WrappedFun, args: Sequence, *, mesh: AnyMesh, in_names: Se
   rewrite = bool(check_rep)
   if rewrite:
     fun = (_pvary_outputs_to_specs(fun, out_names_thunk)
-           if config.varying_axes_in_types.value
+           if varying_axes_typed()
            else efficient_transpose_rewrite(fun, mesh, in_names, out_names_thunk))
   return shard_map_p.bind(fun, *args, mesh=mesh, in_names=tuple(in_names),
                           out_names_thunk=out_names_thunk, check_rep=check_rep,

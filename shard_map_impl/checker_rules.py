@@ -5,7 +5,6 @@ its own here.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from jax._src import checkify
@@ -14,15 +13,12 @@ from jax._src import linear_util as lu
 from jax.experimental.key_reuse import _core as key_reuse
 from jax.tree_util import tree_flatten, tree_unflatten
 
+from shard_map_impl import eqn_params
 from shard_map_impl.primitive import shard_map_p
-from shard_map_impl.specs import AnyMesh, AxisNames
 
 # --- checkify -------------------------------------------------------------------
 
-def _checkify_rule(error: Any, enabled_errors: Any, *vals: Any, jaxpr: core.Jaxpr, mesh: AnyMesh,
-                   in_names:
-                   Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
-                   rewrite: bool, auto: frozenset, **_witness: Any):
+def _checkify_rule(error: Any, enabled_errors: Any, *vals: Any, **params: Any):
   """checkify a shard_map equation: the body is checked per device.
 
   Incoming error values enter replicated; each device's resulting error comes
@@ -30,8 +26,10 @@ def _checkify_rule(error: Any, enabled_errors: Any, *vals: Any, jaxpr: core.Jaxp
   checkify's reduction picks the first failing device, as with JAX's
   shard_map.
   """
+  p = eqn_params.read(params)
+  mesh, out_names = p.mesh, p.out_names
   err_in, err_tree = tree_flatten(error)
-  body = core.ClosedJaxpr(jaxpr, ())
+  body = core.ClosedJaxpr(p.jaxpr, ())
   err_out_tree = []
 
   def checked(*args: Any):
@@ -47,16 +45,17 @@ def _checkify_rule(error: Any, enabled_errors: Any, *vals: Any, jaxpr: core.Jaxp
       _, n_err = err_out_tree[-1]
       return ({0: tuple(mesh.axis_names)},) * n_err + tuple(out_names)
 
-  fun = lu.wrap_init(checked, debug_info=jaxpr.debug_info)
+  fun = lu.wrap_init(checked, debug_info=p.jaxpr.debug_info)
   results = shard_map_p.bind(
-      fun, *err_in, *vals, mesh=mesh, in_names=({},) * len(err_in) + tuple(in_names),
-      out_names_thunk=_OutNames(), check_rep=check_rep, rewrite=rewrite, auto=auto)
+      fun, *err_in, *vals,
+      **dict(eqn_params.bind_params(p), in_names=({},) * len(err_in) + tuple(p.in_names)),
+      out_names_thunk=_OutNames())
   tree, n_err = err_out_tree[-1]
   return tree_unflatten(tree, results[:n_err]), results[n_err:]
 
 
 def _key_reuse_signature(eqn: core.JaxprEqn):
-  return key_reuse.jaxpr_type_signature(eqn.params["jaxpr"])
+  return key_reuse.jaxpr_type_signature(eqn_params.read(eqn.params).jaxpr)
 
 
 checkify.error_checks[shard_map_p] = _checkify_rule

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 from jax._src import api_util
-from jax._src import config
 from jax._src import core
 from jax._src import debugging
 from jax._src import dispatch
@@ -36,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
+from shard_map_impl.jax_line import check_flag_value, get_aval, vma_of, with_vma
 from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
@@ -169,14 +169,12 @@ class EagerTracer(core.Tracer):
   @property
   def aval(self):
     trace = self._trace
-    glob = core.get_aval(self.stacked)
+    glob = get_aval(self.stacked)
     local = core.mapped_aval(glob.shape[0], 0, glob)
     vma = (replication.rep_to_vma(trace.mesh, trace.auto, self.rep)
-           if vma_enabled(trace.check) and config._check_rep.value else frozenset())
-    return local.update(
-        sharding=NamedSharding(manual_mesh(trace.mesh, trace.auto),
-                               PartitionSpec(*[None] * local.ndim)),
-        vma=vma)
+           if vma_enabled(trace.check) and check_flag_value() else frozenset())
+    return with_vma(local, vma, sharding=NamedSharding(manual_mesh(trace.mesh, trace.auto),
+                                                       PartitionSpec(*[None] * local.ndim)))
 
   def to_concrete_value(self):
     if self.rep is not None and self.rep >= frozenset(self._trace.mesh.axis_names):
@@ -245,7 +243,7 @@ class EagerTrace(core.Trace):
     if self.typed:
       avals, _ = prim.abstract_eval(*(core.typeof(t) for t in tracers), **params)
       avals = avals if prim.multiple_results else [avals]
-      return [replication.vma_to_rep(self.mesh, self.auto, a.vma) for a in avals]
+      return [replication.vma_to_rep(self.mesh, self.auto, vma_of(a)) for a in avals]
     rule = replication.rep_rules.get(prim)
     if rule is None:
       raise replication.missing_rule(prim)
@@ -384,7 +382,7 @@ def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Se
     outs = fun.call_wrapped(*tracers)
     out_pairs = [etrace.lift(o) for o in outs]
   out_names = tuple(out_names_thunk())
-  local_avals = [core.mapped_aval(s.shape[0], 0, core.get_aval(s)) for s, _ in out_pairs]
+  local_avals = [core.mapped_aval(s.shape[0], 0, get_aval(s)) for s, _ in out_pairs]
   fails = output_rank_failures(out_names, local_avals)
   if any(f is not None for f in fails):
     raise errors.OutputRankError(fails)

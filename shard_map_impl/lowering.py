@@ -29,6 +29,8 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import sdy
 from jax.sharding import NamedSharding, Sharding
 
+from shard_map_impl import eqn_params
+from shard_map_impl.jax_line import SdyShardingList, check_flag
 from shard_map_impl.per_device import axis_env, manual_axes_of
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import AnyMesh, AxisNames, names_to_pspec
@@ -120,7 +122,7 @@ def _lower_gspmd(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence[
     # JAX types avals as AbstractValue; a shard_map's operands are ShapedArrays.
     args = [region.to_manual(ctx, n, g, l, x)  # type: ignore[arg-type]
             for n, g, l, x in zip(in_names, ctx.avals_in, local_in, args, strict=True)]
-  with axis_env(region.mesh, region.auto), config._check_rep(check_rep):
+  with axis_env(region.mesh, region.auto), check_flag(check_rep):
     outs, tokens = mlir.call_lowering(
         "shmap_body", ctx.name_stack, jaxpr, None, region.body_ctx, local_in,
         local_out, ctx.tokens_in, *args, dim_var_values=ctx.dim_var_values,
@@ -140,7 +142,7 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
   # Axes manual in an enclosing region are already per-device here.
   manual = [a for a in region.mesh.axis_names
             if a in region.manual and a not in region.outer_manual]
-  scope = lambda: (axis_env(region.mesh, region.auto), config._check_rep(check_rep))
+  scope = lambda: (axis_env(region.mesh, region.auto), check_flag(check_rep))
   if region.trivial(manual):
     env, rep = scope()
     with env, rep:
@@ -148,7 +150,7 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
           region.body_ctx, jaxpr, ctx.name_stack, mlir.TokenSet(), (), *args,
           dim_var_values=ctx.dim_var_values)
     return outs
-  shardings = lambda names, avals: sharding_impls.SdyArrayShardingList(
+  shardings = lambda names, avals: SdyShardingList(
       [region.sdy_sharding(n, a) for n, a in zip(names, avals, strict=True)]).build()
   op = sdy.ManualComputationOp(
       [mlir.aval_to_ir_type(a) for a in ctx.avals_out], args,
@@ -167,13 +169,11 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
   return op.results
 
 
-def _lower(ctx: mlir.LoweringRuleContext, *args: Any, jaxpr: core.Jaxpr, mesh: AnyMesh,
-           in_names: Sequence[dict], out_names: Sequence[dict], check_rep: bool,
-           rewrite: bool, auto: frozenset, **_witness: Any):
-  del rewrite
-  region = _Region(ctx, mesh, auto)
+def _lower(ctx: mlir.LoweringRuleContext, *args: Any, **params: Any):
+  p = eqn_params.read(params)
+  region = _Region(ctx, p.mesh, p.auto)
   lower = _lower_shardy if config.use_shardy_partitioner.value else _lower_gspmd
-  return lower(ctx, region, list(args), jaxpr, in_names, out_names, check_rep)
+  return lower(ctx, region, list(args), p.jaxpr, p.in_names, p.out_names, p.check)
 
 
 mlir.register_lowering(shard_map_p, _lower)

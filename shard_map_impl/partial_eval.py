@@ -25,7 +25,8 @@ from shard_map_impl import debug_names as dn
 from shard_map_impl import split_residuals as rs
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval
-from shard_map_impl.primitive import make_eqn_params, register_trace_rule
+from shard_map_impl import eqn_params
+from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
 
@@ -113,7 +114,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.Wrappe
   in_tracers = [*(trace.new_instantiated_const(r) for r in residuals),
                 *(trace.to_jaxpr_tracer(e) for e in split.env),
                 *unknown_tracers]
-  params = make_eqn_params(
+  params = eqn_params.make(
       jaxpr=body, mesh=mesh,
       in_names=(*res_names, *({} for _ in split.env), *unknown_in_names),
       out_names=tuple(unknown_out_names), check_rep=rs.staged_check_rep(check_rep),

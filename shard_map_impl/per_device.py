@@ -14,17 +14,17 @@ import contextlib
 from math import prod
 from collections.abc import Iterator
 
-from jax._src import config
 from jax._src import core
 from jax._src import util
 from jax._src.mesh import AbstractMesh, AxisType, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
+from shard_map_impl.jax_line import check_flag, varying_axes_typed, vma_of, with_vma
 from shard_map_impl.specs import AnyMesh, AxisNames, axis_tuple, names_to_pspec, spec_axes
 
 def vma_enabled(check_rep: bool) -> bool:
   """Whether per-device avals carry varying-axes types for this shard_map."""
-  return bool(check_rep) and config.varying_axes_in_types.value
+  return bool(check_rep) and varying_axes_typed()
 
 
 def manual_axes_of(mesh: AnyMesh, auto: frozenset) -> tuple:
@@ -73,7 +73,7 @@ def body_context(mesh: AnyMesh, auto: frozenset, check_rep: bool,
     stack.enter_context(axis_env(mesh, auto))
     if abstract_mesh:
       stack.enter_context(use_abstract_mesh(manual_mesh(mesh, auto)))
-    stack.enter_context(config._check_rep(check_rep))
+    stack.enter_context(check_flag(check_rep))
     yield
 
 
@@ -93,7 +93,7 @@ def shard_aval(mesh: AnyMesh, auto: frozenset, check_rep: bool, names: AxisNames
                 for i, d in enumerate(aval.shape))
   sharding = NamedSharding(manual_mesh(mesh, auto), aval.sharding.spec)
   vma = spec_axes(names) if vma_enabled(check_rep) else frozenset()
-  return aval.update(shape=shape, sharding=sharding, vma=frozenset(vma))
+  return with_vma(aval, frozenset(vma), shape=shape, sharding=sharding)
 
 
 def _merge_dim(outer, inner):
@@ -123,7 +123,7 @@ def unshard_aval(mesh: AnyMesh, check_rep: bool, names: AxisNames,
   out_mesh = mesh.abstract_mesh if context.empty else context
   if vma_enabled(check_rep):
     still_manual = set(out_mesh.manual_axes)
-    vma = frozenset(a for a in aval.vma if a in still_manual)
+    vma = frozenset(a for a in vma_of(aval) if a in still_manual)
   else:
     vma = frozenset()
-  return aval.update(shape=shape, sharding=NamedSharding(out_mesh, spec), vma=vma)
+  return with_vma(aval, vma, shape=shape, sharding=NamedSharding(out_mesh, spec))

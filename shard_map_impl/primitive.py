@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from jax._src import core
 from jax._src import linear_util as lu
 
-from shard_map_impl.device_witness import WITNESS_PARAM, witness_for
+from shard_map_impl import eqn_params
+from shard_map_impl.jax_line import bind_on_current_trace, bind_params_of, split_bind
 from shard_map_impl.out_names import ConstThunk
-from shard_map_impl.specs import AnyMesh, AxisNames
 
 TraceRule = Callable[..., Sequence[Any]]
 
@@ -48,43 +48,30 @@ def lookup_trace_rule(trace_type: type) -> TraceRule:
 class ShardMapPrimitive(core.Primitive):
   """Primitive class for ``shard_map_impl.shard_map_p`` (multiple results)."""
   multiple_results = True
+  skip_canonicalization = True
 
-  def bind(self, fun: lu.WrappedFun, *args: Any, **params: Any):
-    # The first operand is a function: skip value canonicalisation.
-    return self._true_bind(fun, *args, **params)
+  def bind(self, *args: Any, **params: Any):
+    # The body is a function (first operand, or ``subfuns`` on 0.10): no value
+    # canonicalisation; the rule for the current trace does the work.
+    fun, operands, params = split_bind(args, params)
+    for x in operands:
+      if isinstance(x, core.Tracer) and not x._trace.is_valid():
+        raise core.escaped_tracer_error(x)
+    return bind_on_current_trace(
+        lambda trace: lookup_trace_rule(type(trace))(trace, self, fun, operands, **params))
 
-  def bind_with_trace(self, trace: core.Trace, fun_and_args: Sequence[Any], params: dict[str, Any]):
-    fun, *args = fun_and_args
-    rule = lookup_trace_rule(type(trace))
-    return rule(trace, self, fun, args, **params)
+  def bind_with_trace(self, trace: core.Trace, args: Sequence[Any], *rest: Any):
+    # ``(trace, (fun, *args), params)``, or 0.10's ``(trace, args, avals, params)``.
+    fun, operands, params = split_bind(args, rest[-1])
+    return lookup_trace_rule(type(trace))(trace, self, fun, operands, **params)
 
-  def get_bind_params(self, params: dict) -> tuple[list, dict]:
-    """Equation params -> ([body fun], bind params) for jaxpr interpreters."""
-    bind_params = {k: v for k, v in params.items()
-                   if k not in ("jaxpr", "out_names", WITNESS_PARAM)}
-    jaxpr: core.Jaxpr = params["jaxpr"]
+  def get_bind_params(self, params: dict) -> Any:
+    """Equation params -> the body fun and bind params, for jaxpr interpreters."""
+    p = eqn_params.read(params)
     body = lu.hashable_partial(
-        lu.wrap_init(core.eval_jaxpr, debug_info=jaxpr.debug_info), jaxpr, ())
-    bind_params["out_names_thunk"] = ConstThunk(tuple(params["out_names"]))
-    return [body], bind_params
+        lu.wrap_init(core.eval_jaxpr, debug_info=p.jaxpr.debug_info), p.jaxpr, ())
+    return bind_params_of(body, dict(eqn_params.bind_params(p),
+                                     out_names_thunk=ConstThunk(tuple(p.out_names))))
 
 
 shard_map_p = ShardMapPrimitive("shard_map")
-
-
-def make_eqn_params(*, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names: Sequence[AxisNames],
-                    out_names: Sequence[AxisNames], check_rep: bool, rewrite: bool, auto:
-                    frozenset) -> dict:
-  """Params for a staged ``shard_map_p`` equation.
-
-  Always build equation params with this function (or copy an existing
-  equation's params with ``dict(eqn.params, ...)``): besides the documented
-  params it attaches a hidden device witness (see ``device_witness``).
-  """
-  params = dict(jaxpr=jaxpr, mesh=mesh, in_names=tuple(in_names),
-                out_names=tuple(out_names), check_rep=check_rep,
-                rewrite=rewrite, auto=frozenset(auto))
-  witness = witness_for(mesh)
-  if witness is not None:
-    params[WITNESS_PARAM] = witness
-  return params

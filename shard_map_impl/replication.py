@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
-from jax._src import ad_checkpoint, ad_util, callback, core, dispatch, ffi, pjit, prng, random
+from jax._src import ad_checkpoint, ad_util, callback, core, dispatch, ffi, pjit, random
 from jax._src import custom_derivatives as cd
 from jax._src import debugging
 from jax._src import ops
@@ -27,6 +27,9 @@ from jax._src.lax import (ann, control_flow, convolution, fft, lax, linalg,
                           slicing, special, windowed_reductions)
 from jax._src.lax import parallel as lax_parallel
 
+from shard_map_impl import eqn_params
+from shard_map_impl.jax_line import (custom_vjp_prims, jax_shard_map_p, jit_p, mesh_cast_prims,
+                                     prng, vma_of)
 from shard_map_impl.per_device import manual_axes_of, vma_enabled
 from shard_map_impl.specs import (AnyMesh, AxisNames, axis_tuple, spec_axes,
                                  unmentioned_axes)
@@ -65,7 +68,7 @@ def output_replication(mesh: AnyMesh, auto: frozenset, check_rep: bool,
                        jaxpr: core.Jaxpr, in_names: Sequence[AxisNames]) -> list:
   """Reps of a (const-hoisted) body's outputs, in whichever mode is active."""
   if vma_enabled(check_rep):
-    return [vma_to_rep(mesh, auto, getattr(v.aval, "vma", frozenset()))
+    return [vma_to_rep(mesh, auto, vma_of(v.aval))
             for v in jaxpr.outvars]
   return jaxpr_replication(mesh, jaxpr, [in_names_to_rep(mesh, n) for n in in_names])
 
@@ -233,12 +236,11 @@ def _nested_shard_map(outer_mesh: AnyMesh, *reps: Any, **params: Any):
   """A shard_map nested in a body: replicated along axes it leaves alone only
   where every operand is, and along its own manual axes where its out_specs
   promise so."""
-  inner = params["mesh"]
-  inner_manual = frozenset(manual_axes_of(inner, params["auto"]))
+  p = eqn_params.read(params)
+  inner_manual = frozenset(manual_axes_of(p.mesh, p.auto))
   outside = meet(outer_mesh, reps)
   outside = _full(outer_mesh) if outside is None else outside
-  return [(outside - inner_manual) | (inner_manual - spec_axes(n))
-          for n in params["out_names"]]
+  return [(outside - inner_manual) | (inner_manual - spec_axes(n)) for n in p.out_names]
 
 
 def _register_standard(modules: Sequence[Any]) -> None:
@@ -259,14 +261,13 @@ rep_rules[lax_parallel.pmin_p] = _pmin_pmax
 rep_rules[lax_parallel.pmax_p] = _pmin_pmax
 rep_rules[core.pvary_p] = _pvary
 rep_rules[lax_parallel.axis_index_p] = _axis_index
-rep_rules[pjit.pjit_p] = _call_like("jaxpr")
+rep_rules[jit_p] = _call_like("jaxpr")
 rep_rules[ad_checkpoint.remat_p] = _call_like("jaxpr")
 rep_rules[core.closed_call_p] = _call_like("call_jaxpr")
 rep_rules[core.call_p] = _call_like("call_jaxpr")
 rep_rules[cd.custom_jvp_call_p] = _call_like("call_jaxpr")
-rep_rules[cd.custom_vjp_call_jaxpr_p] = _custom_vjp
-if hasattr(cd, "custom_vjp_call_p"):
-  rep_rules[cd.custom_vjp_call_p] = _custom_vjp
+for _p in custom_vjp_prims:
+  rep_rules[_p] = _custom_vjp
 rep_rules[control_flow.loops.scan_p] = _scan
 rep_rules[control_flow.loops.while_p] = _while
 rep_rules[control_flow.conditionals.cond_p] = _cond
@@ -281,8 +282,7 @@ rep_rules[ffi.ffi_call_p] = _all_results_meet("result_avals")
 rep_rules[lax.tie_p] = lambda mesh, x, y: x
 for _p in (control_flow.loops.cumsum_p, control_flow.loops.cumlogsumexp_p,
            control_flow.loops.cumprod_p, control_flow.loops.cummax_p,
-           control_flow.loops.cummin_p, pjit.sharding_constraint_p,
-           pjit.mesh_cast_p):
+           control_flow.loops.cummin_p, pjit.sharding_constraint_p, *mesh_cast_prims):
   rep_rules[_p] = elementwise
 _register_standard([lax, slicing, windowed_reductions, special, convolution,
                     fft, linalg, ops, ad_util, prng, ann, random])
@@ -290,7 +290,6 @@ _register_standard([lax, slicing, windowed_reductions, special, convolution,
 
 def _register_nested() -> None:
   # Ours, and JAX's own shard_map when nested inside ours (same params).
-  from jax.experimental.shard_map import shard_map_p as jax_shard_map_p
   from shard_map_impl.primitive import shard_map_p
   rep_rules[shard_map_p] = _nested_shard_map
   rep_rules[jax_shard_map_p] = _nested_shard_map

@@ -31,6 +31,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import replication
+from shard_map_impl.jax_line import get_aval
 from shard_map_impl.replication import in_names_to_rep
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, unmentioned_axes
 
@@ -120,7 +121,7 @@ class RewriteTracer(core.Tracer):
 
   val = property(lambda self: self.payload[0])
   rep = property(lambda self: self.payload[1])
-  aval = property(lambda self: core.get_aval(self.payload[0]))
+  aval = property(lambda self: get_aval(self.payload[0]))
 
   def to_concrete_value(self):
     return core.to_concrete_value(self.payload[0])

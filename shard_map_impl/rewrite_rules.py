@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable, Hashable, Sequence
 
-from jax._src import ad_checkpoint, core, ffi, pjit
-from jax._src import custom_derivatives as cd
+from jax._src import ad_checkpoint, core, ffi
 from jax._src import linear_util as lu
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import control_flow
 from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import replication
+from shard_map_impl.jax_line import custom_vjp_call_jaxpr_p, jit_p
 from shard_map_impl.per_device import manual_axes_of
 from shard_map_impl.primitive import register_trace_rule, shard_map_p
 from shard_map_impl.rewrite import (RewriteRule, RewriteTrace, as_list, common_rep,
@@ -77,11 +77,11 @@ for _p in (control_flow.solves.linear_solve_p, ffi.ffi_call_p):
 
 # --- calls --------------------------------------------------------------------
 
-@register_rewrite_rule(pjit.pjit_p)
+@register_rewrite_rule(jit_p)
 def _pjit(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, jaxpr: core.ClosedJaxpr,
           **params: Any):
   new, out_reps = rewrite_jaxpr(mesh, jaxpr, in_reps)
-  return list(pjit.pjit_p.bind(*args, jaxpr=new, **params)), out_reps
+  return list(jit_p.bind(*args, jaxpr=new, **params)), out_reps
 
 
 @register_rewrite_rule(core.closed_call_p)
@@ -154,7 +154,6 @@ def _cond(mesh: AnyMesh, in_reps: Sequence[frozenset], index: Any, *args: Any,
 
 # --- custom derivatives in jaxpr form ------------------------------------------
 
-@register_rewrite_rule(cd.custom_vjp_call_jaxpr_p)
 def _custom_vjp_jaxpr(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any,
                       fun_jaxpr: core.ClosedJaxpr, fwd_jaxpr_thunk: Callable, bwd: lu.WrappedFun,
                       num_consts: int, out_trees: Callable, symbolic_zeros: bool):
@@ -164,11 +163,16 @@ def _custom_vjp_jaxpr(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any,
         "check_rep=True and jax_varying_axes_in_types off; pass check_rep=False")
   new_fun, out_reps = rewrite_jaxpr(mesh, fun_jaxpr, in_reps)
   fwd = _RewrittenFwd(mesh, fwd_jaxpr_thunk, list(in_reps[num_consts:]))
-  outs = cd.custom_vjp_call_jaxpr_p.bind(
+  assert custom_vjp_call_jaxpr_p is not None  # registered only where it exists
+  outs = custom_vjp_call_jaxpr_p.bind(
       *args, fun_jaxpr=new_fun, fwd_jaxpr_thunk=fwd,
       bwd=rewrite_bwd(bwd, mesh, fwd.output_reps, fwd.arg_reps),
       num_consts=num_consts, out_trees=out_trees, symbolic_zeros=symbolic_zeros)
   return list(outs), out_reps
+
+
+if custom_vjp_call_jaxpr_p is not None:
+  register_rewrite_rule(custom_vjp_call_jaxpr_p)(_custom_vjp_jaxpr)
 
 
 class _RewrittenFwd:

@@ -16,10 +16,11 @@ from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
-from shard_map_impl import debug_names, errors
+from shard_map_impl import debug_names, eqn_params, errors
+from shard_map_impl.device_witness import WITNESS_PARAM
+from shard_map_impl.jax_line import body_effects, check_flag, emit_eqn, to_jaxpr_tracer, trace_to_jaxpr
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval, axis_env
-from shard_map_impl.primitive import (WITNESS_PARAM, make_eqn_params, register_trace_rule,
-                                      shard_map_p)
+from shard_map_impl.primitive import register_trace_rule, shard_map_p
 from shard_map_impl import replication
 from shard_map_impl.specs import AnyMesh, AxisNames
 
@@ -31,9 +32,7 @@ def trace_body(fun: lu.WrappedFun, mesh: AnyMesh, in_names: Sequence[dict],
   local_avals = [shard_aval(mesh, auto, check_rep, names, a)
                  for names, a in zip(in_names, in_avals, strict=True)]
   with body_context(mesh, auto, check_rep):
-    jaxpr, out_avals, consts, attrs = pe.trace_to_jaxpr_dynamic(fun, local_avals)
-  if attrs:
-    raise NotImplementedError("shard_map bodies may not mutate jax attrs")
+    jaxpr, out_avals, consts = trace_to_jaxpr(fun, local_avals)
   return debug_names.consistent(jaxpr), out_avals, consts
 
 
@@ -78,7 +77,8 @@ def hoist_consts(jaxpr: core.Jaxpr, mesh: AnyMesh, auto: frozenset, check_rep: b
 def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers:
            Sequence[Any], *, mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk:
            Callable, check_rep: bool, rewrite: bool, auto: frozenset):
-  tracers = [trace.to_jaxpr_tracer(t) for t in tracers]
+  src = source_info_util.current()
+  tracers = [to_jaxpr_tracer(trace, t, src) for t in tracers]
   body, _, consts = trace_body(fun, mesh, in_names, [t.aval for t in tracers],
                                check_rep, auto)
   body = hoist_consts(body, mesh, auto, check_rep)
@@ -87,54 +87,42 @@ def _stage(trace: pe.DynamicJaxprTrace, prim: core.Primitive, fun: lu.WrappedFun
   check_outputs(mesh, auto, check_rep, out_names, body, all_names)
   out_avals = [unshard_aval(mesh, check_rep, names, v.aval)
                for names, v in zip(out_names, body.outvars, strict=True)]
-  src = source_info_util.current()
-  const_tracers = [trace.to_jaxpr_tracer(c) for c in consts]
-  outs = [pe.DynamicJaxprTracer(trace, a, src) for a in out_avals]
-  params = make_eqn_params(jaxpr=body, mesh=mesh, in_names=all_names,
+  const_tracers = [to_jaxpr_tracer(trace, c, src) for c in consts]
+  params = eqn_params.make(jaxpr=body, mesh=mesh, in_names=all_names,
                            out_names=out_names, check_rep=check_rep,
                            rewrite=rewrite, auto=auto)
-  effects = core.filter_named_axis_effects(body.effects, mesh.axis_names)
-  eqn = pe.new_jaxpr_eqn([trace.getvar(t) for t in const_tracers + tracers],
-                         [trace.makevar(t) for t in outs], prim, params,
-                         effects, src)
-  trace.frame.add_eqn(eqn)
-  return outs
+  return emit_eqn(trace, const_tracers + tracers, out_avals, prim, params,
+                  body_effects(body, mesh.axis_names), src)
 
 
-def _typecheck(_ctx_factory: Any, *in_atoms: Any, jaxpr: core.Jaxpr, mesh: AnyMesh,
-               in_names: Sequence[AxisNames],
-               out_names: Sequence[AxisNames], check_rep: bool, rewrite: bool, auto:
-               frozenset, **_witness: Any):
+def _typecheck(_ctx_factory: Any, *in_atoms: Any, **params: Any):
   """core.check_jaxpr rule: binders match sharded inputs, body is well typed,
   outputs are as replicated as out_names promise."""
-  del rewrite
-  if len(in_atoms) != len(jaxpr.invars) or len(in_names) != len(in_atoms):
+  p = eqn_params.read(params)
+  jaxpr, mesh, auto, check_rep = p.jaxpr, p.mesh, p.auto, p.check
+  if len(in_atoms) != len(jaxpr.invars) or len(p.in_names) != len(in_atoms):
     raise core.JaxprTypeError(
         f"shard_map got {len(in_atoms)} operands for a body with "
-        f"{len(jaxpr.invars)} inputs and {len(in_names)} in_names")
-  for i, (binder, atom, names) in enumerate(zip(jaxpr.invars, in_atoms, in_names, strict=True)):
+        f"{len(jaxpr.invars)} inputs and {len(p.in_names)} in_names")
+  for i, (binder, atom, names) in enumerate(zip(jaxpr.invars, in_atoms, p.in_names,
+                                                strict=True)):
     want = shard_aval(mesh, auto, check_rep, names, atom.aval)
     if not core.typecompat(binder.aval, want):
       raise core.JaxprTypeError(
           f"shard_map operand {i} has per-device type {want.str_short()} but the "
           f"body binds {binder.aval.str_short()} (in_names {names})")
-  with axis_env(mesh, auto), _check_rep_ctx(check_rep):
+  with axis_env(mesh, auto), check_flag(check_rep):
     core.check_jaxpr(jaxpr)
   if check_rep:
-    reps = replication.output_replication(mesh, auto, check_rep, jaxpr, in_names)
-    for i, (r, names) in enumerate(zip(reps, out_names, strict=True)):
+    reps = replication.output_replication(mesh, auto, check_rep, jaxpr, p.in_names)
+    for i, (r, names) in enumerate(zip(reps, p.out_names, strict=True)):
       if not replication.rep_is_sufficient(mesh, auto, r, names):
         raise core.JaxprTypeError(
             f"shard_map output {i} is not provably replicated as out_names "
             f"{names} require (inferred replication {r})")
   out_avals = [unshard_aval(mesh, check_rep, names, v.aval)
-               for names, v in zip(out_names, jaxpr.outvars, strict=True)]
-  return out_avals, core.filter_named_axis_effects(jaxpr.effects, mesh.axis_names)
-
-
-def _check_rep_ctx(check_rep: bool):
-  from jax._src import config
-  return config._check_rep(check_rep)
+               for names, v in zip(p.out_names, jaxpr.outvars, strict=True)]
+  return out_avals, body_effects(jaxpr, mesh.axis_names)
 
 
 def _pp_rule(eqn: core.JaxprEqn, context: core.JaxprPpContext, settings: core.JaxprPpSettings):

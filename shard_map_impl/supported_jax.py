@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax
 
-SUPPORTED = ("0.6.0",)
+SUPPORTED = ("0.6.0", "0.10.2")
 
 
 def require_supported_jax() -> None:

@@ -1,0 +1,106 @@
+"""The params of a staged ``shard_map_p`` equation, in either JAX line's layout.
+
+Staged equations carry the params JAX's own shard_map equation has on the
+installed line, so jaxprs print and compare like JAX's:
+
+* 0.6: ``jaxpr, mesh, in_names, out_names, check_rep, rewrite, auto``
+  (``in_names``/``out_names``: per-dimension axis-name dicts);
+* 0.10: ``jaxpr, mesh, in_specs, out_specs, check_vma, newly_manual_axes``
+  (specs as ``PartitionSpec`` tuples; axes manual in an enclosing shard_map
+  are not "newly" manual).
+
+Rule modules never read equation params by name: they ``read`` them into a
+``ShardMapParams`` and build new ones with ``to_eqn``, which also attaches the
+hidden device witness (see ``device_witness``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from jax._src import core
+
+from shard_map_impl.device_witness import WITNESS_PARAM, witness_for
+from shard_map_impl.jax_line import NEW_LINE
+from shard_map_impl.specs import AnyMesh, AxisNames, canonicalize_spec, names_to_pspec
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardMapParams:
+  """What a shard_map equation says, independent of the JAX line.
+
+  ``check`` is check_rep (0.6) / check_vma (0.10); ``rewrite`` whether the
+  body was prepared for the efficient transpose (== ``check`` on 0.10);
+  ``auto`` the mesh axes left to the compiler.
+  """
+  jaxpr: core.Jaxpr
+  mesh: AnyMesh
+  in_names: tuple[AxisNames, ...]
+  out_names: tuple[AxisNames, ...]
+  check: bool
+  rewrite: bool
+  auto: frozenset
+
+  def replace(self, **changes: Any) -> ShardMapParams:
+    return dataclasses.replace(self, **changes)
+
+
+def _already_manual(mesh: AnyMesh) -> frozenset:
+  return frozenset(getattr(mesh, "manual_axes", ()))
+
+
+def read(params: dict[str, Any]) -> ShardMapParams:
+  """The equation params of a shard_map (ours or JAX's) as ``ShardMapParams``."""
+  mesh = params["mesh"]
+  if NEW_LINE:
+    manual = frozenset(params["newly_manual_axes"]) | _already_manual(mesh)
+    return ShardMapParams(
+        jaxpr=params["jaxpr"], mesh=mesh,
+        in_names=tuple(canonicalize_spec(s) for s in params["in_specs"]),
+        out_names=tuple(canonicalize_spec(s) for s in params["out_specs"]),
+        check=params["check_vma"], rewrite=params["check_vma"],
+        auto=frozenset(a for a in mesh.axis_names if a not in manual))
+  return ShardMapParams(
+      jaxpr=params["jaxpr"], mesh=mesh, in_names=tuple(params["in_names"]),
+      out_names=tuple(params["out_names"]), check=params["check_rep"],
+      rewrite=params["rewrite"], auto=frozenset(params["auto"]))
+
+
+def newly_manual(mesh: AnyMesh, auto: frozenset) -> frozenset:
+  """Mesh axes a shard_map makes manual that were not manual already."""
+  return frozenset(a for a in mesh.axis_names
+                   if a not in auto and a not in _already_manual(mesh))
+
+
+def to_eqn(p: ShardMapParams) -> dict[str, Any]:
+  """Params for a staged ``shard_map_p`` equation (with its device witness)."""
+  params: dict[str, Any]
+  if NEW_LINE:
+    params = dict(jaxpr=p.jaxpr, mesh=p.mesh,
+                  in_specs=tuple(names_to_pspec(n) for n in p.in_names),
+                  out_specs=tuple(names_to_pspec(n) for n in p.out_names),
+                  check_vma=bool(p.check), newly_manual_axes=newly_manual(p.mesh, p.auto))
+  else:
+    params = dict(jaxpr=p.jaxpr, mesh=p.mesh, in_names=tuple(p.in_names),
+                  out_names=tuple(p.out_names), check_rep=p.check,
+                  rewrite=p.rewrite, auto=frozenset(p.auto))
+  witness = witness_for(p.mesh)
+  if witness is not None:
+    params[WITNESS_PARAM] = witness
+  return params
+
+
+def make(*, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names: Sequence[AxisNames],
+         out_names: Sequence[AxisNames], check_rep: bool, rewrite: bool,
+         auto: frozenset[Hashable]) -> dict[str, Any]:
+  """``to_eqn`` from keyword arguments named like the bind params."""
+  return to_eqn(ShardMapParams(jaxpr=jaxpr, mesh=mesh, in_names=tuple(in_names),
+                               out_names=tuple(out_names), check=check_rep,
+                               rewrite=rewrite, auto=frozenset(auto)))
+
+
+def bind_params(p: ShardMapParams) -> dict[str, Any]:
+  """The bind params (minus ``out_names_thunk``) re-binding this equation takes."""
+  return dict(mesh=p.mesh, in_names=tuple(p.in_names), check_rep=p.check,
+              rewrite=p.rewrite, auto=p.auto)
