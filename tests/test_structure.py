@@ -1,5 +1,6 @@
-"""Structure of the three packages: no import cycle among a package's modules, and
-parameters annotated with types (mypy checks the bodies of annotated functions only).
+"""Structure of the three packages: no import cycle among a package's modules,
+parameters annotated with types (mypy checks the bodies of annotated functions only),
+and JAX-version checks confined to the adapters (jax_line.py).
 
 Imports are read from the source (module-level and function-level ones both
 count): ``import a.b``, ``from a import b`` (``a.b`` when it is a module),
@@ -9,7 +10,9 @@ name.  A cycle is reported with the modules on it.
 from __future__ import annotations
 
 import ast
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -161,3 +164,64 @@ def test_annotation_count_sees_bare_parameters(tmp_path, monkeypatch):
   (pkg / "__init__.py").write_text("def f(x, *a: int, k, **kw):\n  pass\n")
   monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
   assert annotated_parameters("bare") == (1, 4)
+
+
+# Where shard_map_impl and pmap_compat may look at the JAX version: the two adapters
+# (everything that differs between the supported lines goes through them) and the
+# import-time check. pmap_compat.testing runs on every JAX from 0.4.35, where the adapters
+# do not import, and records which version made a recording. (The codemod, which runs on
+# any JAX, picks its default target from the installed one.)
+VERSION_AWARE = {"shard_map_impl.jax_line", "pmap_compat.jax_line", "shard_map_impl.supported_jax"}
+VERSION_AWARE_PACKAGES = ("pmap_compat.testing",)
+_VERSION_LITERAL = re.compile(r"\d+\.\d+\.\d+")
+
+
+def version_checks(path: Path) -> list[str]:
+  """Places in a module's source that read or compare a version: `__version__` /
+  `__version_info__` of anything, jax.version / jaxlib.version, importlib.metadata's
+  version(), and a version literal such as "0.6.0" (beyond a docstring's prose)."""
+  tree = ast.parse(path.read_text(), filename=str(path))
+  found = []
+  for node in ast.walk(tree):
+    line = getattr(node, "lineno", 0)
+    if isinstance(node, ast.Attribute) and node.attr in ("__version__", "__version_info__"):
+      found.append(f"{path.name}:{line}: .{node.attr}")
+    elif isinstance(node, ast.Attribute) and node.attr == "version" and isinstance(
+        node.value, ast.Name) and node.value.id in ("jax", "jaxlib", "metadata", "importlib"):
+      found.append(f"{path.name}:{line}: {node.value.id}.version")
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      module = node.module if isinstance(node, ast.ImportFrom) else None
+      names = [f"{module}.{a.name}" if module else a.name for a in node.names]
+      found += [f"{path.name}:{line}: import {n}" for n in names
+                if n in ("jax.version", "jaxlib.version", "importlib.metadata.version")]
+    elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and _VERSION_LITERAL.fullmatch(node.value)):
+      found.append(f"{path.name}:{line}: {node.value!r}")
+  return sorted(found, key=lambda f: int(f.split(":")[1]))
+
+
+@pytest.mark.parametrize("package", ["shard_map_impl", "pmap_compat"])
+def test_only_the_adapters_look_at_the_jax_version(package):
+  offenders = [f"{name}: {where}" for name, path in modules_of(package).items()
+               if name not in VERSION_AWARE and not name.startswith(VERSION_AWARE_PACKAGES)
+               for where in version_checks(path)]
+  assert not offenders, (
+      "version checks outside the jax_line adapters (put what differs between JAX lines "
+      "there): " + "; ".join(offenders))
+
+
+def test_the_version_check_finds_each_spelling(tmp_path):
+  source = tmp_path / "rule.py"
+  source.write_text(textwrap.dedent('''
+      """Works on jax 0.6.0 and 0.10.2."""
+      import jax, jaxlib
+      from importlib.metadata import version
+      from jax import version as v
+      if jax.__version__ == "0.6.0": pass
+      if jax.__version_info__ >= (0, 10): pass
+      if jaxlib.version.__version__: pass
+  '''))
+  assert version_checks(source) == [
+      "rule.py:4: import importlib.metadata.version", "rule.py:5: import jax.version",
+      "rule.py:6: .__version__", "rule.py:6: '0.6.0'", "rule.py:7: .__version_info__",
+      "rule.py:8: .__version__", "rule.py:8: jaxlib.version"]

@@ -1,27 +1,67 @@
-"""On a JAX other than the supported one, shard_map_impl and pmap_compat stop at import
-with a message naming the supported release; pmap_compat.testing still imports."""
+"""shard_map_impl and pmap_compat run on jax 0.6.0 and 0.10.2: `pip install` next to either
+keeps it, and on any other release both packages stop at import naming the supported
+ones (pmap_compat.testing still imports there)."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tomllib
 
 import jax
 import pytest
 
 from shard_map_impl.supported_jax import SUPPORTED
-from support.venvs import NEWEST, OLDER, run_python
+from support.venvs import LEGACY, NEWEST, OLDER, ROOT, python_for, run_python
 
 
-def test_this_environment_is_supported():
+def test_the_supported_lines_are_the_ones_the_suite_runs_on():
+  assert SUPPORTED == (LEGACY, NEWEST)
   assert jax.__version__ in SUPPORTED
 
 
-@pytest.mark.parametrize("version", [NEWEST, *OLDER])
+def declared_dependencies() -> list[str]:
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    return tomllib.load(f)["project"]["dependencies"]
+
+
+def resolve_offline(python: str, requirements: list[str]) -> subprocess.CompletedProcess:
+  """pip's resolution of `requirements` next to what `python`'s environment has installed,
+  without an index: it succeeds only if the installed packages satisfy them."""
+  return subprocess.run(
+      [python, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet", "--report", "-",
+       *requirements], capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_pip_keeps_the_installed_supported_jax(version):
+  proc = resolve_offline(python_for(version), declared_dependencies())
+  assert proc.returncode == 0, proc.stderr
+  to_install = [item["metadata"]["name"] for item in json.loads(proc.stdout)["install"]]
+  assert to_install == [], f"pip would install {to_install} next to jax {version}"
+
+
+def test_the_resolution_check_sees_a_pin_to_the_other_line():
+  proc = resolve_offline(python_for(NEWEST), [f"jax=={LEGACY}"])
+  assert proc.returncode != 0 and f"jax=={LEGACY}" in proc.stderr
+
+
 @pytest.mark.parametrize("statement", ["import shard_map_impl", "from pmap_compat import pmap",
                                        "import pmap_compat; pmap_compat.patched"])
-def test_other_jax_fails_at_import_naming_the_supported_release(version, statement):
+def test_both_packages_import_on_the_newest_line(statement):
+  proc = run_python(NEWEST, ["-c", statement], timeout=120)
+  assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("version", OLDER)
+@pytest.mark.parametrize("statement", ["import shard_map_impl", "from pmap_compat import pmap",
+                                       "import pmap_compat; pmap_compat.patched"])
+def test_other_jax_fails_at_import_naming_the_supported_releases(version, statement):
   proc = run_python(version, ["-c", statement], timeout=120)
   assert proc.returncode != 0
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("ImportError: shard_map_impl and pmap_compat support jax "
-                         f"{' and '.join(SUPPORTED)}"), proc.stderr
+                         f"{LEGACY} and {NEWEST}"), proc.stderr
   assert f"this is jax {version}" in last
 
 

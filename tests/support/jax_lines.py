@@ -14,8 +14,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-LEGACY = "0.6.0"  # legacy jax.pmap lives here: the reference for every bit-exact comparison
-NEWEST = "0.10.2"
+from support.venvs import LEGACY, NEWEST  # noqa: F401  (re-exported)
 
 # marker name -> (does the running jax qualify, what the test needs when it does not say)
 MARKERS = {

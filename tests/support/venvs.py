@@ -12,19 +12,21 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The JAX lines `make venvs` builds besides .venv (jax 0.6.0).
+# The supported JAX lines: .venv has the legacy one, .venv-jax<NEWEST> the newest.
+LEGACY = "0.6.0"
 NEWEST = "0.10.2"
+# Older lines `make venvs` also builds, for code that must run there too.
 OLDER = ("0.4.38", "0.7.2")
 
 
 def python_for(version: str) -> str:
-  """Path of the python of `.venv-jax<version>`; raises if `make venvs` has not built it."""
-  path = os.path.join(ROOT, f".venv-jax{version}", "bin", "python")
-  if not os.path.exists(os.path.join(ROOT, f".venv-jax{version}", ".installed")):
-    raise RuntimeError(
-        f"no jax {version} environment at {os.path.dirname(os.path.dirname(path))}; "
-        "run `make venvs` (make test does it)")
-  return path
+  """Path of the python of jax `version`'s environment (`.venv` for 0.6.0,
+  `.venv-jax<version>` otherwise); raises if `make venvs` has not built it."""
+  venv = os.path.join(ROOT, ".venv" if version == LEGACY else f".venv-jax{version}")
+  if not os.path.exists(os.path.join(venv, ".installed")):
+    raise RuntimeError(f"no jax {version} environment at {venv}; run `make venvs` (make test "
+                       "does it)")
+  return os.path.join(venv, "bin", "python")
 
 
 def run_python(version: str, args: list[str], *, env: dict[str, str] | None = None,
