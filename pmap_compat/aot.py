@@ -23,14 +23,27 @@ from pmap_compat import inputs, multihost, program
 from pmap_compat.config import PmapConfig
 
 
+def _recast(cls: type, staged: Any) -> Any:
+  """``staged`` (a jit stage object) as an instance of its subclass ``cls``: the same
+  state, copied attribute by attribute (the stage constructors differ between JAX
+  lines; their state is all in slots and ``__dict__``)."""
+  assert isinstance(staged, cls.__mro__[1]), (cls, type(staged))
+  new: Any = object.__new__(cls)
+  for klass in type(staged).__mro__:
+    for name in getattr(klass, "__slots__", ()):
+      if name != "__weakref__" and hasattr(staged, name):
+        object.__setattr__(new, name, getattr(staged, name))
+  new.__dict__.update(getattr(staged, "__dict__", {}))
+  return new
+
+
 class PmapCompiled(stages.Compiled):
   """jit's ``Compiled``, also callable under ``jax.disable_jit()`` and with arguments on
   other devices or in other layouts (moved on device first), as legacy pmap's is."""
 
   @classmethod
   def of(cls, compiled: stages.Compiled) -> PmapCompiled:
-    return cls(compiled._executable, compiled.args_info, compiled.out_tree,
-               no_kwargs=compiled._no_kwargs)
+    return _recast(cls, compiled)
 
   def __call__(self, *args, **kwargs):
     try:
@@ -67,8 +80,7 @@ class PmapLowered(stages.Lowered):
 
   @classmethod
   def of(cls, lowered: stages.Lowered) -> PmapLowered:
-    return cls(lowered._lowering, lowered.args_info, lowered.out_tree,
-               no_kwargs=lowered._no_kwargs)
+    return _recast(cls, lowered)
 
   def compile(self, compiler_options: Any = None) -> PmapCompiled:
     return PmapCompiled.of(super().compile(compiler_options))
@@ -79,9 +91,7 @@ class PmapTraced(stages.Traced):
 
   @classmethod
   def of(cls, traced: stages.Traced) -> PmapTraced:
-    return cls(traced.jaxpr, traced.args_info, traced.fun_name, traced._out_tree,
-               traced._lower_callable, traced._args_flat, traced._arg_names,
-               traced._num_consts)
+    return _recast(cls, traced)
 
   def lower(self, **kwargs) -> PmapLowered:
     return PmapLowered.of(super().lower(**kwargs))

@@ -1,5 +1,5 @@
-"""Steady-state dispatch at legacy speed: the C++ pmap dispatcher driving our
-compiled jit(shard_map) executable.
+"""Steady-state dispatch at legacy speed on jax 0.6: the C++ pmap dispatcher driving our
+compiled jit(shard_map) executable. (jax 0.10 has no such dispatcher: ``jit_dispatch``.)
 
 ``jax._src.lib.pmap_lib.pmap`` is only a C++ call cache: on a signature it has
 seen it flattens the arguments, passes ``PmapSharding`` arrays whose blocks match
@@ -11,7 +11,7 @@ to serve that signature from C++ next time. We feed it executables compiled by
 tracing or lowering is involved. An SPMD executable over mesh devices
 ``d0..dn`` reads and writes exactly the per-device ``(1, ...)`` blocks that the
 equivalent ``PmapSharding`` describes, which is what makes this sound; every
-sharding we hand to C++ is checked block by block first (outputs.same_blocks).
+sharding we hand to C++ is checked block by block first (blocks.same_blocks).
 
 ``run`` is the slow path (first call per signature, and every call that is not
 eligible for C++): place inputs on device, compile (cached), execute, convert the
@@ -19,8 +19,6 @@ results, and describe the fast path when it applies.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 from typing import Any
 from collections.abc import Callable, Sequence
@@ -29,31 +27,16 @@ from jax._src import api as _jax_api
 import jax
 from jax._src import config
 from jax._src import dtypes
-from jax._src import mesh as mesh_lib
-from jax._src import sharding_impls
 from jax._src import tree_util
 from jax._src import util
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
 from jax._src.lib import pmap_lib
-from jax._src.mesh import Mesh
 
-from pmap_compat import arguments, inputs, multihost, outputs
+from pmap_compat import arguments, inputs, meshes, multihost, outputs
+from pmap_compat.inputs import Plan
 
-__all__ = ["Plan", "make_dispatcher", "run", "compiled_for"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """What the wrapper knows at a cache miss.
-
-  ``in_shardings_flat`` has one NamedSharding per leaf of
-  ``tree_flatten((dynamic_args, kwargs))`` (static positional args removed), over
-  ``mesh`` (the GLOBAL mesh in a multi-process job).
-  """
-  mesh: Mesh
-  in_shardings_flat: tuple
-  static_argnums: tuple = ()
+__all__ = ["make_dispatcher", "run", "compiled_for"]
 
 
 def make_dispatcher(fun: Callable, cache_miss: Callable, static_argnums: Sequence[int]) -> Any:
@@ -145,19 +128,9 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
   )
 
 
-@contextlib.contextmanager
-def _no_ambient_mesh():
-  """Legacy pmap ignores ``use_mesh`` / ``set_mesh`` contexts: its program only
-  depends on its own devices. Ours is traced with those contexts cleared so an
-  ambient mesh can neither break tracing nor split the compile cache."""
-  with mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh), \
-       sharding_impls._internal_use_concrete_mesh(None):
-    yield
-
-
 def run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, Any]:
   """Slow path of one call: returns ``(outputs, fastpath_data_or_None)``."""
-  with _no_ambient_mesh():
+  with meshes.no_ambient_mesh():
     return _run(jitted, args, kwargs, plan)
 
 

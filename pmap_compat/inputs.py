@@ -24,19 +24,34 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable, Sequence
 
+import dataclasses
+
 import jax
 from jax._src import core
 from jax._src import dtypes
 from jax._src import util
-from jax._src import prng
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
-from jax._src.interpreters import xla
-from jax._src.sharding_impls import GSPMDSharding, NamedSharding, PmapSharding
+from jax._src.mesh import Mesh
+from jax._src.sharding_impls import GSPMDSharding, NamedSharding
 
-from pmap_compat import outputs
+from pmap_compat import blocks, jax_line, outputs
+from pmap_compat.jax_line import PmapSharding, prng
 
-__all__ = ["place", "place_leaves", "shard_arg_fallback"]
+__all__ = ["Plan", "place", "place_leaves", "shard_arg_fallback"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Where a top-level call's inputs go, as the wrapper knows it at a cache miss.
+
+  ``in_shardings_flat`` has one NamedSharding per leaf of
+  ``tree_flatten((dynamic_args, kwargs))`` (static positional args removed), over
+  ``mesh`` (the GLOBAL mesh in a multi-process job).
+  """
+  mesh: Mesh
+  in_shardings_flat: tuple
+  static_argnums: tuple = ()
 
 
 @util.cache(max_size=256, trace_context_in_key=False)
@@ -85,7 +100,7 @@ def _upload(x: Any, target: Any) -> Any:
   arguments implicitly, so the guard must see this upload the same way.
   """
   try:
-    value = xla.canonicalize_dtype(x)
+    value = jax_line.canonicalize_value(x)
   except (TypeError, ValueError):
     value = None  # not a JAX value: device_put raises its usual error for it
   if (type(value) not in pxla.shard_arg_handlers or type(value) is ArrayImpl
@@ -122,7 +137,7 @@ def place(x: Any, target: Any) -> Any:
   if type(x) is not ArrayImpl or dtypes.issubdtype(x.dtype, dtypes.extended):
     return jax.device_put(x, target)
   x._check_if_deleted()
-  if outputs.same_blocks(sharding, target, x.shape, ordered=False):
+  if blocks.same_blocks(sharding, target, x.shape, ordered=False):
     return _rewrap(x, target)
   if len(sharding.device_set) == 1:
     return jax.device_put(x, target)  # slices on x's device, copies device to device

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 
 import jax
 from jax import lax
-from jax._src import core, pjit
+from jax._src import core
 from jax._src.lax import parallel
 from jax.tree_util import tree_flatten, tree_unflatten
+
+from pmap_compat.jax_line import jit_p
 
 
 def is_key(x: Any) -> bool:
@@ -57,7 +59,7 @@ def _replay(jaxpr: core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> li
   return [read(v) for v in jaxpr.outvars]
 
 
-_INLINABLE = (pjit.pjit_p,)
+_INLINABLE = (jit_p,)
 
 
 def _has_key_gather(jaxpr: core.Jaxpr) -> bool:

@@ -8,16 +8,19 @@ assignment per computation).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
+from jax._src import mesh as mesh_lib
+from jax._src import sharding_impls
 from jax._src import util
 from jax.sharding import Mesh
 
-from pmap_compat import errors
+from pmap_compat import errors, jax_line
 
 SPREAD_AXIS = "_pmap_compat_replica"
 
@@ -57,3 +60,13 @@ def _mesh(names: tuple, shape: tuple, devices: tuple) -> Mesh:
   """One Mesh object per layout, so shardings over it compare and hash cheaply (cached;
   jax.clear_caches() empties the cache)."""
   return Mesh(np.array(devices, dtype=object).reshape(shape), names)
+
+
+@contextlib.contextmanager
+def no_ambient_mesh() -> Iterator[None]:
+  """Legacy pmap ignores ``use_mesh`` / ``set_mesh`` contexts: its program only depends on
+  its own devices. Ours is traced with those contexts cleared so an ambient mesh can
+  neither break tracing nor split the compile cache."""
+  with mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh), \
+       sharding_impls._internal_use_concrete_mesh(jax_line.NO_CONCRETE_MESH):
+    yield

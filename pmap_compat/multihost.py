@@ -10,7 +10,9 @@ program over every device of the job, so each call converts:
   per-device buffers become the addressable shards of the global array. No data
   leaves the process and nothing is gathered.
 * global -> local: the addressable shards of a global result are the buffers of a
-  local ``PmapSharding`` array (what legacy returns), again without copies.
+  local array, again without copies: a ``PmapSharding`` array on jax 0.6 (what legacy
+  returns), a NamedSharding one over this process's part of the mesh on jax 0.10 (what
+  0.10.2's ``jax.pmap`` returns).
 
 The local view of a global mesh is the block of mesh positions whose devices
 belong to this process; it must be a rectangular block (true for pmap's
@@ -25,13 +27,13 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from jax._src import core
-from jax._src import prng
 from jax._src import util
 from jax._src.array import ArrayImpl
 from jax._src.mesh import Mesh
 from jax._src.sharding_impls import NamedSharding
 
-from pmap_compat import inputs, outputs
+from pmap_compat import blocks, inputs, outputs
+from pmap_compat.jax_line import prng
 
 __all__ = ["is_multiprocess", "local_view", "local_to_global", "global_to_local",
            "check_traced_use", "local_shape"]
@@ -74,7 +76,7 @@ def _scale(shape: Sequence[int], sharding: NamedSharding, grow: bool) -> tuple:
   mesh, local = sharding.mesh, _local_mesh(sharding.mesh)
   out = list(shape)
   for d, entry in enumerate(tuple(sharding.spec)[:len(shape)]):
-    factor = math.prod(mesh.shape[n] // local.shape[n] for n in outputs.spec_entry_axes(entry))
+    factor = math.prod(mesh.shape[n] // local.shape[n] for n in blocks.spec_entry_axes(entry))
     out[d] = out[d] * factor if grow else out[d] // factor
   return tuple(out)
 
@@ -127,7 +129,7 @@ def _one_to_local(y: Any) -> Any:
 
 
 def global_to_local(outs: Sequence[Any]) -> list:
-  """Global results as host-local PmapSharding arrays (what legacy returns)."""
+  """Global results as host-local arrays (see the module docstring for their type)."""
   return [_one_to_local(y) for y in outs]
 
 

@@ -1,4 +1,7 @@
-"""Output representation: pmap results as ``PmapSharding`` arrays, built without copies.
+"""Output representation on jax 0.6: pmap results as ``PmapSharding`` arrays, built
+without copies. (jax 0.10 has no PmapSharding: there results stay the NamedSharding
+arrays jit returns, as 0.10.2's own ``jax.pmap`` returns them, and the conversions below
+return their input unchanged.)
 
 Why ``PmapSharding`` (see the migration guide): ``ArrayImpl.__getitem__`` has a
 no-communication path only for ``PmapSharding`` arrays, so ``out[0]`` and Flax's
@@ -21,24 +24,20 @@ from collections.abc import Sequence
 import numpy as np
 from jax._src import core
 from jax._src import dtypes
-from jax._src import prng
 from jax._src import util
 from jax._src.array import ArrayImpl
 from jax._src.mesh import Mesh
 from jax._src.partition_spec import PartitionSpec
-from jax._src.sharding_impls import NamedSharding, PmapSharding
-from jax._src.sharding_specs import (Chunked, NoSharding, Replicated, ShardedAxis,
-                                     ShardingSpec)
+from jax._src.sharding_impls import NamedSharding
 
-__all__ = ["spec_entry_axes", "pmap_sharding_of", "named_of_pmap", "named_of_pmap_cached",
-           "named_to_pmap", "as_pmap_array", "wrap_outputs", "same_blocks"]
+from pmap_compat import blocks, jax_line
+from pmap_compat.jax_line import PmapSharding, prng
 
+# Layout descriptions of PmapSharding (jax 0.6 only; used only where one is built or read).
+_specs = jax_line.sharding_specs
 
-def spec_entry_axes(entry: Any) -> tuple:
-  """The mesh axes a PartitionSpec entry splits one array dimension over."""
-  if entry is None:
-    return ()
-  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+__all__ = ["pmap_sharding_of", "named_of_pmap", "named_of_pmap_cached",
+           "named_to_pmap", "as_pmap_array", "wrap_outputs"]
 
 
 def pmap_sharding_of(sharding: NamedSharding, ndim: int) -> PmapSharding | None:
@@ -52,24 +51,24 @@ def pmap_sharding_of(sharding: NamedSharding, ndim: int) -> PmapSharding | None:
   spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
   if len(spec) != ndim:
     return None
-  dims: list[NoSharding | Chunked] = []
+  dims: list[Any] = []  # a ShardingSpec entry per array dimension
   order: dict[Any, int] = {}  # mesh axis -> position among all chunked mesh axes
   for entry in spec:
-    names = spec_entry_axes(entry)
+    names = blocks.spec_entry_axes(entry)
     if not names:
-      dims.append(NoSharding())
+      dims.append(_specs.NoSharding())
       continue
     for name in names:
       order[name] = len(order)
-    dims.append(Chunked([mesh.shape[n] for n in names]))
-  mapping = tuple(ShardedAxis(order[name]) if name in order else Replicated(mesh.shape[name])
-                  for name in mesh.axis_names)
+    dims.append(_specs.Chunked([mesh.shape[n] for n in names]))
+  mapping = tuple(_specs.ShardedAxis(order[name]) if name in order
+                  else _specs.Replicated(mesh.shape[name]) for name in mesh.axis_names)
   candidate = PmapSharding(np.asarray(mesh.devices).reshape(-1),
-                           ShardingSpec(tuple(dims), mapping))
+                           _specs.ShardingSpec(tuple(dims), mapping))
   # The smallest shape both describe: PmapSharding wants mapped dims of exactly
   # the chunk count.
-  shape = tuple(math.prod(d.chunks) if isinstance(d, Chunked) else 2 for d in dims)
-  return candidate if same_blocks(sharding, candidate, shape) else None
+  shape = tuple(math.prod(d.chunks) if isinstance(d, _specs.Chunked) else 2 for d in dims)
+  return candidate if blocks.same_blocks(sharding, candidate, shape) else None
 
 
 def named_of_pmap(sharding: PmapSharding, shape: tuple) -> NamedSharding | None:
@@ -78,16 +77,16 @@ def named_of_pmap(sharding: PmapSharding, shape: tuple) -> NamedSharding | None:
   spec = sharding.sharding_spec
   chunk_dims = []  # chunk number -> (array dim, chunk size)
   for d, dim in enumerate(spec.sharding):
-    if isinstance(dim, Chunked):
+    if isinstance(dim, _specs.Chunked):
       chunk_dims += [(d, c) for c in dim.chunks]
-    elif not isinstance(dim, NoSharding):
+    elif not isinstance(dim, _specs.NoSharding):
       return None  # Unstacked: rank-reducing layouts have no NamedSharding twin
   sizes, names = [], []
   per_dim: list[list[tuple[int, str]]] = [[] for _ in spec.sharding]
   for m, entry in enumerate(spec.mesh_mapping):
     name = f"_pmap_compat_m{m}"
     names.append(name)
-    if isinstance(entry, ShardedAxis):
+    if isinstance(entry, _specs.ShardedAxis):
       d, size = chunk_dims[entry.axis]
       per_dim[d].append((entry.axis, name))
     else:
@@ -97,24 +96,7 @@ def named_of_pmap(sharding: PmapSharding, shape: tuple) -> NamedSharding | None:
   grouped = [tuple(n for _, n in sorted(axes)) or None for axes in per_dim]
   parts = [g[0] if g and len(g) == 1 else g for g in grouped]
   named = NamedSharding(Mesh(devices, tuple(names)), PartitionSpec(*parts))
-  return named if same_blocks(sharding, named, shape) else None
-
-
-def _block_map(sharding: Any, shape: tuple) -> dict:
-  return {d: tuple((s.start, s.stop, s.step) for s in idx)
-          for d, idx in sharding.devices_indices_map(shape).items()}
-
-
-def same_blocks(a: Any, b: Any, shape: tuple, ordered: bool = True) -> bool:
-  """True when ``a`` and ``b`` place the same block of a ``shape`` array on each
-  device (and, if ``ordered``, list the devices in the same order, so per-device
-  buffers can be handed over as they are)."""
-  if ordered and list(a._device_assignment) != list(b._device_assignment):
-    return False
-  try:
-    return _block_map(a, shape) == _block_map(b, shape)
-  except Exception:  # pylint: disable=broad-except  # not expressible for this rank
-    return False
+  return named if blocks.same_blocks(sharding, named, shape) else None
 
 
 # Slow path only (shardings are hashable); jax.clear_caches() empties both caches.
@@ -126,7 +108,7 @@ def named_to_pmap(sharding: Any, ndim: int) -> PmapSharding | None:
   """Cached ``pmap_sharding_of`` for any sharding (None when it has no PmapSharding twin)."""
   if isinstance(sharding, PmapSharding):
     return sharding
-  if not isinstance(sharding, NamedSharding):
+  if not jax_line.LEGACY_PMAP_RUNTIME or not isinstance(sharding, NamedSharding):
     return None
   return _pmap_sharding_cached(sharding, ndim)
 

@@ -175,7 +175,7 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
   # at ... for pmap" and name the user's arguments, as legacy's do.
   dbg = api_util.debug_info("pmap", body, body_args, {}, sourceinfo=api_util.fun_sourceinfo(fun),
                             signature=None if grouped is None else grouped.signature)
-  mapped, unmapped, flags = shard_map(body, mesh, in_specs=in_specs,
+  mapped, unmapped, flags = shard_map(body, mesh=mesh, in_specs=in_specs,
                                       out_specs=(P(name), P(), P()), check_rep=False,
                                       debug_info=dbg)(*body_args)
   mapped, unmapped = iter(mapped), iter(unmapped)

@@ -1,7 +1,8 @@
 """The callable ``pmap`` returns: legacy's surface around one shared jit per config.
 
-Steady-state calls never enter Python: jax's C++ pmap call cache runs our compiled
-jit(shard_map) executable (``fastpath``). A cache miss comes to ``cache_miss``, which
+Steady-state calls run in C++: on jax 0.6 jax's C++ pmap call cache runs our compiled
+jit(shard_map) executable (``fastpath``), on jax 0.10 the call goes straight to jit's
+own C++ path (``jit_dispatch``). A call neither can serve comes to ``cache_miss``, which
 handles nested calls, calls under a user's trace, strict replication checks and first
 calls; the plain-jit slow path moves committed inputs onto the mesh before tracing.
 """
@@ -15,13 +16,16 @@ import jax
 import numpy as np
 from jax._src import core, dispatch
 from jax._src.interpreters import partial_eval as pe
-from jax._src.interpreters import pxla
 from jax.tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
                            tree_unflatten)
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import aot, cache, errors, fastpath, inputs, nesting, outputs, program
+from pmap_compat import aot, cache, errors, inputs, jax_line, jit_dispatch, nesting, outputs
+from pmap_compat import program
 from pmap_compat.config import PmapConfig
+
+if jax_line.LEGACY_PMAP_RUNTIME:
+  from pmap_compat import fastpath
 
 _trace_ctx = core.trace_ctx
 _eval_trace = core.eval_trace
@@ -36,14 +40,6 @@ def _under_jit() -> bool:
       return True
     t = getattr(t, "parent_trace", None)
   return False
-
-
-def _inputs_on_other_devices(err: Exception) -> bool:
-  """Did jit refuse the call only because committed inputs sit on devices other than the
-  program's mesh? jit raises that as a ValueError from a DeviceAssignmentMismatchError,
-  after tracing succeeded (so a retry does not run the user's function again)."""
-  return (isinstance(err, ValueError)
-          and isinstance(err.__context__, pxla.DeviceAssignmentMismatchError))
 
 
 def _committed(x: Any) -> bool:
@@ -90,7 +86,7 @@ def _with_placement(entry: cache.Entry, fun: Callable,
       return target(*args, **kwargs)
     except ValueError as err:
       placed = _place_inputs(entry, staged, spread, args, kwargs) if (
-          _inputs_on_other_devices(err)) else None
+          jit_dispatch.inputs_on_other_devices(err)) else None
       if placed is None:
         raise
     return target(*placed[0], **placed[1])
@@ -123,20 +119,21 @@ def _check_replicated(cfg: PmapConfig, out: Any, flags: tuple) -> None:
 
 
 def _as_pmap_outputs(out: Any) -> Any:
-  """Top-level slow-path results in legacy's representation (PmapSharding, same buffers)."""
+  """Top-level slow-path results in pmap's representation (``outputs``; same buffers)."""
   leaves, tree = tree_flatten(out)
   return tree_unflatten(tree, outputs.wrap_outputs(leaves))
 
 
 def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
-  """The object ``pmap`` returns: jax's C++ pmap call cache in front of our programs.
+  """The object ``pmap`` returns: a C++ call cache in front of our programs.
 
-  On a signature it has seen, the C++ dispatcher runs our compiled jit(shard_map)
-  executable without entering Python (see ``fastpath``). Everything else lands in
-  ``cache_miss`` below.
+  On a signature it has seen, the C++ dispatcher (jax 0.6: ``fastpath``; jax 0.10: jit's,
+  ``jit_dispatch``) runs our compiled jit(shard_map) executable without entering our
+  Python. Everything else lands in ``cache_miss`` below.
   """
   entry = cache.entry_for(fun, cfg)
   call_slow = _with_placement(entry, fun, lambda j: j)
+  run = fastpath.run if jax_line.LEGACY_PMAP_RUNTIME else jit_dispatch.run
 
   def cache_miss(*args, **kwargs):
     frame = _state.frame
@@ -152,14 +149,14 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
     _, mesh, shardings = program.input_shardings(cfg, fun, args, kwargs, False, top.meshes)
     if mesh is None or len(mesh.axis_names) > 1:  # not known before tracing / nested pmap
       return _as_pmap_outputs(call_slow(*args, **kwargs)), None
-    plan = fastpath.Plan(mesh=mesh, in_shardings_flat=tuple(shardings), static_argnums=cfg.static)
+    plan = inputs.Plan(mesh=mesh, in_shardings_flat=tuple(shardings), static_argnums=cfg.static)
     try:
-      return fastpath.run(top.jitted, args, kwargs, plan)
+      return run(top.jitted, args, kwargs, plan)
     except ValueError as err:
       # Tracing just found nested pmaps: the program's mesh has more devices than the one
       # the inputs were placed on. The slow path places them on the traced mesh.
       traced_mesh = top.meshes.get(mesh.shape[mesh.axis_names[0]])
-      if (not _inputs_on_other_devices(err) or traced_mesh is None
+      if (not jit_dispatch.inputs_on_other_devices(err) or traced_mesh is None
           or len(traced_mesh.axis_names) == 1):
         raise
     return _as_pmap_outputs(call_slow(*args, **kwargs)), None
@@ -172,9 +169,14 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
       raise FloatingPointError(
           f"Invalid value ({e.ty}) encountered in parallel computation.") from None
 
-  # One C++ dispatcher per wrapper, as legacy: its ``_cache_size`` (an int property) and
-  # ``_cache_clear()`` are per wrapper, while traces and executables are shared per entry.
-  pmapped = fastpath.make_dispatcher(fun, checked_cache_miss, cfg.static)
+  pmapped: Any
+  if jax_line.LEGACY_PMAP_RUNTIME:
+    # One C++ dispatcher per wrapper, as legacy: its ``_cache_size`` (an int property) and
+    # ``_cache_clear()`` are per wrapper, while traces and executables are shared per entry.
+    pmapped = fastpath.make_dispatcher(fun, checked_cache_miss, cfg.static)
+  else:
+    pmapped = jit_dispatch.PmapFunction(entry.top.jitted, checked_cache_miss,
+                                        direct=not cfg.strict_replication)
   functools.update_wrapper(pmapped, fun)
   pmapped.lower = _ahead_of_time(entry, fun, "lower")
   pmapped.trace = _ahead_of_time(entry, fun, "trace")

@@ -1,0 +1,92 @@
+"""Steady-state dispatch on jax 0.10: straight into jit's C++ fast path.
+
+jax 0.10 removed the C++ pmap dispatcher that ``fastpath`` drives on jax 0.6. Here the
+callable ``pmap`` returns hands a plain top-level call to the shared ``jax.jit`` of the
+staged program as it is. On a signature jit has seen, jit's C++ path transfers numpy and
+uncommitted inputs, runs the executable and returns its results: the NamedSharding arrays
+(spec ``P(axis_name)`` over the pmap's mesh) that 0.10.2's own ``jax.pmap`` returns,
+fed back with no copy. Our Python work per call is a few attribute checks.
+
+Everything else goes to the wrapper's ``cache_miss``: calls inside another pmap's body or
+under a user's trace, strict replication checks, multi-process jobs (host-local arguments
+become global ones and results host-local again: ``run``), and inputs committed to devices
+outside the program's mesh, which jit refuses and we move on device first.
+"""
+from __future__ import annotations
+
+from typing import Any
+from collections.abc import Callable
+
+from jax._src import core
+from jax._src import tree_util
+
+from pmap_compat import arguments, inputs, meshes, multihost, nesting
+from pmap_compat.jax_line import DeviceAssignmentMismatchError
+
+__all__ = ["PmapFunction", "inputs_on_other_devices", "run"]
+
+_trace_ctx = core.trace_ctx
+_eval_trace = core.eval_trace
+_state = nesting._STATE  # read directly on the hot path
+
+
+def inputs_on_other_devices(err: Exception) -> bool:
+  """Did jit refuse the call only because committed inputs sit on devices other than the
+  program's mesh? jit raises that as a ValueError from a DeviceAssignmentMismatchError
+  (after tracing succeeded, so a retry does not run the user's function again)."""
+  return (isinstance(err, ValueError)
+          and isinstance(err.__context__, DeviceAssignmentMismatchError))
+
+
+class PmapFunction:
+  """What ``pmap`` returns on jax 0.10: a direct jit call when nothing stands in the way.
+
+  ``_cache_size`` / ``_cache_clear()`` are those of jit's call cache, which jax 0.10
+  shares between jit objects of the same function (so between the wrappers of one
+  function here).
+  """
+  # Slots: ``functools.update_wrapper`` copies the wrapped function's ``__dict__`` into
+  # ours, and that function may itself be a PmapFunction (nested pmaps).
+  __slots__ = ("_jitted", "_cache_miss", "_direct", "__dict__", "__weakref__")
+
+  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]], direct: bool):
+    self._jitted = jitted
+    self._cache_miss = cache_miss
+    self._direct = direct  # False: every call needs our Python (strict replication)
+
+  def __call__(self, *args, **kwargs):
+    if (self._direct and _state.frame is None and _trace_ctx.trace is _eval_trace
+        and not multihost.is_multiprocess()):
+      try:
+        return self._jitted(*args, **kwargs)
+      except ValueError as err:
+        if not inputs_on_other_devices(err):
+          raise
+    return self._cache_miss(*args, **kwargs)[0]
+
+  @property
+  def _cache_size(self) -> int:
+    return self._jitted._cache_size()
+
+  def _cache_clear(self) -> None:
+    self._jitted._clear_cache()
+
+
+def run(jitted: Callable, args: tuple, kwargs: dict, plan: inputs.Plan) -> tuple[Any, None]:
+  """A top-level call with its inputs placed on the program's mesh first; in a
+  multi-process job host-local arguments in, host-local results out."""
+  with meshes.no_ambient_mesh():
+    dynamic, static = arguments.split_static(args, plan.static_argnums)
+    leaves, in_tree = tree_util.tree_flatten((tuple(dynamic), kwargs))
+    multiprocess = multihost.is_multiprocess()
+    if multiprocess:
+      placed = multihost.local_to_global(leaves, plan.in_shardings_flat)
+    else:
+      placed = inputs.place_leaves(leaves, plan.in_shardings_flat) or leaves
+    dyn_placed, kw_placed = tree_util.tree_unflatten(in_tree, placed)
+    out = jitted(*arguments.merge_static(dyn_placed, static), **kw_placed)
+  if multiprocess:
+    out_leaves, out_tree = tree_util.tree_flatten(out)
+    out = tree_util.tree_unflatten(out_tree, multihost.global_to_local(out_leaves))
+  return out, None
+
