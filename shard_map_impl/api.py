@@ -1,4 +1,4 @@
-"""Public entry point: ``shard_map(f, mesh, in_specs, out_specs, ...)``.
+"""Public entry point: ``shard_map`` in jax 0.10's and jax 0.6's call forms.
 
 Validates arguments, flattens pytrees, matches specs to arguments (tree
 prefixes, ``None`` for unsharded arguments), and binds ``shard_map_p`` on the
@@ -9,37 +9,39 @@ from __future__ import annotations
 
 import functools
 from typing import Any
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence, Set
 
 from jax._src import api_util
 from jax._src import core
 from jax._src import linear_util as lu
 from jax._src import traceback_util
-from jax._src.mesh import AbstractMesh, Mesh
+from jax._src.mesh import get_abstract_mesh
 from jax._src.tree_util import broadcast_prefix, prefix_errors
 from jax.tree_util import PyTreeDef, tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
+from shard_map_impl.jax_line import INFER_SENTINEL
 from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
-                                 divisibility_failures, rank_failures, spec_leaf_problems,
-                                 specs_are_valid)
+                                 divisibility_failures, inferred_spec, rank_failures,
+                                 spec_leaf_problems, specs_are_valid)
 
 traceback_util.register_exclusion(__file__)
 
 
-def _validate_specs(kind: str, specs: Specs, auto: frozenset) -> None:
+def _validate_specs(kind: str, mesh: AnyMesh, specs: Specs, auto: frozenset) -> None:
   if kind == "in" and specs is None:
     raise errors.in_specs_none()
-  if not specs_are_valid(specs, auto):
-    raise errors.bad_spec_leaves(kind, *spec_leaf_problems(specs, auto), auto)
+  if not specs_are_valid(mesh, specs, auto):
+    raise errors.bad_spec_leaves(kind, mesh, *spec_leaf_problems(mesh, specs, auto), auto)
 
 
 class _OutNames:
   """Memoised thunk: flat out_specs (canonical) once the output tree is known."""
 
-  def __init__(self, out_specs: Specs | Callable[[], Specs], out_tree: Callable, auto: frozenset):
-    self._specs, self._out_tree, self._auto = out_specs, out_tree, auto
+  def __init__(self, mesh: AnyMesh, out_specs: Specs | Callable[[], Specs], out_tree: Callable,
+               auto: frozenset):
+    self._mesh, self._specs, self._out_tree, self._auto = mesh, out_specs, out_tree, auto
     self._value: tuple[AxisNames, ...] | None = None
     self.resolved_specs: Specs = None
 
@@ -47,7 +49,7 @@ class _OutNames:
     if self._value is None:
       specs = self._specs() if callable(self._specs) else self._specs
       if callable(self._specs):
-        _validate_specs("out", specs, self._auto)
+        _validate_specs("out", self._mesh, specs, self._auto)
       tree = self._out_tree()
       placeholder = tree_unflatten(tree, [object()] * tree.num_leaves)
       try:
@@ -60,12 +62,40 @@ class _OutNames:
     return self._value
 
 
+class _Infer:
+  """Default ``in_specs``: infer them from the arguments' (Explicit) shardings."""
+
+  def __repr__(self) -> str:
+    return "jax.sharding.Infer"
+
+
+Infer = _Infer()
+_UNSET: Any = object()
+_LEGACY_POSITIONAL = ("mesh", "in_specs", "out_specs", "check_rep", "auto")
+
+
+def _infers(in_specs: Any) -> bool:
+  return in_specs is Infer or in_specs is INFER_SENTINEL
+
+
 @traceback_util.api_boundary
-def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
-              out_specs: Specs | Callable[[], Specs], check_rep: bool = True,
-              auto: frozenset[Hashable] = frozenset(),
-              debug_info: core.DebugInfo | None = None) -> Callable:
-  """Map ``f`` over shards of its arguments, as ``jax.experimental.shard_map``.
+def shard_map(f: Callable | None = None, /, *positional: Any, mesh: AnyMesh | None = _UNSET,
+              in_specs: Specs = _UNSET, out_specs: Specs | Callable[[], Specs] = _UNSET,
+              axis_names: Set[Hashable] = _UNSET, check_vma: bool | None = None,
+              check_rep: bool | None = None, auto: Set[Hashable] | None = None,
+              debug_info: core.DebugInfo | None = None) -> Any:
+  """Map ``f`` over shards of its arguments, as ``jax.shard_map``.
+
+  Both call forms are accepted on both JAX lines:
+
+  * jax 0.10's ``shard_map(f, /, *, out_specs, in_specs=Infer, mesh=None,
+    axis_names=frozenset(), check_vma=True)``, also as a decorator factory
+    ``shard_map(out_specs=..., mesh=...)(f)``; ``mesh=None`` takes the context
+    mesh (``jax.set_mesh`` / ``jax.sharding.use_mesh``), ``axis_names`` the
+    manual axes (others are left to the compiler), omitted ``in_specs`` are
+    inferred from Explicit-axis argument shardings;
+  * jax 0.6's ``jax.experimental.shard_map.shard_map(f, mesh, in_specs,
+    out_specs, check_rep=True, auto=frozenset())``.
 
   Args:
     f: the per-device function.
@@ -75,9 +105,10 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
       leaves (``None`` for an argument passed unsharded as a constant).
     out_specs: pytree prefix of ``f``'s output with ``PartitionSpec`` leaves
       (or a thunk returning one); unmentioned mesh axes promise replication.
-    check_rep: verify that promise statically (and enable the efficient
-      transpose).
-    auto: mesh axes left to the compiler (partially manual shard_map).
+    axis_names: the mesh axes ``f`` is manual over (default: all).
+    check_vma / check_rep: verify the replication promise statically (and
+      enable the efficient transpose); two names for one flag.
+    auto: mesh axes left to the compiler (the complement of ``axis_names``).
     debug_info: how tracing errors and jaxprs describe ``f`` and its arguments
       (``api_util.debug_info(...)`` for ``f`` applied to the arguments the mapped
       function is called with, one name per flattened argument). For an API built on
@@ -87,19 +118,82 @@ def shard_map(f: Callable, mesh: Mesh | AbstractMesh, in_specs: Specs,
   Returns:
     The mapped function, taking global arrays and returning global arrays.
   """
-  auto = errors.checked_arguments(f, mesh, auto)
+  given = dict(mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_rep,
+               auto=auto)
+  if len(positional) > len(_LEGACY_POSITIONAL):
+    raise TypeError(f"shard_map takes at most {1 + len(_LEGACY_POSITIONAL)} positional "
+                    f"arguments (f, {', '.join(_LEGACY_POSITIONAL)}) but got "
+                    f"{1 + len(positional)}")
+  for name, value in zip(_LEGACY_POSITIONAL, positional):
+    if given[name] is not _UNSET and given[name] is not None:
+      raise TypeError(f"shard_map got multiple values for argument '{name}'")
+    given[name] = value
+  if given["out_specs"] is _UNSET:
+    raise TypeError("shard_map() missing required keyword argument: 'out_specs'")
+  if check_vma is not None and given["check_rep"] is not None:
+    raise TypeError("shard_map takes check_vma (jax.shard_map) or check_rep "
+                    "(jax.experimental.shard_map), not both")
+  if axis_names is not _UNSET and given["auto"] is not None:
+    raise TypeError("shard_map takes axis_names (the manual axes) or auto (the "
+                    "axes left to the compiler), not both")
+  check = check_vma if check_vma is not None else given["check_rep"]
+  spec = _Request(
+      mesh=None if given["mesh"] is _UNSET else given["mesh"],
+      in_specs=Infer if given["in_specs"] is _UNSET else given["in_specs"],
+      out_specs=given["out_specs"], check=True if check is None else bool(check),
+      axis_names=None if axis_names is _UNSET else axis_names,
+      auto=given["auto"], debug_info=debug_info)
   if debug_info is not None and not isinstance(debug_info, core.DebugInfo):
     raise TypeError("shard_map debug_info must be a jax DebugInfo (api_util.debug_info(...)) "
                     f"or None, but got {debug_info!r} of type {type(debug_info)}.")
-  _validate_specs("in", in_specs, auto)
-  if not callable(out_specs):
-    _validate_specs("out", out_specs, auto)
+  if f is None:
+    return lambda g: _mapped(g, spec)
+  return _mapped(f, spec)
+
+
+class _Request:
+  """A shard_map's arguments, as given (the mesh may come from the context)."""
+
+  def __init__(self, *, mesh: AnyMesh | None, in_specs: Any, out_specs: Any, check: bool,
+               axis_names: Set[Hashable] | None, auto: Set[Hashable] | None,
+               debug_info: core.DebugInfo | None):
+    self.mesh, self.in_specs, self.out_specs = mesh, in_specs, out_specs
+    self.check, self.axis_names, self.auto = check, axis_names, auto
+    self.debug_info = debug_info
+
+  def resolve(self, f: Callable) -> tuple[AnyMesh, frozenset]:
+    """(mesh, auto) for a call, validating the arguments against the mesh."""
+    mesh = self.mesh
+    if mesh is None:
+      mesh = get_abstract_mesh()
+      if mesh.empty:
+        raise ValueError("The context mesh cannot be empty. Use `jax.set_mesh(mesh)` "
+                         "to enter into a mesh context")
+    if self.axis_names is not None:
+      auto = errors.auto_from_axis_names(f, mesh, self.axis_names)
+    else:
+      auto = errors.checked_arguments(f, mesh, frozenset(self.auto or ()))
+    if _infers(self.in_specs):
+      errors.check_inferable(mesh, auto)
+    else:
+      _validate_specs("in", mesh, self.in_specs, auto)
+    if not callable(self.out_specs):
+      _validate_specs("out", mesh, self.out_specs, auto)
+    return mesh, auto
+
+
+def _mapped(f: Callable, request: _Request) -> Callable:
+  if not callable(f):
+    errors.checked_arguments(f, request.mesh, frozenset())
+  if request.mesh is not None:  # validate what can be validated before a call
+    request.resolve(f)
 
   @functools.wraps(f)
   @traceback_util.api_boundary
   def mapped(*args: Any):
-    dbg = debug_info or api_util.debug_info("shard_map", f, args, {})
-    return _call(f, mesh, in_specs, out_specs, check_rep, auto, dbg, args)
+    mesh, auto = request.resolve(f)
+    dbg = request.debug_info or api_util.debug_info("shard_map", f, args, {})
+    return _call(f, mesh, request.in_specs, request.out_specs, request.check, auto, dbg, args)
   return mapped
 
 
@@ -111,11 +205,15 @@ def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callab
         f"shard_map debug_info names {len(debug_info.arg_names)} arguments "
         f"{debug_info.arg_names} but the call passes {len(args_flat)} flattened arguments; "
         "build it from this call's arguments.")
-  try:
-    specs_flat = broadcast_prefix(in_specs, args, is_leaf=lambda x: x is None)
-  except ValueError:
-    err, *_ = prefix_errors(in_specs, args)
-    raise err("shard_map in_specs") from None
+  if _infers(in_specs):
+    specs_flat = [inferred_spec(mesh, auto, x) for x in args_flat]
+    in_specs = tree_unflatten(in_tree, specs_flat)
+  else:
+    try:
+      specs_flat = broadcast_prefix(in_specs, args, is_leaf=lambda x: x is None)
+    except ValueError:
+      err, *_ = prefix_errors(in_specs, args)
+      raise err("shard_map in_specs") from None
   # Arguments with spec None are closed over as constants, not mapped.
   dyn = [i for i, s in enumerate(specs_flat) if s is not None]
   dyn_specs = [specs_flat[i] for i in dyn]
@@ -125,7 +223,7 @@ def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callab
   fun, dyn_args = api_util.argnums_partial(fun, tuple(dyn), args_flat, False)
   _check_args(f, mesh, in_tree, in_specs, dyn, dyn_specs, dyn_args)
   in_names = tuple(canonicalize_spec(s) for s in dyn_specs)
-  out_names = _OutNames(out_specs, out_tree, auto)
+  out_names = _OutNames(mesh, out_specs, out_tree, auto)
 
   try:
     outs = bind_body(fun, dyn_args, mesh=mesh, in_names=in_names,

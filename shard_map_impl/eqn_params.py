@@ -73,8 +73,13 @@ def newly_manual(mesh: AnyMesh, auto: frozenset) -> frozenset:
                    if a not in auto and a not in _already_manual(mesh))
 
 
-def to_eqn(p: ShardMapParams) -> dict[str, Any]:
-  """Params for a staged ``shard_map_p`` equation (with its device witness)."""
+def to_eqn(p: ShardMapParams, *, replacing: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Params for a staged ``shard_map_p`` equation (with its device witness).
+
+  ``replacing``: the params of the equation this one rewrites (DCE, remat, ...);
+  the new one then has a witness exactly where that one had (outside of
+  tracing, whether an equation is nested in a body cannot be told otherwise).
+  """
   params: dict[str, Any]
   if NEW_LINE:
     params = dict(jaxpr=p.jaxpr, mesh=p.mesh,
@@ -85,7 +90,7 @@ def to_eqn(p: ShardMapParams) -> dict[str, Any]:
     params = dict(jaxpr=p.jaxpr, mesh=p.mesh, in_names=tuple(p.in_names),
                   out_names=tuple(p.out_names), check_rep=p.check,
                   rewrite=p.rewrite, auto=frozenset(p.auto))
-  witness = witness_for(p.mesh)
+  witness = witness_for(p.mesh) if replacing is None or WITNESS_PARAM in replacing else None
   if witness is not None:
     params[WITNESS_PARAM] = witness
   return params

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import PyTreeDef, tree_structure, tree_unflatten
 
+from shard_map_impl.jax_line import CHECK_ARG, WORDING_0_10
 from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, unmentioned_axes
 
 P_HINT = "where `P = jax.sharding.PartitionSpec`"
@@ -115,7 +116,35 @@ def in_specs_none() -> TypeError:
       f"Instead of `in_specs=None`, did you mean `in_specs=P()`, {P_HINT}?")
 
 
-def bad_spec_leaves(kind: str, bad_type: list, bad_auto: list, auto: frozenset) -> Exception:
+def auto_from_axis_names(f: object, mesh: AnyMesh, axis_names: Any) -> frozenset:
+  """``auto`` (axes left to the compiler) for jax.shard_map's ``axis_names``."""
+  checked_arguments(f, mesh, frozenset())
+  if not isinstance(axis_names, (frozenset, set)):
+    raise TypeError("`axis_names` argument of shard_map should be of type `frozenset` or"
+                    f" `set`. Got type: {type(axis_names)}")
+  names = frozenset(mesh.axis_names)
+  manual = frozenset(axis_names) or names
+  if not manual <= names:
+    raise ValueError(f"jax.shard_map requires axis_names={frozenset(axis_names)} to be a "
+                     f"subset of mesh.axis_names={names}")
+  already = frozenset(getattr(mesh, "manual_axes", ()))
+  return frozenset(a for a in mesh.axis_names if a not in manual and a not in already)
+
+
+def check_inferable(mesh: AnyMesh, auto: frozenset) -> None:
+  """in_specs may be omitted only where every manual axis is Explicit."""
+  from jax._src.mesh import AxisType
+  manual = frozenset(a for a in mesh.axis_names if a not in auto)
+  kinds = mesh._name_to_type
+  if not all(kinds[a] == AxisType.Explicit for a in manual):
+    types = ", ".join(str(kinds[a]) for a in manual)
+    raise TypeError("shard_map in_specs argument must be a pytree of "
+                    "`jax.sharding.PartitionSpec` instances, but it was `None` when "
+                    f"axis_names={manual} are of type {types}")
+
+
+def bad_spec_leaves(kind: str, mesh: AnyMesh, bad_type: list, bad_auto: list,
+                    auto: frozenset) -> Exception:
   """TypeError for non-PartitionSpec leaves, else ValueError for auto axes."""
   arg = f"{kind}_specs"
   if bad_type:
@@ -126,8 +155,11 @@ def bad_spec_leaves(kind: str, bad_type: list, bad_auto: list, auto: frozenset) 
         "`jax.sharding.PartitionSpec` instances, but:\n\n" + "\n\n".join(lines)
         + f"\n\nCheck the {arg} values passed to shard_map.")
   lines = [f"  {arg}{keystr(p)} refers to {a!r}" for p, a in bad_auto]
+  what = (f"must refer to an axis marked as manual "
+          f"({frozenset(a for a in mesh.axis_names if a not in auto)})"
+          if WORDING_0_10 else f"cannot refer to an axis marked auto ({auto})")
   return ValueError(
-      f"shard_map {arg} argument cannot refer to an axis marked auto ({auto}), "
+      f"shard_map {arg} argument {what}, "
       "but:\n\n" + "\n\n".join(lines)
       + f"\n\nCheck the {arg} values passed to shard_map.")
 
@@ -207,7 +239,15 @@ def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree: PyTreeD
     need = [a for a in unmentioned_axes(mesh, canonicalize_spec(spec)) if a not in auto]
     got = [a for a in mesh.axis_names if a in rep]
     missing = [a for a in need if a not in rep]
-    if len(need) > 1:
+    if len(need) > 1 and WORDING_0_10:  # 0.10's wording: in varying axes
+      varying = [a for a in mesh.axis_names if a not in rep and a not in auto]
+      lines.append(
+          f"out_specs{keystr(spath)} is {spec} which implies that the "
+          f"corresponding output value is only varying across mesh axes "
+          f"{{{','.join(map(str, [a for a in mesh.axis_names if a not in need and a not in auto]))}}} "
+          f"and not {{{','.join(map(str, missing))}}}, but it was inferred to be possibly "
+          f"varying over {{{','.join(map(str, varying))}}}")
+    elif len(need) > 1:
       lines.append(
           f"out_specs{keystr(spath)} is {spec} which implies that the "
           f"corresponding output value is replicated across mesh axes "
@@ -225,6 +265,6 @@ def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree: PyTreeD
       f"\n\n{_mesh_line(mesh)}\n\n{_bullets(lines)}\n\n"
       "Check if these output values are meant to be replicated over those mesh "
       "axes. If not, consider revising the corresponding out_specs entries. If "
-      "so, consider disabling the check by passing the check_rep=False "
-      "argument to shard_map.")
+      f"so, consider disabling the check by passing the {CHECK_ARG}=False "
+      f"argument to {'`jax.shard_map`' if WORDING_0_10 else 'shard_map'}.")
 

@@ -17,6 +17,7 @@ from jax._src import core
 from jax._src import custom_derivatives as cd
 from jax._src import pjit
 from jax._src import sharding_impls
+from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
 
 # 0.10 is the line whose internals this module calls "new"; 0.6 the legacy one.
@@ -28,12 +29,10 @@ if NEW_LINE:
   from jax._src.random import prng  # noqa: F401  (re-exported)
   from jax._src import shard_map as _jax_shard_map
   jit_p: core.Primitive = pjit.jit_p
-  SdyShardingList = sharding_impls.SdyArrayList
 else:
   from jax._src import prng  # type: ignore[no-redef]  # noqa: F401
   from jax.experimental import shard_map as _jax_shard_map  # type: ignore[no-redef]
   jit_p = pjit.pjit_p  # type: ignore[attr-defined]
-  SdyShardingList = sharding_impls.SdyArrayShardingList  # type: ignore[attr-defined]
 
 jax_shard_map_p: core.Primitive = _jax_shard_map.shard_map_p
 
@@ -47,6 +46,17 @@ custom_vjp_prims: tuple[core.Primitive, ...] = tuple(
     p for p in (getattr(cd, "custom_vjp_call_jaxpr_p", None),
                 getattr(cd, "custom_vjp_call_p", None))
     if p is not None)
+
+# --- public API conventions ------------------------------------------------------
+
+# The check flag's public name, as error messages spell it.
+CHECK_ARG = "check_vma" if NEW_LINE else "check_rep"
+# Error messages in 0.10's vocabulary (manual / varying axes, `jax.shard_map`).
+WORDING_0_10 = NEW_LINE
+# 0.10 rejects spec entries naming axes outside the mesh up front.
+SPECS_NAME_MESH_AXES_ONLY = NEW_LINE
+# jax.sharding.Infer (0.10): the in_specs default asking for inference.
+INFER_SENTINEL: Any = getattr(jax.sharding, "Infer", object())
 
 # --- the replication / varying-manual-axes check flag ------------------------
 
@@ -163,3 +173,163 @@ def body_effects(jaxpr: core.Jaxpr, axis_names: Sequence[Any]) -> Any:
 @contextlib.contextmanager
 def no_context() -> Iterator[None]:
   yield
+
+
+# --- lowering -------------------------------------------------------------------
+
+# On 0.10 a Shardy manual computation takes the dimension variables, effect
+# tokens and hoisted jaxpr constants as leading region arguments; on 0.6 the
+# region sees dimension variables from outside and threads no tokens.
+SHARDY_REGION_THREADS_STATE = NEW_LINE
+
+
+def ir_type(module_ctx: Any, aval: core.AbstractValue) -> Any:
+  return (mlir.aval_to_ir_type(module_ctx, aval) if NEW_LINE  # type: ignore[call-arg]
+          else mlir.aval_to_ir_type(aval))  # type: ignore[call-arg]
+
+
+def jaxpr_constants(jaxpr: core.Jaxpr) -> list[tuple[Any, core.AbstractValue]]:
+  """Large constants held in the jaxpr's literals, lowered as arguments (0.10)."""
+  return list(core.jaxpr_const_args(jaxpr)) if NEW_LINE else []  # type: ignore[attr-defined]
+
+
+def lower_inline(ctx: Any, module_ctx: Any, jaxpr: core.Jaxpr, tokens: Any,
+                 args: Sequence[Any], *, dim_var_values: Sequence[Any],
+                 const_lowering: dict | None = None) -> tuple[Sequence[Any], Any]:
+  """``jaxpr`` lowered in place (inside the current insertion point)."""
+  if NEW_LINE:
+    return mlir.jaxpr_subcomp(
+        module_ctx, jaxpr, ctx.name_stack, tokens, (), *args, dim_var_values=dim_var_values,
+        const_lowering=ctx.const_lowering if const_lowering is None else const_lowering,
+        outer_traceback=None)
+  return mlir.jaxpr_subcomp(module_ctx, jaxpr, ctx.name_stack, tokens, (), *args,
+                            dim_var_values=dim_var_values)
+
+
+def lower_call(ctx: Any, name: str, jaxpr: core.Jaxpr, module_ctx: Any,
+               avals_in: Sequence[Any], avals_out: Sequence[Any], args: Sequence[Any],
+               arg_names: Sequence[str], result_names: Sequence[str]) -> tuple[Any, Any]:
+  """``jaxpr`` lowered as a called function ``name``; (outputs, tokens out)."""
+  if NEW_LINE:
+    return mlir.call_lowering(
+        name, pe.close_jaxpr(jaxpr), None, module_ctx, avals_in, avals_out, ctx.tokens_in,
+        *args, dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
+        arg_names=list(arg_names), result_names=list(result_names))
+  return mlir.call_lowering(
+      name, ctx.name_stack, jaxpr, None, module_ctx, avals_in, avals_out, ctx.tokens_in,
+      *args, dim_var_values=ctx.dim_var_values, arg_names=list(arg_names),
+      result_names=list(result_names))
+
+
+def build_sdy_shardings(module_ctx: Any, shardings: Sequence[Any]) -> Any:
+  """The attribute listing one Shardy sharding per operand/result."""
+  if NEW_LINE:
+    return sharding_impls.SdyArrayList(tuple(shardings)).build(  # type: ignore[attr-defined]
+        module_ctx.sharding_attr_cache)
+  return sharding_impls.SdyArrayShardingList(list(shardings)).build()  # type: ignore[attr-defined]
+
+
+def region_sharding(mesh: Any, spec: Any, outer_manual: frozenset) -> Any:
+  """The NamedSharding of a region operand, axes manual outside marked so."""
+  from jax.sharding import NamedSharding
+  if NEW_LINE:
+    from jax._src.mesh import AxisType
+    abstract = mesh.abstract_mesh
+    if outer_manual:
+      abstract = abstract.update_axis_types({a: AxisType.Manual for a in outer_manual})
+    return NamedSharding(abstract, spec)
+  return NamedSharding(mesh, spec, _manual_axes=outer_manual)  # type: ignore[call-arg]
+
+
+def gspmd_conversion_axes(manual: frozenset, newly_manual: Sequence[Any]) -> Any:
+  """The axes whose total size decides whether GSPMD converts to/from manual.
+
+  0.6 counts every manual axis of the region, 0.10 only those it makes manual.
+  """
+  return newly_manual if NEW_LINE else manual
+
+
+def region_is_partial(mesh: Any, auto: frozenset, newly_manual: frozenset) -> bool:
+  """Whether a region leaves array dimensions open to the compiler.
+
+  0.6 does so where the shard_map has auto axes; 0.10 wherever the region
+  itself makes fewer than all mesh axes manual (also nested in another).
+  """
+  return len(newly_manual) < len(mesh.axis_names) if NEW_LINE else bool(auto)
+
+
+def sdy_region_sharding(sharding: Any, ndim: int, partially_manual: bool) -> Any:
+  """Shardy sharding of a region operand; auto axes may shard open dimensions."""
+  if NEW_LINE:
+    return sharding._to_sdy_sharding(ndim, modify_wrt_axis_types=partially_manual)
+  result = sharding._to_sdy_sharding(ndim)
+  if partially_manual:
+    for dim in result.dimension_shardings:
+      if not dim.axes:
+        dim.is_open = True  # let the compiler shard auto axes here
+  return result
+
+
+# --- transformation rules (autodiff, partial eval, DCE, discharge, vmap) ------
+
+def linearize_subtrace(fun: Any, trace: Any, nonzero_in: Sequence[bool],
+                       debug_info: core.DebugInfo) -> tuple[Any, Callable]:
+  """JAX's per-body linearization of ``fun`` under ``trace``: (primal fun, aux thunk).
+
+  The primal fun returns the non-forwarded residuals, then the primal outputs;
+  aux is ``(res_avals, nonzero_out, lin_jaxpr, env, in_fwd, out_fwd)``.
+  0.10 also threads whether the linearization feeds a VJP.
+  """
+  from jax._src.interpreters import ad
+  if NEW_LINE:
+    return ad.linearize_subtrace(fun, trace.is_vjp, trace.tag, nonzero_in, debug_info)
+  return ad.linearize_subtrace(fun, trace.tag, nonzero_in, debug_info)
+
+
+def new_eqn_recipe(trace: pe.JaxprTrace, in_tracers: Sequence[Any], out_tracers: Sequence[Any],
+                   prim: core.Primitive, params: dict[str, Any], effects: Any,
+                   source_info: Any) -> Any:
+  """A partial-eval equation recipe (0.10 also takes the trace)."""
+  if NEW_LINE:
+    return pe.new_eqn_recipe(trace, in_tracers, out_tracers, prim, params,  # type: ignore[call-arg]
+                             effects, source_info)
+  return pe.new_eqn_recipe(in_tracers, out_tracers, prim, params,  # type: ignore[call-arg]
+                           effects, source_info)
+
+
+def eqn_effects(jaxpr: core.Jaxpr, invars: Sequence[Any], axis_names: Sequence[Any]) -> Any:
+  """Effects of an equation applying body ``jaxpr`` to ``invars`` (for ``new_jaxpr_eqn``).
+
+  0.10 keys input effects by the body's positions and resolves them to the
+  equation's operands; 0.6 uses the body's effects as they are.
+  """
+  effects = core.eqn_effects(jaxpr, invars) if NEW_LINE else jaxpr.effects  # type: ignore[attr-defined]
+  return core.filter_named_axis_effects(effects, axis_names)
+
+
+def discharge_state(jaxpr: core.Jaxpr) -> tuple[core.Jaxpr, list]:
+  """``jaxpr`` with its ref inputs discharged: (pure jaxpr, its constants)."""
+  from jax._src.state import discharge
+  if NEW_LINE:
+    closed = discharge.discharge_state(core.ClosedJaxpr(jaxpr, ()))
+    return closed.jaxpr, list(closed.consts)
+  body, consts = discharge.discharge_state(jaxpr, ())
+  return body, list(consts)
+
+
+def ragged_batch_dims() -> tuple[type, ...]:
+  """Batch-dimension types for ragged vmap (0.6 only; 0.10 removed them)."""
+  from jax._src.interpreters import batching
+  return () if NEW_LINE else (batching.RaggedAxis,)  # type: ignore[attr-defined]
+
+
+def explicit_vmap_axes(axis_data: Any) -> tuple | None:
+  """Explicit mesh axes a vmap maps over (0.10; None on 0.6, whose shard_map ignores them)."""
+  return axis_data.explicit_mesh_axis if NEW_LINE else None
+
+
+def without_explicit_mesh_axes(axes: tuple | None) -> contextlib.AbstractContextManager:
+  """Context hiding the vmapped-away explicit mesh ``axes`` (0.10)."""
+  if NEW_LINE and axes:
+    return core.remove_explicit_mesh_axis_names(axes)  # type: ignore[attr-defined]
+  return no_context()

@@ -26,11 +26,14 @@ from jax._src import sharding_impls
 from jax._src.interpreters import mlir
 from jax._src.interpreters import pxla
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import sdy
-from jax.sharding import NamedSharding, Sharding
+from jax._src.lib.mlir.dialects import hlo, sdy
+from jax.sharding import Sharding
 
 from shard_map_impl import eqn_params
-from shard_map_impl.jax_line import SdyShardingList, check_flag
+from shard_map_impl.jax_line import (SHARDY_REGION_THREADS_STATE, build_sdy_shardings, check_flag,
+                                     gspmd_conversion_axes, ir_type, jaxpr_constants,
+                                     lower_call, lower_inline, region_is_partial,
+                                     region_sharding, sdy_region_sharding)
 from shard_map_impl.per_device import axis_env, manual_axes_of
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import AnyMesh, AxisNames, names_to_pspec
@@ -42,10 +45,12 @@ class _Region:
   def __init__(self, ctx: mlir.LoweringRuleContext, mesh: AnyMesh, auto: frozenset):
     self.mesh, self.auto = mesh, auto
     outer = ctx.module_context.axis_context
-    self.outer_manual = (outer.manual_axes
-                         if isinstance(outer, sharding_impls.SPMDAxisContext)
-                         else frozenset())
+    self.outer_manual = frozenset(getattr(mesh, "manual_axes", ())) | (
+        outer.manual_axes if isinstance(outer, sharding_impls.SPMDAxisContext) else frozenset())
     self.manual = frozenset(manual_axes_of(mesh, auto))
+    # Made manual here (not already in an enclosing region), in mesh order.
+    self.newly = [a for a in mesh.axis_names if a in self.manual and a not in self.outer_manual]
+    self.partial = region_is_partial(mesh, auto, frozenset(self.newly))
     # JAX annotates SPMDAxisContext and manual_proto with Mesh; an AbstractMesh works too.
     self.body_ctx = ctx.module_context.replace(
         axis_context=sharding_impls.SPMDAxisContext(mesh, self.manual))  # type: ignore[arg-type]
@@ -57,14 +62,13 @@ class _Region:
   def global_sharding(self, names: AxisNames, aval: core.ShapedArray) -> tuple[
                       Sharding, core.ShapedArray]:
     """The operand's global sharding (physical, for extended dtypes)."""
-    sharding = NamedSharding(self.mesh, names_to_pspec(names),
-                             _manual_axes=self.outer_manual)
+    sharding = region_sharding(self.mesh, names_to_pspec(names), self.outer_manual)
     if dtypes.issubdtype(aval.dtype, dtypes.extended):
       return sharding_impls.physical_sharding(aval, sharding), core.physical_aval(aval)
     return sharding, aval
 
   def unspecified(self, ndim: int) -> set[int]:
-    return set(range(ndim)) if self.auto else set()
+    return set(range(ndim)) if self.partial else set()
 
   # GSPMD ----------------------------------------------------------------------
 
@@ -97,12 +101,7 @@ class _Region:
 
   def sdy_sharding(self, names: AxisNames, aval: core.ShapedArray) -> Any:
     sharding, phys = self.global_sharding(names, aval)
-    result = sharding._to_sdy_sharding(phys.ndim)
-    if self.auto:
-      for dim in result.dimension_shardings:
-        if not dim.axes:
-          dim.is_open = True  # let the compiler shard auto axes here
-    return result
+    return sdy_region_sharding(sharding, phys.ndim, self.partial)
 
 
 def _dim_labels(names: dict, aval: core.AbstractValue) -> str:
@@ -117,17 +116,16 @@ def _lower_gspmd(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence[
                  Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool):
   local_in = [v.aval for v in jaxpr.invars]
   local_out = [v.aval for v in jaxpr.outvars]
-  convert = not region.trivial(region.manual)
+  convert = not region.trivial(gspmd_conversion_axes(region.manual, region.newly))
   if convert:
     # JAX types avals as AbstractValue; a shard_map's operands are ShapedArrays.
     args = [region.to_manual(ctx, n, g, l, x)  # type: ignore[arg-type]
             for n, g, l, x in zip(in_names, ctx.avals_in, local_in, args, strict=True)]
   with axis_env(region.mesh, region.auto), check_flag(check_rep):
-    outs, tokens = mlir.call_lowering(
-        "shmap_body", ctx.name_stack, jaxpr, None, region.body_ctx, local_in,
-        local_out, ctx.tokens_in, *args, dim_var_values=ctx.dim_var_values,
-        arg_names=[_dim_labels(n, a) for n, a in zip(in_names, local_in, strict=True)],
-        result_names=[_dim_labels(n, a) for n, a in zip(out_names, local_out, strict=True)])
+    outs, tokens = lower_call(
+        ctx, "shmap_body", jaxpr, region.body_ctx, local_in, local_out, args,
+        [_dim_labels(n, a) for n, a in zip(in_names, local_in, strict=True)],
+        [_dim_labels(n, a) for n, a in zip(out_names, local_out, strict=True)])
   ctx.set_tokens_out(tokens)
   if not convert:
     return outs
@@ -139,34 +137,64 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
                   jaxpr: core.Jaxpr,
                   in_names: Sequence[AxisNames], out_names: Sequence[AxisNames],
                   check_rep: bool):
-  # Axes manual in an enclosing region are already per-device here.
-  manual = [a for a in region.mesh.axis_names
-            if a in region.manual and a not in region.outer_manual]
+  mc = ctx.module_context
+  # Effect tokens and hoisted constants enter the region as leading arguments
+  # where the JAX line does so (see jax_line.SHARDY_REGION_THREADS_STATE).
+  threads = SHARDY_REGION_THREADS_STATE
+  effects = list(mlir.effects_lib.ordered_effects.filter_in(jaxpr.effects)) if threads else []
+  tokens = [ctx.tokens_in.get(e) for e in effects]
   scope = lambda: (axis_env(region.mesh, region.auto), check_flag(check_rep))
-  if region.trivial(manual):
+  if region.trivial(region.newly):
     env, rep = scope()
     with env, rep:
-      outs, _ = mlir.jaxpr_subcomp(
-          region.body_ctx, jaxpr, ctx.name_stack, mlir.TokenSet(), (), *args,
-          dim_var_values=ctx.dim_var_values)
+      outs, tokens_out = lower_inline(ctx, region.body_ctx, jaxpr,
+                                      mlir.TokenSet(dict(zip(effects, tokens, strict=True))),
+                                      args, dim_var_values=ctx.dim_var_values)
+    if threads:
+      ctx.set_tokens_out(tokens_out)
     return outs
-  shardings = lambda names, avals: SdyShardingList(
-      [region.sdy_sharding(n, a) for n, a in zip(names, avals, strict=True)]).build()
+  consts = jaxpr_constants(jaxpr)
+  const_values = [mlir.ir_constant(c, const_lowering=ctx.const_lowering, aval=a)
+                  for c, a in consts] if consts else []
+  dim_vars = list(ctx.dim_var_values) if threads else []
+  replicated = region.sdy_sharding({}, core.dim_value_aval())
+  build = lambda shardings: build_sdy_shardings(mc, shardings)
+  in_shardings = ([replicated] * (len(dim_vars) + len(tokens))
+                  + [region.sdy_sharding({}, a) for _, a in consts]
+                  + [region.sdy_sharding(n, a)
+                     for n, a in zip(in_names, ctx.avals_in, strict=True)])
+  out_shardings = ([replicated] * len(tokens)
+                   + [region.sdy_sharding(n, a)
+                      for n, a in zip(out_names, ctx.avals_out, strict=True)])
+  token_type = [hlo.TokenType.get()] * len(tokens)
   op = sdy.ManualComputationOp(
-      [mlir.aval_to_ir_type(a) for a in ctx.avals_out], args,
-      shardings(in_names, ctx.avals_in), shardings(out_names, ctx.avals_out),
+      token_type + [ir_type(mc, a) for a in ctx.avals_out],
+      [*dim_vars, *tokens, *const_values, *args],
+      build(in_shardings), build(out_shardings),
       sdy.ManualAxesAttr.get(  # type: ignore[attr-defined]  # missing from jaxlib's stubs
-          ir.ArrayAttr.get([ir.StringAttr.get(a) for a in manual])))
+          ir.ArrayAttr.get([ir.StringAttr.get(a) for a in region.newly])))
+  int_type = ir_type(mc, core.dim_value_aval())
   block = ir.Block.create_at_start(
-      # aval_to_ir_type is typed for tokens too (a tuple); an array aval gives one type.
-      op.body, [mlir.aval_to_ir_type(v.aval) for v in jaxpr.invars])  # type: ignore[misc]
+      op.body, [int_type] * len(dim_vars) + token_type
+      + [ir_type(mc, a) for _, a in consts] + [ir_type(mc, v.aval) for v in jaxpr.invars])
   env, rep = scope()
   with ir.InsertionPoint(block), env, rep:
-    outs, _ = mlir.jaxpr_subcomp(
-        region.body_ctx, jaxpr, ctx.name_stack, mlir.TokenSet(), (),
-        *block.arguments, dim_var_values=ctx.dim_var_values)  # type: ignore[misc]  # iterable
-    sdy.ReturnOp([ir.Value(o) for o in outs])  # type: ignore[arg-type]  # one value per output
-  return op.results
+    block_args = list(block.arguments)
+    n_dims, n_tok, n_const = len(dim_vars), len(tokens), len(consts)
+    dim_args = block_args[:n_dims] if threads else list(ctx.dim_var_values)
+    tok_args = block_args[n_dims:n_dims + n_tok]
+    const_args = block_args[n_dims + n_tok:n_dims + n_tok + n_const]
+    in_args = block_args[n_dims + n_tok + n_const:]
+    lowering = {(id(c), a): v for (c, a), v in zip(consts, const_args, strict=True)}
+    outs, tokens_out = lower_inline(
+        ctx, region.body_ctx, jaxpr, mlir.TokenSet(dict(zip(effects, tok_args, strict=True))),
+        in_args, dim_var_values=dim_args, const_lowering=lowering if threads else None)
+    returned = [*(t for _, t in tokens_out.items()), *outs] if threads else list(outs)
+    sdy.ReturnOp([ir.Value(o) for o in returned])  # type: ignore[arg-type]  # one value each
+  if threads:
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet(
+        dict(zip(effects, op.results[:len(tokens)], strict=True)))))
+  return op.results[len(tokens):]
 
 
 def _lower(ctx: mlir.LoweringRuleContext, *args: Any, **params: Any):

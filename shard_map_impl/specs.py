@@ -14,6 +14,8 @@ from typing import Any
 
 from jax._src import core
 from jax._src.mesh import AbstractMesh, Mesh
+
+from shard_map_impl.jax_line import SPECS_NAME_MESH_AXES_ONLY
 from jax.sharding import PartitionSpec
 from jax.tree_util import tree_leaves
 
@@ -68,27 +70,56 @@ def axis_tuple(names: AxisName | tuple[AxisName, ...] | None) -> tuple[AxisName,
   return tuple(names) if isinstance(names, tuple) else (names,)
 
 
-def spec_leaf_problems(specs: Specs, auto: frozenset) -> tuple[list, list]:
-  """(non-PartitionSpec leaves, (leaf, auto axis) uses) among ``specs``."""
+def _unusable(mesh: AnyMesh, auto: frozenset) -> Callable[[AxisName], bool]:
+  """Axes a spec may not name: auto ones (and, on 0.10, ones not in the mesh)."""
+  known = frozenset(mesh.axis_names)
+  return lambda a: a in auto or (SPECS_NAME_MESH_AXES_ONLY and a not in known)
+
+
+def spec_leaf_problems(mesh: AnyMesh, specs: Specs, auto: frozenset) -> tuple[list, list]:
+  """(non-PartitionSpec leaves, (leaf, unusable axis) uses) among ``specs``."""
   from jax._src.tree_util import generate_key_paths
   bad_type: list[tuple[Any, Any]] = []
   bad_auto: list[tuple[Any, Any]] = []
+  unusable = _unusable(mesh, auto)
   for path, leaf in generate_key_paths(specs):
     if not isinstance(leaf, PartitionSpec):
       bad_type.append((path, leaf))
       continue
     for entry in leaf:
-      bad_auto.extend((path, a) for a in axis_tuple(entry) if a in auto)
+      bad_auto.extend((path, a) for a in axis_tuple(entry) if unusable(a))
   return bad_type, bad_auto
 
 
-def specs_are_valid(specs: Specs, auto: frozenset) -> bool:
+def specs_are_valid(mesh: AnyMesh, specs: Specs, auto: frozenset) -> bool:
+  unusable = _unusable(mesh, auto)
   for leaf in tree_leaves(specs):
     if not isinstance(leaf, PartitionSpec):
       return False
-    if any(a in auto for e in leaf for a in axis_tuple(e)):
+    if any(unusable(a) for e in leaf for a in axis_tuple(e)):
       return False
   return True
+
+
+def inferred_spec(mesh: AnyMesh, auto: frozenset, x: Any) -> PartitionSpec:
+  """An argument's in_spec read off its (Explicit) sharding: its manual axes."""
+  del mesh
+  spec = core.typeof(x).sharding.spec
+  entries: list[Any] = []
+  for entry in spec:
+    if entry is None:
+      entries.append(None)
+      continue
+    names: list[Any] = [a if a not in auto else None for a in axis_tuple(entry)]
+    while names and names[-1] is None:
+      names.pop()
+    if None in names:  # an auto axis before a manual one: no per-device block
+      raise ValueError(f"Invalid spec: {spec}")
+    if isinstance(entry, tuple):
+      entries.append(tuple(names) or None)
+    else:
+      entries.append(names[0] if names else None)
+  return PartitionSpec(*entries)
 
 
 def rank_failures(specs_flat: Sequence[PartitionSpec], avals: Sequence) -> list:

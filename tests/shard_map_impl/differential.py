@@ -1,24 +1,14 @@
 """Comparing one catalog case between JAX's shard_map and ours."""
 from __future__ import annotations
 
-import contextlib
-
 import jax
-from jax._src import config
-from jax.experimental.shard_map import shard_map as jax_shard_map
 from jax.sharding import NamedSharding
 
 from support.compare import assert_trees_equal
 
 import shard_map_impl
 from catalog import Case, run_case
-
-
-@contextlib.contextmanager
-def settings(shardy: bool, vma: bool):
-  """Partitioner and varying-axes mode for one run (both are jit cache keys)."""
-  with config.use_shardy_partitioner(shardy), config.varying_axes_in_types(vma):
-    yield
+from reference import jax_shard_map, settings
 
 
 def _assert_same_shardings(expected, actual) -> None:

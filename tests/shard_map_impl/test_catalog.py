@@ -1,4 +1,4 @@
-"""Differential catalog: every program through jax.experimental.shard_map and
+"""Differential catalog: every program through JAX's shard_map (reference.py) and
 shard_map_impl.shard_map, eagerly and under jit, both partitioners, both
 settings of jax_varying_axes_in_types; outputs must match bit for bit (or both
 raise the same exception type).
@@ -66,6 +66,8 @@ def _params():
   for i, c, shape, mode, shardy, vma in _all_params():
     marks = () if _is_default(i, c, shape, mode, shardy, vma) else (pytest.mark.slow,)
     ident = f"{c.name}-{'x'.join(map(str, shape))}-{mode}-{_label(shardy, vma)}"
+    if not vma:
+      marks += (pytest.mark.jax06_only(reason="jax_varying_axes_in_types=False exists only on 0.6"),)
     yield pytest.param(c, shape, mode, shardy, vma, id=ident, marks=marks)
 
 

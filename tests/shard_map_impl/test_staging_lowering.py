@@ -1,5 +1,5 @@
 """Staging, typechecking, pretty-printing, lowering and eager details of our
-primitive, each compared with jax.experimental.shard_map directly."""
+primitive, each compared with JAX's shard_map (reference.py) directly."""
 from __future__ import annotations
 
 import os
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from jax._src import config, core
 from jax.experimental import io_callback
-from jax.experimental.shard_map import shard_map as jax_shard_map
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 import shard_map_impl
+from shard_map_impl import eqn_params
+from reference import LEGACY, jax_shard_map, vma_mode, vma_params
 from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
@@ -40,12 +41,12 @@ def _programs(mesh):
   ]
 
 
-@pytest.mark.parametrize("vma", [True, False])
+@pytest.mark.parametrize("vma", vma_params(True, False))
 @pytest.mark.parametrize("name", ["psum", "closure", "scan", "two_outs", "partial_auto"])
 def test_jaxpr_prints_like_jax_and_typechecks(name, vma):
   mesh = make_mesh((4, 2))
   (_, build, args), = [p for p in _programs(mesh) if p[0] == name]
-  with config.varying_axes_in_types(vma):
+  with vma_mode(vma):
     texts = {k: str(jax.make_jaxpr(build(sm))(*args)) for k, sm in IMPLS.items()}
     closed = jax.make_jaxpr(build(shard_map_impl.shard_map))(*args)
     core.check_jaxpr(closed.jaxpr)
@@ -58,18 +59,21 @@ def test_typecheck_rejects_bad_in_names():
   f = shard_map_impl.shard_map(lambda v: v * 2, mesh, P("x"), P("x"))
   closed = jax.make_jaxpr(f)(np.ones(8, np.float32))
   eqn, = closed.jaxpr.eqns
-  bad = eqn.replace(params=dict(eqn.params, in_names=({},)))
+  bad = eqn.replace(params=eqn_params.to_eqn(eqn_params.read(eqn.params).replace(
+      in_names=({},))))
   with pytest.raises(core.JaxprTypeError, match="per-device type"):
     core.check_jaxpr(closed.jaxpr.replace(eqns=[bad]))
 
 
+@pytest.mark.jax06_only(reason="jax_varying_axes_in_types=False exists only on 0.6")
 def test_typecheck_rejects_unreplicated_output_non_vma():
   mesh = make_mesh((8,))
-  with config.varying_axes_in_types(False):
+  with vma_mode(False):
     f = shard_map_impl.shard_map(lambda v: v * 2, mesh, P("x"), P("x"))
     closed = jax.make_jaxpr(f)(np.ones(8, np.float32))
     eqn, = closed.jaxpr.eqns
-    bad = eqn.replace(params=dict(eqn.params, out_names=({},)))
+    bad = eqn.replace(params=eqn_params.to_eqn(eqn_params.read(eqn.params).replace(
+        out_names=({},))))
     with pytest.raises(core.JaxprTypeError, match="replicated"):
       core.check_jaxpr(closed.jaxpr.replace(eqns=[bad]))
 
@@ -118,7 +122,7 @@ def test_unordered_effects_run_per_device(mode):
   mesh = make_mesh((8,))
   results = {}
   # Eagerly, JAX 0.6.0 can only run debug callbacks without varying-axes types.
-  with config.varying_axes_in_types(mode == "jit"):
+  with vma_mode(mode == "jit" or not LEGACY):
     for k, sm in IMPLS.items():
       seen = []
       f = _effects_program(sm, mesh, seen)
@@ -145,7 +149,7 @@ def test_ordered_effect_rejected_like_jax():
 def test_eager_debug_print_order_and_text(capfd):
   mesh = make_mesh((4, 2))
   outputs = {}
-  with config.varying_axes_in_types(False):  # see test_unordered_effects_run_per_device
+  with vma_mode(not LEGACY):  # see test_unordered_effects_run_per_device
     for k, sm in IMPLS.items():
       f = sm(lambda x: (jax.debug.print("v={}", x), x * 2)[1], mesh, P("x"), P("x"))
       f(np.arange(8.0, dtype=np.float32))
@@ -154,7 +158,7 @@ def test_eager_debug_print_order_and_text(capfd):
   assert outputs["ours"] == outputs["jax"] and outputs["ours"]
 
 
-@pytest.mark.parametrize("vma", [True, False])
+@pytest.mark.parametrize("vma", vma_params(True, False))
 def test_eager_python_control_flow_on_replicated_values(vma):
   mesh = make_mesh((8,))
   def body(x):
@@ -163,7 +167,7 @@ def test_eager_python_control_flow_on_replicated_values(vma):
       return x * 2
     return x
   outs = {}
-  with config.varying_axes_in_types(vma):
+  with vma_mode(vma):
     for k, sm in IMPLS.items():
       try:
         outs[k] = ("ok", sm(body, mesh, P("x"), P("x"))(np.arange(8.0, dtype=np.float32)))

@@ -1,0 +1,64 @@
+"""JAX's own shard_map on the running JAX line: the reference ours is compared with.
+
+jax 0.6.0: ``jax.experimental.shard_map.shard_map``; jax 0.10.2: ``jax.shard_map``.
+``jax_shard_map`` takes the 0.6 call form the test programs are written in
+(``f, mesh, in_specs, out_specs, check_rep=, auto=``) and translates it to
+``jax.shard_map``'s keywords on 0.10 (``check_vma``, ``axis_names``).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
+
+import jax
+import pytest
+from jax._src import config
+
+from support.jax_lines import on_legacy_line
+
+LEGACY = on_legacy_line()
+
+if LEGACY:
+  from jax.experimental.shard_map import shard_map as _experimental_shard_map
+  from jax.experimental.shard_map import shard_map_p as jax_shard_map_p
+else:
+  from jax._src.shard_map import shard_map_p as jax_shard_map_p  # noqa: F401
+
+# Settings of jax_varying_axes_in_types a test can run under: 0.10 always types vma.
+VMA_MODES = (True, False) if LEGACY else (True,)
+# The check flag's keyword in JAX's shard_map, and in its error messages.
+CHECK_ARG = "check_rep" if LEGACY else "check_vma"
+
+
+def jax_shard_map(f: Callable, mesh: Any, in_specs: Any, out_specs: Any,
+                  check_rep: bool = True, auto: frozenset[Hashable] = frozenset()) -> Callable:
+  if LEGACY:
+    return _experimental_shard_map(f, mesh, in_specs, out_specs, check_rep=check_rep, auto=auto)
+  manual = frozenset(a for a in mesh.axis_names if a not in auto) if auto else frozenset()
+  return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       check_vma=check_rep, axis_names=manual)
+
+
+@contextlib.contextmanager
+def vma_mode(vma: bool) -> Iterator[None]:
+  """jax_varying_axes_in_types for one run (0.6 only; 0.10 has no switch)."""
+  if LEGACY:
+    with config.varying_axes_in_types(vma):  # type: ignore[attr-defined]
+      yield
+  else:
+    assert vma, "jax 0.10 always types varying manual axes"
+    yield
+
+
+@contextlib.contextmanager
+def settings(shardy: bool, vma: bool) -> Iterator[None]:
+  """Partitioner and varying-axes mode for one run (both are jit cache keys)."""
+  with config.use_shardy_partitioner(shardy), vma_mode(vma):
+    yield
+
+
+def vma_params(*values: bool) -> list:
+  """pytest params for a vma flag; vma-off runs are 0.6-only."""
+  return [pytest.param(v, marks=() if v else (pytest.mark.jax06_only(
+      reason="jax_varying_axes_in_types=False exists only on 0.6"),)) for v in values]
