@@ -8,32 +8,41 @@
 #   .venv-jax0.4.38,   older JAX lines a team may still run today; used to show that
 #   .venv-jax0.7.2     `python -m pmap_compat.testing record` works there.
 #
-# The extra environments get the project with --no-deps (its own pins are for .venv)
-# and only what the code run there imports.
+# .venv gets exactly the versions in .ci/constraints-jax0.6.0.txt; the extra
+# environments get the project with --no-deps and only what the code run there imports
+# (pytest-xdist too: `make test` runs the applicable suites in .venv-jax0.10.2 directly).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOBS ?= 2
-EXTRA_JAX := 0.10.2 0.7.2 0.4.38
+NEWEST_JAX := 0.10.2
+NEWEST_PY := .venv-jax$(NEWEST_JAX)/bin/python
+EXTRA_JAX := $(NEWEST_JAX) 0.7.2 0.4.38
 EXTRA_STAMPS := $(foreach v,$(EXTRA_JAX),.venv-jax$(v)/.installed)
+# What runs in-process on jax 0.10.2 (tests marked jax06_only skip themselves there);
+# the rest of the suite is about jax 0.6.0 or starts its own interpreters.
+NEWEST_SUITES := tests/shard_map_impl tests/pmap_compat tests/test_harness.py tests/test_structure.py
+PYTEST := -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: setup venvs demo lint test test-all bench clean
+.PHONY: setup venvs demo lint test test-all test-jax0.6.0 test-jax$(NEWEST_JAX) \
+	test-all-jax0.6.0 test-all-jax$(NEWEST_JAX) record-legacy bench clean
 
 setup: $(STAMP)
 
 venvs: $(STAMP) $(EXTRA_STAMPS)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml .ci/constraints-jax0.6.0.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c .ci/constraints-jax0.6.0.txt -e '.[test]'
 	@touch $(STAMP)
 
 .venv-jax%/.installed: pyproject.toml Makefile
 	@test -x .venv-jax$*/bin/python || $(PYTHON) -m venv .venv-jax$*
 	.venv-jax$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-jax$*/bin/python -m pip install --quiet 'jax==$*' 'jaxlib==$*' pytest libcst absl-py
+	.venv-jax$*/bin/python -m pip install --quiet 'jax==$*' 'jaxlib==$*' pytest \
+	  'pytest-xdist>=3.3' libcst absl-py
 	.venv-jax$*/bin/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
@@ -46,13 +55,32 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
-# Lint, then one pytest run on jax 0.6.0; tests that need another JAX run their code in
-# that environment's python (tests/support/venvs.py).
-test: lint venvs
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+# Lint, the whole suite on jax 0.6.0 (tests that need an older JAX run their code in that
+# environment's python, tests/support/venvs.py), then the applicable suites in-process on
+# jax 0.10.2, where legacy jax.pmap's results come from tests/data/legacy. `make -k test`
+# runs both lines even when the first fails.
+test: lint test-jax0.6.0 test-jax$(NEWEST_JAX)
 
-test-all: venvs
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+test-jax0.6.0: venvs
+	$(PY) $(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+test-jax$(NEWEST_JAX): venvs
+	$(NEWEST_PY) $(PYTEST) -m "not slow" $(NEWEST_SUITES) $(PYTEST_ARGS)
+
+test-all: test-all-jax0.6.0 test-all-jax$(NEWEST_JAX)
+
+test-all-jax0.6.0: venvs
+	$(PY) $(PYTEST) $(PYTEST_ARGS)
+
+test-all-jax$(NEWEST_JAX): venvs
+	$(NEWEST_PY) $(PYTEST) $(NEWEST_SUITES) $(PYTEST_ARGS)
+
+# Records legacy jax.pmap's result of every compare_with_legacy call into tests/data/legacy
+# (replacing all recordings, so those of removed tests go), running the tests that make
+# them on jax 0.6.0. One test's: RECORD_LEGACY=1 .venv/bin/python -m pytest NODE_ID.
+record-legacy: $(STAMP)
+	rm -rf tests/data/legacy
+	RECORD_LEGACY=1 $(PY) $(PYTEST) tests/pmap_compat tests/test_harness.py $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@set -e; for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done

@@ -1,4 +1,5 @@
 """The test harness itself: the device guard, the comparison helper, the CLI entry point."""
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from support.compare import assert_trees_equal, compare_call, compare_with_legacy
+import pmap_compat.testing as pt
+from support import legacy_recordings
+from support.compare import assert_trees_equal, compare_call, compare_with_legacy, run_program
 from support.jax_lines import LEGACY, NEWEST, on_legacy_line, running_jax, skip_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,3 +197,138 @@ def test_shipped_example_runs_under_legacy_pmap():
   assert losses.shape == (3, 8)
   assert (losses[-1] < losses[0]).all()
   assert int(out["examples_per_step"][0]) == 16 * 8
+
+
+# --------------------------------------------------------------- recorded legacy results
+
+CASE = "tests/pmap_compat/test_example.py::test_case[x-1]__0"
+
+
+def _psum_program(pmap):
+  return pmap(lambda v: (v * 2, jax.lax.psum(v, "i")), axis_name="i")(
+      np.arange(16, dtype=np.float32).reshape(8, 2))
+
+
+def _mismatched_sizes(pmap):
+  return pmap(lambda a, b: a + b.sum())(np.zeros(8, np.float32), np.zeros(4, np.float32))
+
+
+def _record(tmp_path, program, case=CASE):
+  """Legacy's outcome of `program`, stored as the case's recording (jax 0.6.0)."""
+  outcome = run_program(program, jax.pmap)
+  legacy_recordings.write(case, outcome.value, outcome.error, root=tmp_path)
+  return outcome
+
+
+def test_case_names_follow_the_test_and_count_its_calls(tmp_path):
+  node = "tests/pmap_compat/test_x.py::TestA::test_b[float32-(8, 2)]"
+  assert [legacy_recordings.next_case(node) for _ in range(2)] == [f"{node}__0", f"{node}__1"]
+  assert legacy_recordings.case_directory(f"{node}__1", tmp_path) == (
+      tmp_path / "pmap_compat" / "test_x" / "TestA.test_b[float32-_8_2_]__1")
+  long = legacy_recordings.case_directory(f"tests/t.py::test_{'a' * 300}[1]__0", tmp_path)
+  other = legacy_recordings.case_directory(f"tests/t.py::test_{'a' * 300}[2]__0", tmp_path)
+  assert len(long.name) <= 120 and long != other
+  assert legacy_recordings.running_test() == (
+      "tests/test_harness.py::test_case_names_follow_the_test_and_count_its_calls")
+
+
+@pytest.mark.jax06_only(reason="records legacy jax.pmap in-process")
+@pytest.mark.parametrize("program", [_psum_program, _mismatched_sizes])
+def test_a_fresh_legacy_run_matches_its_recording(tmp_path, program):
+  _record(tmp_path, program)
+  again = run_program(program, jax.pmap)
+  legacy_recordings.check_fresh(CASE, again.value, again.error, root=tmp_path)
+
+
+@pytest.mark.jax06_only(reason="records legacy jax.pmap in-process")
+def test_a_missing_or_stale_recording_fails_on_the_legacy_line(tmp_path):
+  legacy = run_program(_psum_program, jax.pmap)
+  with pytest.raises(AssertionError, match=r"no legacy recording .*RECORD_LEGACY=1 .*"
+                     r"'tests/pmap_compat/test_example.py::test_case\[x-1\]'.*make record-legacy"):
+    legacy_recordings.check_fresh(CASE, legacy.value, None, root=tmp_path)
+  _record(tmp_path, _psum_program)
+  doubled, psum = legacy.value
+  off_by_one_ulp = (doubled, jnp.nextafter(psum, jnp.float32(np.inf)))
+  with pytest.raises(AssertionError, match="stale(.|\n)*BEYOND TOLERANCE"):
+    legacy_recordings.check_fresh(CASE, off_by_one_ulp, None, root=tmp_path)
+  with pytest.raises(AssertionError, match="stale.*recorded legacy returned normally, now it "
+                     "raised builtins.ValueError: boom"):
+    legacy_recordings.check_fresh(CASE, None, ValueError("boom"), root=tmp_path)
+  with pytest.raises(AssertionError, match="stale.*now output leaf at .*is a function"):
+    legacy_recordings.check_fresh(CASE, {"f": lambda: 0}, None, root=tmp_path)
+  _stored(tmp_path, legacy.value, case=CASE.replace("test_case", "test_other"))
+  with pytest.raises(AssertionError, match="records .*test_other.* not .*two cases"):
+    legacy_recordings.check_fresh(CASE, legacy.value, None, root=tmp_path)
+
+
+@pytest.mark.jax06_only(reason="records legacy jax.pmap in-process")
+def test_an_error_message_may_differ_only_in_object_addresses(tmp_path):
+  legacy_recordings.write(CASE, None, TypeError("bad <function f at 0x7f01>"), root=tmp_path)
+  legacy_recordings.check_fresh(CASE, None, TypeError("bad <function f at 0x7aa2>"),
+                                root=tmp_path)
+  with pytest.raises(AssertionError, match="stale"):
+    legacy_recordings.check_fresh(CASE, None, TypeError("bad <function g at 0x7aa2>"),
+                                  root=tmp_path)
+
+
+def _stored(tmp_path, outputs=None, **metadata):
+  """A recording at CASE's place made by this JAX (any line), of `metadata['case']`."""
+  pt.record(outputs, legacy_recordings.case_directory(CASE, tmp_path),
+            metadata={"case": CASE, **metadata})
+
+
+def test_the_recording_is_the_reference_off_the_legacy_line(tmp_path):
+  value = (np.arange(8, dtype=np.float32), np.int32(3))
+  _stored(tmp_path, value)
+  assert legacy_recordings.reference(CASE, value, None, root=tmp_path) is None
+  nudged = (np.nextafter(value[0], np.float32(np.inf)), value[1])
+  with pytest.raises(AssertionError, match="values differ"):
+    legacy_recordings.reference(CASE, nudged, None, root=tmp_path)  # same jax: bit for bit
+  assert legacy_recordings.reference(CASE, nudged, None, atol=1e-5, root=tmp_path) is None
+  with pytest.raises(AssertionError, match="values differ"):
+    legacy_recordings.reference(CASE, (value[0], np.int32(4)), None, atol=1e-5, root=tmp_path)
+  with pytest.raises(AssertionError, match="raised RuntimeError: boom; legacy"):
+    legacy_recordings.reference(CASE, None, RuntimeError("boom"), root=tmp_path)
+  with pytest.raises(AssertionError, match="no legacy recording"):
+    legacy_recordings.reference(CASE, value, None, root=tmp_path / "none")
+
+
+def test_a_recorded_exception_is_the_reference_off_the_legacy_line(tmp_path):
+  _stored(tmp_path, legacy_error={"type": "builtins.ValueError", "message": "sizes differ"})
+  rebuilt = legacy_recordings.reference(CASE, None, ValueError("x"), root=tmp_path)
+  assert type(rebuilt) is ValueError and str(rebuilt) == "sizes differ"
+  with pytest.raises(AssertionError, match="raised TypeError"):
+    legacy_recordings.reference(CASE, None, TypeError("x"), root=tmp_path)
+  with pytest.raises(AssertionError, match="returned 1"):
+    legacy_recordings.reference(CASE, 1, None, root=tmp_path)
+  moved = legacy_recordings.RecordedError("jax._src.gone.JaxValueError", "m")
+  assert moved.matches_type(type("JaxValueError", (ValueError,), {})("m"))
+  assert type(moved.rebuilt()).__name__ == "JaxValueError" and str(moved.rebuilt()) == "m"
+
+
+def test_an_unrecordable_legacy_result_fails_off_the_legacy_line(tmp_path):
+  _stored(tmp_path, unrecordable="output leaf at <root> is a Mesh")
+  with pytest.raises(AssertionError, match="could not be recorded .*Mesh.*jax06_only"):
+    legacy_recordings.reference(CASE, 1, None, root=tmp_path)
+
+
+def _recordings() -> list[tuple[str, str]]:
+  found = []
+  for manifest in sorted(legacy_recordings.DATA_ROOT.rglob("manifest.json")):
+    case = json.loads(manifest.read_text())["metadata"]["case"]
+    found.append((str(manifest.parent.relative_to(legacy_recordings.DATA_ROOT)), case))
+  return found
+
+
+def test_every_recording_belongs_to_an_existing_test():
+  """Recordings of renamed or deleted tests are left-overs: `make record-legacy` drops them."""
+  recordings = _recordings()
+  assert recordings, "no recordings under tests/data/legacy; run make record-legacy"
+  for where, case in recordings:
+    assert legacy_recordings.case_directory(case) == legacy_recordings.DATA_ROOT / where, case
+    module, _, test = case.rpartition("__")[0].partition("::")
+    function = test.split("::")[-1].split("[")[0]
+    source = os.path.join(ROOT, module)
+    assert os.path.exists(source), f"{where}: {module} no longer exists"
+    with open(source, encoding="utf-8") as f:
+      assert f"def {function}(" in f.read(), f"{where}: {module} defines no {function}"

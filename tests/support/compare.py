@@ -5,7 +5,8 @@
 leaf by leaf the same shape, dtype and values (bit-for-bit unless ``rtol`` /
 ``atol`` is given). When legacy raises, the implementation must raise an
 exception of the same type. ``program`` receives the pmap to use, so one
-program can nest pmaps, wrap them in ``jax.grad`` and so on.
+program can nest pmaps, wrap them in ``jax.grad`` and so on. Off jax 0.6.0,
+legacy's recorded outcome is the reference (support/legacy_recordings.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+
+from support import legacy_recordings
+from support.jax_lines import on_legacy_line
 
 PmapLike = Callable[..., Callable[..., Any]]
 
@@ -98,14 +102,9 @@ def assert_trees_equal(expected: Any, actual: Any, *, rtol: float | None = None,
     assert_leaf_equal(e, a, where=_describe(path), rtol=rtol, atol=atol)
 
 
-def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
-                        rtol: float | None = None, atol: float | None = None) -> Outcome:
-  """Runs ``program`` under legacy ``jax.pmap`` and under ``impl`` and asserts they agree.
-
-  Returns legacy's outcome so a test can make further assertions.
-  """
-  legacy = run_program(program, jax.pmap)
-  ours = run_program(program, impl)
+def _compare_in_process(legacy: Outcome, ours: Outcome, rtol: float | None,
+                        atol: float | None) -> None:
+  """Legacy ran in this process (jax 0.6.0): the implementation must agree with it."""
   if legacy.error is not None:
     if ours.error is None:
       raise AssertionError(
@@ -116,12 +115,41 @@ def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
           f"legacy jax.pmap raised {type(legacy.error).__name__}: {legacy.error}; "
           f"the implementation under test raised {type(ours.error).__name__}: {ours.error}"
       ) from ours.error
-    return legacy
+    return
   if ours.error is not None:
     raise AssertionError(
         f"the implementation under test raised {type(ours.error).__name__}: {ours.error}; "
         f"legacy jax.pmap returned normally") from ours.error
   assert_trees_equal(legacy.value, ours.value, rtol=rtol, atol=atol)
+
+
+def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
+                        rtol: float | None = None, atol: float | None = None) -> Outcome:
+  """Runs ``program`` under legacy ``jax.pmap`` and under ``impl`` and asserts they agree.
+
+  On jax 0.6.0 legacy runs in-process, and its outcome must also match the case's
+  recording (support/legacy_recordings.py; written instead with RECORD_LEGACY=1). On
+  other JAX lines the recording is the reference. Returns legacy's outcome so a test can
+  make further assertions; off 0.6.0 that is the recorded exception, rebuilt, or the
+  implementation's value, which matched the recording.
+  """
+  test = legacy_recordings.running_test()
+  case = legacy_recordings.next_case(test) if test else None
+  if not on_legacy_line():
+    ours = run_program(program, impl)
+    if case is None:
+      raise RuntimeError("compare_with_legacy off jax 0.6.0 needs a recorded legacy result, "
+                         "and those exist for pytest tests only")
+    error = legacy_recordings.reference(case, ours.value, ours.error, rtol=rtol, atol=atol)
+    return Outcome(error=error) if error is not None else ours
+  legacy = run_program(program, jax.pmap)
+  ours = run_program(program, impl)
+  if case is not None:
+    if legacy_recordings.writing():
+      legacy_recordings.write(case, legacy.value, legacy.error)
+    else:
+      legacy_recordings.check_fresh(case, legacy.value, legacy.error)
+  _compare_in_process(legacy, ours, rtol, atol)
   return legacy
 
 
