@@ -1,4 +1,5 @@
-"""Test-session setup: 8 fake CPU devices, shared meshes and the legacy comparison helper."""
+"""Test-session setup: 8 fake CPU devices, shared meshes, the legacy comparison helper, and
+the skipping of tests pinned to the other JAX line (jax06_only / jax010_only)."""
 import os
 import sys
 

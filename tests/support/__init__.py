@@ -1,1 +1,2 @@
-"""Shared test machinery: the host-device guard and the legacy-pmap comparison helper."""
+"""Shared test machinery: the host-device guard, the legacy-pmap comparison helper and
+legacy's recorded results, the JAX-line markers, and the other JAX environments."""
