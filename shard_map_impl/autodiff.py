@@ -23,6 +23,7 @@ from jax._src.util import split_list
 
 from shard_map_impl import debug_names as dn
 from shard_map_impl import split_residuals as rs
+from shard_map_impl.jax_line import get_aval, linearize_subtrace
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
@@ -32,6 +33,11 @@ def _pick(values: Sequence[Any], mask: Sequence[bool]):
   return [v for v, m in zip(values, mask, strict=True) if m]
 
 
+def zero_tangent(primal: Any) -> ad.Zero:
+  """The symbolic zero tangent of ``primal``."""
+  return ad.Zero(get_aval(primal).to_tangent_aval())
+
+
 # ------------------------------------------------------------------------ JVP
 
 @lu.transformation_with_aux2
@@ -39,7 +45,7 @@ def _flat_tangents(f: Callable, store: lu.Store, nonzero_in: tuple, *args: Any):
   """(primals, tangents) -> flat [*primals, *non-zero tangents], both ways."""
   primals, given = split_list(args, [len(nonzero_in)])
   given_iter = iter(given)
-  tangents = [next(given_iter) if nz else ad.Zero.from_primal_value(p)
+  tangents = [next(given_iter) if nz else zero_tangent(p)
               for p, nz in zip(primals, nonzero_in, strict=True)]
   out_primals, out_tangents = f(primals, tangents)
   nonzero_out = tuple(type(t) is not ad.Zero for t in out_tangents)
@@ -109,7 +115,7 @@ def linearize_rule(trace: ad.LinearizeTrace, prim: core.Primitive, fun: lu.Wrapp
   tangents = tuple(t for _, t in pairs)
   nonzero_in = tuple(type(t) is not ad.Zero for t in tangents)
   fresh_axes = rs.newly_manual_axes(mesh, auto)
-  primal_fun, aux = ad.linearize_subtrace(fun, trace.tag, nonzero_in, fun.debug_info)
+  primal_fun, aux = linearize_subtrace(fun, trace, nonzero_in, fun.debug_info)
   promoter = _Promoter(aux)
   # The primal half returns the fresh residuals (unnamed) before the outputs.
   primal_fun = dn.renamed(primal_fun, fun.debug_info, fun.debug_info.arg_names,
@@ -152,10 +158,12 @@ def linearize_rule(trace: ad.LinearizeTrace, prim: core.Primitive, fun: lu.Wrapp
       check_rep=rs.staged_check_rep(check_rep), rewrite=rewrite, auto=auto)
   nz_tangents_out = prim.bind_with_trace(
       trace.tangent_trace,
-      (lu.wrap_init(tangent_half, debug_info=lin_jaxpr.debug_info),
+      (lu.wrap_init(tangent_half, debug_info=rs.unnamed_io(
+          lin_jaxpr.debug_info, len(lin_jaxpr.constvars) + len(lin_jaxpr.invars),
+          len(lin_jaxpr.outvars))),
        *residuals, *env, *_pick(tangents, nonzero_in)),
       tangent_params)
   nz_iter = iter(nz_tangents_out)
   return [ad.maybe_linearize_tracer(trace, p, nz, next(nz_iter) if nz
-                                    else ad.Zero.from_primal_value(p))
+                                    else zero_tangent(p))
           for p, nz in zip(primals_out, nonzero_out, strict=True)]

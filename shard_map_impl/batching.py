@@ -20,6 +20,8 @@ from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import batching
 
+from shard_map_impl.jax_line import (explicit_vmap_axes, ragged_batch_dims,
+                                     without_explicit_mesh_axes)
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
@@ -27,7 +29,7 @@ from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
 
 def batched_names(names: AxisNames, dim, spmd_axes: Any) -> AxisNames:
   """``names`` of a value whose batch dimension sits at ``dim`` (None: unbatched)."""
-  if dim is batching.not_mapped:
+  if dim is None:
     return dict(names)
   moved = {d + (d >= dim): axes for d, axes in names.items()}
   if spmd_axes is not None:
@@ -35,12 +37,15 @@ def batched_names(names: AxisNames, dim, spmd_axes: Any) -> AxisNames:
   return moved
 
 
-def _reject_spmd_axes_in(kind: str, all_names: Sequence[AxisNames], spmd_axes: Any) -> None:
-  if spmd_axes is None or config.disable_vmap_shmap_error.value:
-    return
+def _reject_vmapped_axes_in(kind: str, all_names: Sequence[AxisNames], spmd_axes: Any,
+                            explicit_axes: Any) -> None:
+  """Specs may not name the mesh axes the vmap's batch dimension is split over."""
   used = set().union(*map(spec_axes, all_names)) if all_names else set()
-  if used & set(spmd_axes):
-    raise ValueError(f"vmap spmd_axis_name cannot appear in shard_map {kind}")
+  if spmd_axes is not None:
+    if used & set(spmd_axes) and not config.disable_vmap_shmap_error.value:
+      raise ValueError(f"vmap spmd_axis_name cannot appear in shard_map {kind}")
+  elif explicit_axes and used & set(explicit_axes):
+    raise ValueError(f"vmapped away explicit mesh axis cannot appear in shard_map {kind}")
 
 
 @register_trace_rule(batching.BatchTrace)
@@ -49,28 +54,32 @@ def batch_rule(trace: batching.BatchTrace, prim: core.Primitive, fun: lu.Wrapped
                mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk,
                check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   vals, dims = zip(*map(trace.to_batch_info, tracers), strict=True) if tracers else ((), ())
-  if any(isinstance(d, batching.RaggedAxis) for d in dims):
+  if any(isinstance(d, ragged_batch_dims()) for d in dims):
     raise NotImplementedError("vmap with ragged batch dimensions of shard_map_impl.shard_map")
   spmd_axes = trace.axis_data.spmd_name
-  _reject_spmd_axes_in("in_specs", in_names, spmd_axes)
+  # A vmap over an array sharded on Explicit mesh axes (0.10): the body sees the
+  # batch dimension unsharded, and those axes hidden while it is bound.
+  explicit_axes = explicit_vmap_axes(trace.axis_data)
+  _reject_vmapped_axes_in("in_specs", in_names, spmd_axes, explicit_axes)
   axis_data = trace.axis_data
   if spmd_axes is not None:
     per_device = axis_data.size // prod(mesh.shape[a] for a in spmd_axes)
-    axis_data = dataclasses.replace(axis_data, size=per_device, explicit_mesh_axis=None)
+    axis_data = dataclasses.replace(axis_data, size=per_device)
   body, out_dims = batching.batch_subtrace(fun, trace.tag, axis_data, tuple(dims))
 
   def out_names():
     names = out_names_thunk()
-    _reject_spmd_axes_in("out_specs", names, spmd_axes)
+    _reject_vmapped_axes_in("out_specs", names, spmd_axes, explicit_axes)
     return [batched_names(n, d, spmd_axes) for n, d in zip(names, out_dims(), strict=True)]
 
   params = dict(
       mesh=mesh,
       in_names=tuple(batched_names(n, d, spmd_axes) for n, d in zip(in_names, dims, strict=True)),
-      out_names_thunk=DerivedNames(out_names, ("vmap", out_names_thunk, dims, spmd_axes)),
+      out_names_thunk=DerivedNames(out_names, ("vmap", out_names_thunk, dims, spmd_axes,
+                                               explicit_axes)),
       check_rep=check_rep, rewrite=rewrite, auto=auto)
-  with core.set_current_trace(trace.parent_trace):
+  with core.set_current_trace(trace.parent_trace), without_explicit_mesh_axes(explicit_axes):
     outs = prim.bind(body, *vals, **params)
   source_info = source_info_util.current()
-  return [batching.BatchTracer(trace, v, d, source_info) if d is not batching.not_mapped
+  return [batching.BatchTracer(trace, v, d, source_info) if d is not None
           else v for v, d in zip(outs, out_dims(), strict=True)]

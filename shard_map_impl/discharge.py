@@ -4,7 +4,7 @@
 shard_map with ref inputs is discharged into one taking the refs' current
 values and returning, after its own outputs, each ref's final value under the
 ref's spec; the caller writes those back.  (JAX 0.6.0's own shard_map has no
-such rule.)
+such rule; 0.10's does.)
 """
 from __future__ import annotations
 
@@ -16,20 +16,21 @@ from jax._src import linear_util as lu
 from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef
 
+from shard_map_impl import eqn_params
+from shard_map_impl.jax_line import discharge_state
 from shard_map_impl.per_device import body_context
 from shard_map_impl.out_names import ConstThunk
 from shard_map_impl.primitive import shard_map_p
-from shard_map_impl.specs import AnyMesh, AxisNames
 
 
 def discharge_rule(in_avals: Sequence[core.AbstractValue], out_avals: Sequence[core.AbstractValue],
-                   *args: Any, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
-                   Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
-                   rewrite: bool, auto: frozenset, **_hidden: Any) -> tuple[list, list]:
+                   *args: Any, **params: Any) -> tuple[list, list]:
   del out_avals
+  p = eqn_params.read(params)
+  jaxpr, mesh, in_names, out_names = p.jaxpr, p.mesh, p.in_names, p.out_names
   is_ref = [isinstance(a, AbstractRef) for a in in_avals]
-  with body_context(mesh, auto, check_rep):
-    body, consts = state_discharge.discharge_state(jaxpr, ())
+  with body_context(mesh, p.auto, p.check):
+    body, consts = discharge_state(jaxpr)
   ref_names = [n for n, r in zip(in_names, is_ref, strict=True) if r]
   n_consts = len(consts)
 
@@ -40,7 +41,7 @@ def discharge_rule(in_avals: Sequence[core.AbstractValue], out_avals: Sequence[c
       lu.wrap_init(run, debug_info=jaxpr.debug_info), *consts, *args,
       mesh=mesh, in_names=(*({} for _ in consts), *in_names),
       out_names_thunk=ConstThunk((*out_names, *ref_names)),
-      check_rep=check_rep, rewrite=rewrite, auto=auto)
+      check_rep=p.check, rewrite=p.rewrite, auto=p.auto)
   n_out = len(out_names)
   finals = iter(outs[n_out:])
   return [next(finals) if r else None for r in is_ref], outs[:n_out]

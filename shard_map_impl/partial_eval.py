@@ -1,7 +1,8 @@
 """Partial evaluation (JaxprTrace): split a shard_map into known and unknown halves.
 
 This is the path ``jax.grad`` / ``jax.vjp`` / ``jax.linearize`` take in jax
-0.6.0 (JVP followed by partial evaluation).  The body is partially evaluated
+0.6.0, and on 0.10 with ``jax_use_direct_linearize`` off (JVP followed by
+partial evaluation).  The body is partially evaluated
 per device with the known inputs as constants: the known half runs now as its
 own shard_map (bound on the parent trace) and returns the known outputs plus
 the residuals; the unknown half is recorded as a ``shard_map_p`` equation
@@ -26,6 +27,7 @@ from shard_map_impl import split_residuals as rs
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval
 from shard_map_impl import eqn_params
+from shard_map_impl.jax_line import body_effects, new_eqn_recipe
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
@@ -45,18 +47,43 @@ class _Split:
     return [i is None and o is None for i, o in zip(self.in_fwd, self.out_fwd, strict=True)]
 
 
+def _positions(values: Sequence[Any], among: Sequence[Any]) -> list[int | None]:
+  """Per value: the index of the very same object in ``among``, or None."""
+  index = {id(x): i for i, x in enumerate(among)}
+  return [index.get(id(v)) for v in values]
+
+
+def _trace_partial(f: Callable, tag: core.TraceTag, debug_info: core.DebugInfo,
+                   pvals: Sequence[pe.PartialVal]) -> tuple[core.Jaxpr, list, list, list]:
+  """Partially evaluate ``f`` on ``pvals``: (unknown jaxpr, out pvals, residuals, env)."""
+  with core.take_current_trace() as parent:
+    trace = pe.JaxprTrace(parent, source_info_util.current_name_stack(), tag)
+    out_tracers, jaxpr, residuals, env = pe._trace_to_subjaxpr_nounits(
+        f, trace, False, pvals, debug_info)
+    out_pvals = [t.pval for t in out_tracers]
+  return jaxpr, out_pvals, residuals, env
+
+
 @lu.transformation_with_aux2
-def _known_half(f: Callable, store: lu.Store, in_knowns: tuple, unknown_avals: tuple,
-                *known_vals: Any):
-  """Known inputs -> [*known outputs, *fresh residuals (rank 0 promoted)]."""
+def _known_half(f: Callable, store: lu.Store, tag: core.TraceTag, debug_info: core.DebugInfo,
+                in_knowns: tuple, unknown_avals: tuple, *known_vals: Any):
+  """Known inputs -> [*known outputs, *fresh residuals (rank 0 promoted)].
+
+  Residuals that are a known input or a known output are not returned again:
+  ``in_fwd`` / ``out_fwd`` say which one they are.
+  """
   known_iter, unknown_iter = iter(known_vals), iter(unknown_avals)
   pvals = [pe.PartialVal.known(next(known_iter)) if k
            else pe.PartialVal.unknown(next(unknown_iter)) for k in in_knowns]
-  jaxpr, (in_fwd, out_fwd, out_pvals, fresh_res, env) = f(pvals)
+  jaxpr, out_pvals, residuals, env = _trace_partial(f, tag, debug_info, pvals)
   out_knowns = [pv.is_known() for pv in out_pvals]
+  known_outs = [pv.get_known() for pv in out_pvals if pv.is_known()]
+  in_fwd = _positions(residuals, known_vals)
+  out_fwd = _positions(residuals, known_outs)
+  fresh_res = [r for r, i, o in zip(residuals, in_fwd, out_fwd, strict=True)
+               if i is None and o is None]
   store.store(_Split(jaxpr, out_knowns, in_fwd, out_fwd,
                      [core.typeof(r) for r in fresh_res], env))
-  known_outs = [pv.get_known() for pv in out_pvals if pv.is_known()]
   return [*known_outs,
           *(rs.promote(r) if rs.is_scalar(core.typeof(r)) else r for r in fresh_res)]
 
@@ -74,8 +101,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.Wrappe
                         for n, t in zip(unknown_in_names, unknown_tracers, strict=True))
   fresh_axes = rs.newly_manual_axes(mesh, auto)
 
-  traced = pe.trace_to_subjaxpr_nounits_fwd2(fun, trace.tag, fun.debug_info, False)
-  known_fun, split_thunk = _known_half(traced, in_knowns, unknown_avals)
+  known_fun, split_thunk = _known_half(fun, trace.tag, fun.debug_info, in_knowns, unknown_avals)
   # The known half takes the known inputs; returns known outputs, then residuals.
   known_fun = dn.renamed(
       known_fun, fun.debug_info, dn.kept(fun.debug_info.arg_names, in_knowns),
@@ -107,7 +133,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.Wrappe
   demote = [f and rs.is_scalar(a) for f, a in
             zip(split.fresh, _fresh_slots(split), strict=True)]
   with body_context(mesh, auto, check_rep):  # jaxpr checks need the body's axis env
-    hoisted = pe.convert_constvars_jaxpr(dn.consistent(split.jaxpr))
+    hoisted = pe.convert_constvars_jaxpr(dn.consistent(rs.with_unnamed_io(split.jaxpr)))
   body = rs.retrace_jaxpr(hoisted, mesh=mesh, auto=auto, check_rep=check_rep,
                           demote_inputs=demote)
 
@@ -122,9 +148,8 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.Wrappe
   out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(
                      unshard_aval(mesh, check_rep, n, v.aval)), None)
                  for n, v in zip(unknown_out_names, body.outvars, strict=True)]
-  effects = core.filter_named_axis_effects(body.effects, mesh.axis_names)
-  recipe = pe.new_eqn_recipe(in_tracers, out_tracers, prim, params, effects,
-                             source_info_util.current())
+  recipe = new_eqn_recipe(trace, in_tracers, out_tracers, prim, params,
+                          body_effects(body, mesh.axis_names), source_info_util.current())
   for t in out_tracers:
     t.recipe = recipe
   return merge_lists(split.out_knowns, out_tracers, known_outs)

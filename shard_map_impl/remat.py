@@ -17,8 +17,9 @@ from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 from jax._src.util import partition_list
 
-from shard_map_impl import debug_names
+from shard_map_impl import debug_names, eqn_params
 from shard_map_impl import split_residuals as rs
+from shard_map_impl.jax_line import eqn_effects
 from shard_map_impl.per_device import body_context, unshard_aval
 from shard_map_impl.primitive import shard_map_p
 
@@ -45,16 +46,17 @@ def _forwarding(known: core.Jaxpr, n_outs: int) -> tuple[list[int | None], list[
 
 def remat_rule(saveable: Callable, unks_in: Sequence[bool], inst_in: Sequence[bool],
                eqn: core.JaxprEqn) -> tuple:
-  params = eqn.params
-  mesh, auto, check_rep = params["mesh"], params["auto"], params["check_rep"]
+  p = eqn_params.read(eqn.params)
+  mesh, auto, check_rep = p.mesh, p.auto, p.check
   fresh_axes = rs.newly_manual_axes(mesh, auto)
   with body_context(mesh, auto, check_rep):
     known, staged, unks_out, inst_out, num_res = pe.partial_eval_jaxpr_custom(
-        params["jaxpr"], unks_in, inst_in, False, False, saveable)
+        p.jaxpr, unks_in, inst_in, False, False, saveable)
   known = known.replace(debug_info=debug_names.known_half(
-      params["jaxpr"].debug_info, [not u for u in unks_in], [not u for u in unks_out],
+      p.jaxpr.debug_info, [not u for u in unks_in], [not u for u in unks_out],
       num_res))
-  known, staged = debug_names.consistent(known), debug_names.consistent(staged)
+  known = debug_names.consistent(known)
+  staged = debug_names.consistent(rs.with_unnamed_io(staged))
   n_outs = len(known.outvars) - num_res
   in_fwd, out_fwd = _forwarding(known, n_outs)
   fresh = [i is None and o is None for i, o in zip(in_fwd, out_fwd, strict=True)]
@@ -78,28 +80,31 @@ def remat_rule(saveable: Callable, unks_in: Sequence[bool], inst_in: Sequence[bo
                 for n, a in zip(fresh_names, fresh_avals, strict=True)]
 
   ins_known, _ = partition_list(unks_in, eqn.invars)
-  names_known_in, _ = partition_list(unks_in, params["in_names"])
+  names_known_in, _ = partition_list(unks_in, p.in_names)
   outs_known, _ = partition_list(unks_out, eqn.outvars)
-  names_known_out, _ = partition_list(unks_out, params["out_names"])
+  names_known_out, _ = partition_list(unks_out, p.out_names)
   _, ins_staged = partition_list(inst_in, eqn.invars)
-  _, names_staged_in = partition_list(inst_in, params["in_names"])
+  _, names_staged_in = partition_list(inst_in, p.in_names)
   _, outs_staged = partition_list(inst_out, eqn.outvars)
-  _, names_staged_out = partition_list(inst_out, params["out_names"])
+  _, names_staged_out = partition_list(inst_out, p.out_names)
 
   res_vars = rs.resolve_forwarding(in_fwd, out_fwd, ins_known, outs_known, fresh_vars)
   res_names = rs.resolve_forwarding(in_fwd, out_fwd, names_known_in, names_known_out,
                                     fresh_names)
-  effects = lambda j: core.filter_named_axis_effects(j.effects, mesh.axis_names)
-  known_params = dict(params, jaxpr=kept, in_names=tuple(names_known_in),
-                      out_names=(*names_known_out, *fresh_names))
+  known_params = eqn_params.to_eqn(p.replace(
+      jaxpr=kept, in_names=tuple(names_known_in),
+      out_names=(*names_known_out, *fresh_names)), replacing=eqn.params)
   eqn_known = pe.new_jaxpr_eqn(ins_known, [*outs_known, *fresh_vars], shard_map_p,
-                               known_params, effects(kept), eqn.source_info, eqn.ctx)
-  staged_params = dict(params, jaxpr=staged,
-                       in_names=(*res_names, *names_staged_in),
-                       out_names=tuple(names_staged_out),
-                       check_rep=rs.staged_check_rep(check_rep))
-  eqn_staged = pe.new_jaxpr_eqn([*res_vars, *ins_staged], outs_staged, shard_map_p,
-                                staged_params, effects(staged), eqn.source_info, eqn.ctx)
+                               known_params, eqn_effects(kept, ins_known, mesh.axis_names),
+                               eqn.source_info, eqn.ctx)
+  staged_params = eqn_params.to_eqn(p.replace(
+      jaxpr=staged, in_names=(*res_names, *names_staged_in),
+      out_names=tuple(names_staged_out), check=rs.staged_check_rep(check_rep)),
+      replacing=eqn.params)
+  staged_in = [*res_vars, *ins_staged]
+  eqn_staged = pe.new_jaxpr_eqn(staged_in, outs_staged, shard_map_p, staged_params,
+                                eqn_effects(staged, staged_in, mesh.axis_names),
+                                eqn.source_info, eqn.ctx)
 
   # Vars the enclosing split must make available to the staged side.
   to_save = [x for x, inst in zip(eqn.invars, inst_in, strict=True)

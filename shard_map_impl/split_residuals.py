@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from jax import lax
-from jax._src import config
 from jax._src import core
 from jax._src import linear_util as lu
-from jax._src.interpreters import partial_eval as pe
 from jax._src.mesh import get_abstract_mesh
 
+from shard_map_impl.jax_line import trace_to_jaxpr, varying_axes_typed, vma_of
 from shard_map_impl.per_device import body_context, vma_enabled
 from shard_map_impl.specs import AnyMesh, AxisNames
 
@@ -51,7 +50,7 @@ def residual_names(mesh: AnyMesh, check_rep: bool, fresh_axes: tuple,
                    aval: core.AbstractValue) -> AxisNames:
   """Spec of a non-forwarded residual with per-device type ``aval``."""
   if vma_enabled(check_rep):
-    vma: frozenset = getattr(aval, "vma", frozenset())
+    vma = vma_of(aval)
     return {0: tuple(a for a in mesh.axis_names if a in vma)}
   return {0: fresh_axes}
 
@@ -89,6 +88,20 @@ def resolve_forwarding(in_fwd: Sequence[int | None], out_fwd: Sequence[int | Non
   return picked
 
 
+def unnamed_io(debug_info: core.DebugInfo, n_in: int, n_out: int) -> core.DebugInfo:
+  """``debug_info`` for a half whose inputs and outputs are all derived values
+  (residuals, tangents): each one unnamed."""
+  return debug_info._replace(arg_names=("",) * n_in, result_paths=("",) * n_out)
+
+
+def with_unnamed_io(jaxpr: core.Jaxpr) -> core.Jaxpr:
+  """``jaxpr`` whose unknown input / output names (None on 0.10) are spelled out."""
+  dbg = jaxpr.debug_info
+  if dbg.arg_names is not None and dbg.result_paths is not None:
+    return jaxpr
+  return jaxpr.replace(debug_info=unnamed_io(dbg, len(jaxpr.invars), len(jaxpr.outvars)))
+
+
 def retrace_jaxpr(jaxpr: core.Jaxpr, *, mesh: AnyMesh, auto: frozenset, check_rep: bool,
                   demote_inputs: Sequence[bool] = (),
                   promote_outputs: Sequence[bool] = ()) -> core.Jaxpr:
@@ -115,9 +128,9 @@ def retrace_jaxpr(jaxpr: core.Jaxpr, *, mesh: AnyMesh, auto: frozenset, check_re
             for i, x in enumerate(outs)]
 
   with body_context(mesh, auto, check_rep):
-    new_jaxpr, _, consts, attrs = pe.trace_to_jaxpr_dynamic(
-        lu.wrap_init(body, debug_info=jaxpr.debug_info), avals)
-  assert not consts and not attrs, "retracing a closed body produced constants"
+    new_jaxpr, _, consts = trace_to_jaxpr(lu.wrap_init(body, debug_info=jaxpr.debug_info),
+                                          avals)
+  assert not consts, "retracing a closed body produced constants"
   return new_jaxpr
 
 
@@ -128,4 +141,4 @@ def staged_check_rep(check_rep: bool) -> bool:
   residual specs are conservative guesses, its body already rewritten), so,
   as in JAX, only the user-facing shard_map is checked.
   """
-  return check_rep if config.varying_axes_in_types.value else False
+  return check_rep if varying_axes_typed() else False

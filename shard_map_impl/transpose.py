@@ -31,16 +31,22 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import ad
 from jax._src.interpreters import partial_eval as pe
 
+from shard_map_impl import eqn_params
+from shard_map_impl.eqn_params import newly_manual
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import AnyMesh, AxisNames, spec_axes
 
 
 def _replicated_axes(mesh: AnyMesh, names: AxisNames, auto: frozenset) -> tuple:
-  """Axes a spec leaves unmentioned, minus auto and vmap-spmd axes (mesh order)."""
+  """Axes this shard_map makes manual that a spec leaves unmentioned (mesh order).
+
+  Auto axes, axes already manual outside and vmap-spmd axes are not counted.
+  """
   spmd = set(core.get_axis_env().spmd_axis_names)
-  used = spec_axes(names) | set(auto) | spmd
-  return tuple(a for a in mesh.axis_names if a not in used)
+  manual = newly_manual(mesh, auto)
+  used = spec_axes(names) | spmd
+  return tuple(a for a in mesh.axis_names if a in manual and a not in used)
 
 
 def _divide_for_replication(ct: Any, size: int):
@@ -93,9 +99,10 @@ class _TransposeBody:
     return all_cts[len(res):]
 
 
-def transpose_rule(out_cts: Sequence[Any], *args: Any, jaxpr: core.Jaxpr, mesh: AnyMesh, in_names:
-                   Sequence[AxisNames], out_names: Sequence[AxisNames], check_rep: bool,
-                   rewrite: bool, auto: frozenset, **_hidden: Any) -> list:
+def transpose_rule(out_cts: Sequence[Any], *args: Any, **params: Any) -> list:
+  p = eqn_params.read(params)
+  jaxpr, mesh, in_names, out_names = p.jaxpr, p.mesh, p.in_names, p.out_names
+  check_rep, rewrite, auto = p.check, p.rewrite, p.auto
   linear = [ad.is_undefined_primal(x) for x in args]
   ct_given = [type(ct) is not ad.Zero for ct in out_cts]
   given = []
