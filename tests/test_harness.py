@@ -12,7 +12,8 @@ import pytest
 
 import pmap_compat.testing as pt
 from support import legacy_recordings
-from support.compare import assert_trees_equal, compare_call, compare_with_legacy, run_program
+from support.compare import (assert_trees_equal, compare_call, compare_with_jax_pmap,
+                             compare_with_legacy, run_program)
 from support.jax_lines import LEGACY, NEWEST, on_legacy_line, running_jax, skip_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,6 +146,17 @@ def test_jax06_only_runs_only_on_the_legacy_line():
 @pytest.mark.jax010_only(reason="JAX's shard_map-based jax.pmap")
 def test_jax010_only_runs_only_on_0_10():
   assert running_jax().startswith("0.10.") and not on_legacy_line()
+
+
+@pytest.mark.jax010_only(reason="JAX's own jax.pmap is the reference")
+def test_jax_pmap_comparison_where_jax_pmap_works():
+  program = lambda pm: pm(lambda v: (v * 2, jax.lax.psum(v, "i")), axis_name="i")(
+      np.arange(16, dtype=np.float32).reshape(8, 2))
+  assert compare_with_jax_pmap(program, _vmap_pmap).error is None
+  with pytest.raises(AssertionError, match="values differ"):
+    compare_with_jax_pmap(program, _off_by_one_pmap)
+  nested = lambda pm: pm(pm(lambda v: jax.lax.psum(v, ("i", "j")), "j"), "i")(np.ones((2, 4)))
+  assert compare_with_jax_pmap(nested, _vmap_pmap).error is not None  # JAX's pmap rejects it
 
 
 @pytest.mark.parametrize("mark, version, expected", [

@@ -102,25 +102,25 @@ def assert_trees_equal(expected: Any, actual: Any, *, rtol: float | None = None,
     assert_leaf_equal(e, a, where=_describe(path), rtol=rtol, atol=atol)
 
 
-def _compare_in_process(legacy: Outcome, ours: Outcome, rtol: float | None,
-                        atol: float | None) -> None:
-  """Legacy ran in this process (jax 0.6.0): the implementation must agree with it."""
-  if legacy.error is not None:
+def _compare_outcomes(reference: Outcome, ours: Outcome, name: str, rtol: float | None,
+                      atol: float | None) -> None:
+  """The implementation must do what the reference `name` did in this process."""
+  if reference.error is not None:
     if ours.error is None:
       raise AssertionError(
-          f"legacy jax.pmap raised {type(legacy.error).__name__}: {legacy.error}; "
+          f"{name} raised {type(reference.error).__name__}: {reference.error}; "
           f"the implementation under test returned {ours.value!r}")
-    if not isinstance(ours.error, type(legacy.error)):
+    if not isinstance(ours.error, type(reference.error)):
       raise AssertionError(
-          f"legacy jax.pmap raised {type(legacy.error).__name__}: {legacy.error}; "
+          f"{name} raised {type(reference.error).__name__}: {reference.error}; "
           f"the implementation under test raised {type(ours.error).__name__}: {ours.error}"
       ) from ours.error
     return
   if ours.error is not None:
     raise AssertionError(
         f"the implementation under test raised {type(ours.error).__name__}: {ours.error}; "
-        f"legacy jax.pmap returned normally") from ours.error
-  assert_trees_equal(legacy.value, ours.value, rtol=rtol, atol=atol)
+        f"{name} returned normally") from ours.error
+  assert_trees_equal(reference.value, ours.value, rtol=rtol, atol=atol)
 
 
 def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
@@ -149,8 +149,25 @@ def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
       legacy_recordings.write(case, legacy.value, legacy.error)
     else:
       legacy_recordings.check_fresh(case, legacy.value, legacy.error)
-  _compare_in_process(legacy, ours, rtol, atol)
+  _compare_outcomes(legacy, ours, "legacy jax.pmap", rtol, atol)
   return legacy
+
+
+def compare_with_jax_pmap(program: Callable[[PmapLike], Any], impl: PmapLike, *,
+                          rtol: float | None = None, atol: float | None = None) -> Outcome:
+  """Off jax 0.6.0: runs ``program`` under JAX's own ``jax.pmap`` (jit + shard_map) and
+  under ``impl``. Where JAX's pmap returns normally, ``impl`` must return the same, bit
+  for bit unless ``rtol`` / ``atol`` is given (both run on one XLA). Where it raises
+  (nested pmaps, input kinds legacy accepted) nothing is asserted: compare_with_legacy's
+  recordings cover those. Returns JAX's outcome.
+  """
+  if on_legacy_line():
+    raise RuntimeError("on jax 0.6.0 jax.pmap is legacy's own: use compare_with_legacy")
+  reference = run_program(program, jax.pmap)
+  ours = run_program(program, impl)
+  if reference.error is None:
+    _compare_outcomes(reference, ours, "JAX's jax.pmap", rtol, atol)
+  return reference
 
 
 def compare_call(fun: Callable, args: tuple, impl: PmapLike, *, kwargs: dict | None = None,
