@@ -14,7 +14,8 @@ import pmap_compat.testing as pt
 from support import legacy_recordings
 from support.compare import (assert_trees_equal, compare_call, compare_with_jax_pmap,
                              compare_with_legacy, run_program)
-from support.jax_lines import LEGACY, NEWEST, on_legacy_line, running_jax, skip_reason
+from support.jax_lines import (LEGACY, NEWEST, jax06_only_module, on_legacy_line, running_jax,
+                               skip_reason)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
@@ -146,6 +147,15 @@ def test_jax06_only_runs_only_on_the_legacy_line():
 @pytest.mark.jax010_only(reason="JAX's shard_map-based jax.pmap")
 def test_jax010_only_runs_only_on_0_10():
   assert running_jax().startswith("0.10.") and not on_legacy_line()
+
+
+def test_a_module_skips_itself_off_the_legacy_line():
+  if on_legacy_line():
+    assert jax06_only_module("imports PmapSharding") is None
+  else:
+    with pytest.raises(pytest.skip.Exception,
+                       match=f"jax06_only: imports PmapSharding; this is jax {running_jax()}"):
+      jax06_only_module("imports PmapSharding")
 
 
 @pytest.mark.jax010_only(reason="JAX's own jax.pmap is the reference")

@@ -7,7 +7,9 @@ shard_map-based `jax.pmap`). A test that can only mean something on one of them 
   @pytest.mark.jax06_only                      # or jax06_only(reason="PmapSharding")
   @pytest.mark.jax010_only(reason="...")
 
-and tests/conftest.py skips it elsewhere, with the reason in the skip message.
+and tests/conftest.py skips it elsewhere, with the reason in the skip message. A module
+that imports names only jax 0.6.0 has (PmapSharding, pmap_lib) calls
+`jax06_only_module(reason)` before those imports.
 """
 from __future__ import annotations
 
@@ -48,3 +50,10 @@ def skip_reason(marker: pytest.Mark, version: str) -> str | None:
                     f"args={marker.args!r} kwargs={marker.kwargs!r}")
   reason = marker.kwargs.get("reason", marker.args[0] if marker.args else default)
   return f"{marker.name}: {reason}; this is jax {version}"
+
+
+def jax06_only_module(reason: str) -> None:
+  """Skips the calling test module, with `reason`, off jax 0.6.0 (call it at module level
+  before importing what only 0.6.0 has)."""
+  if not on_legacy_line():
+    pytest.skip(f"jax06_only: {reason}; this is jax {running_jax()}", allow_module_level=True)
