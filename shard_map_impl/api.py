@@ -21,7 +21,8 @@ from jax.tree_util import PyTreeDef, tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import INFER_SENTINEL
+from shard_map_impl.jax_line import (IN_SPECS_NONE_MEANS_UNMAPPED, INFER_SENTINEL,
+                                     OUT_SPECS_MAY_BE_THUNKS)
 from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
                                  divisibility_failures, inferred_spec, rank_failures,
                                  spec_leaf_problems, specs_are_valid)
@@ -31,6 +32,8 @@ traceback_util.register_exclusion(__file__)
 
 def _validate_specs(kind: str, mesh: AnyMesh, specs: Specs, auto: frozenset) -> None:
   if kind == "in" and specs is None:
+    if IN_SPECS_NONE_MEANS_UNMAPPED:
+      return
     raise errors.in_specs_none()
   if not specs_are_valid(mesh, specs, auto):
     raise errors.bad_spec_leaves(kind, mesh, *spec_leaf_problems(mesh, specs, auto), auto)
@@ -130,6 +133,8 @@ def shard_map(f: Callable | None = None, /, *positional: Any, mesh: AnyMesh | No
     given[name] = value
   if given["out_specs"] is _UNSET:
     raise TypeError("shard_map() missing required keyword argument: 'out_specs'")
+  if callable(given["out_specs"]) and not OUT_SPECS_MAY_BE_THUNKS:
+    raise errors.bad_spec_leaves("out", None, [((), given["out_specs"])], [], frozenset())
   if check_vma is not None and given["check_rep"] is not None:
     raise TypeError("shard_map takes check_vma (jax.shard_map) or check_rep "
                     "(jax.experimental.shard_map), not both")

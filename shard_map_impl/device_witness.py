@@ -21,7 +21,7 @@ from jax._src import core
 from jax._src import pjit
 from jax._src import source_info_util
 from jax._src import util
-from jax._src.mesh import Mesh, get_abstract_mesh
+from jax._src.mesh import AbstractMesh, AxisType, Mesh, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl.specs import AnyMesh
@@ -36,9 +36,14 @@ def _constrain_to_mesh(x: Any, sharding: NamedSharding):
 @util.cache(max_size=256, trace_context_in_key=False)
 def _witness_parts(mesh: Mesh) -> tuple[core.JaxprEqn, core.DebugInfo]:
   """A ``sharding_constraint`` equation on a replicated scalar over ``mesh``."""
-  sharding = NamedSharding(mesh, PartitionSpec())
-  closed = jax.make_jaxpr(_constrain_to_mesh, static_argnums=1)(
-      jax.ShapeDtypeStruct((), jax.numpy.float32), sharding)
+  # Traced with Auto axes outside any mesh context: under an Explicit context
+  # mesh the constraint would be folded away, and only the devices matter.
+  devices_only = Mesh(mesh.devices, mesh.axis_names,
+                      axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+  sharding = NamedSharding(devices_only, PartitionSpec())
+  with use_abstract_mesh(AbstractMesh((), ())):
+    closed = jax.make_jaxpr(_constrain_to_mesh, static_argnums=1)(
+        jax.ShapeDtypeStruct((), jax.numpy.float32), sharding)
   eqn, = closed.jaxpr.eqns
   assert eqn.primitive is pjit.sharding_constraint_p
   eqn = eqn.replace(source_info=source_info_util.new_source_info())

@@ -35,7 +35,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import check_flag_value, get_aval, vma_of, with_vma
+from shard_map_impl.jax_line import (EAGER_PARTIAL_AUTO, check_flag_value, debug_print_p,
+                                     eager_default_mesh,
+                                     get_aval, vma_of, with_vma)
 from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
@@ -46,7 +48,7 @@ from shard_map_impl.staging import output_rank_failures
 
 # --- converting between global arrays and stacked per-device blocks ------------
 
-def _flat_program(fn: Callable[..., Sequence[Any]], mesh: AnyMesh,
+def _flat_program(fn: Callable[..., Sequence[Any]], mesh: AnyMesh, auto: frozenset,
                   in_specs: Sequence[PartitionSpec],
                   out_specs: PartitionSpec | Sequence[PartitionSpec], check: bool) -> Callable:
   """A shard_map of ours running ``fn`` (flat list in, flat list out) per device.
@@ -76,18 +78,18 @@ def _flat_program(fn: Callable[..., Sequence[Any]], mesh: AnyMesh,
       names = DerivedNames(lambda: (one,) * n_outs[-1], ("shared", out_specs, fn))
     return bind_body(lu.wrap_init(body, debug_info=dbg), args, mesh=mesh,
                      in_names=in_names, out_names_thunk=names, check_rep=check,
-                     auto=frozenset())
+                     auto=auto)
   return program
 
 
 @util.cache(max_size=1024, trace_context_in_key=False)
-def _converter(kind: str, mesh: AnyMesh, spec: PartitionSpec, stacked: PartitionSpec,
-               check: bool):
+def _converter(kind: str, mesh: AnyMesh, auto: frozenset, spec: PartitionSpec,
+               stacked: PartitionSpec, check: bool):
   """Jitted global<->stacked conversion (a shard_map of ours, cached)."""
   if kind == "stack":
-    convert = _flat_program(_stack_block, mesh, (spec,), (stacked,), check)
+    convert = _flat_program(_stack_block, mesh, auto, (spec,), (stacked,), check)
     return jax.jit(lambda x: convert(x)[0])
-  convert = _flat_program(_unstack_block, mesh, (stacked,), (spec,), check)
+  convert = _flat_program(_unstack_block, mesh, auto, (stacked,), (spec,), check)
   return jax.jit(lambda x: convert(x)[0], out_shardings=NamedSharding(mesh, spec))
 
 
@@ -133,10 +135,10 @@ class _PrimApplier:
 
 
 @util.cache(max_size=4096, trace_context_in_key=False)
-def _jitted(applier: _PrimApplier, mesh: AnyMesh, in_specs: tuple,
+def _jitted(applier: _PrimApplier, mesh: AnyMesh, auto: frozenset, in_specs: tuple,
             out_specs: PartitionSpec | Sequence[PartitionSpec], check: bool):
   # A tuple key stands for a list of per-output specs (a single P is a tuple too).
-  return jax.jit(_flat_program(applier, mesh, in_specs, out_specs, check))
+  return jax.jit(_flat_program(applier, mesh, auto, in_specs, out_specs, check))
 
 
 def _apply(trace: EagerTrace, prim: core.Primitive, params: dict[str, Any], stacked: Sequence[Any],
@@ -144,7 +146,7 @@ def _apply(trace: EagerTrace, prim: core.Primitive, params: dict[str, Any], stac
   """Run ``prim`` on every device's blocks; ``out_specs`` a P or list of P."""
   applier = _PrimApplier(prim, params)
   out_key = tuple(out_specs) if isinstance(out_specs, list) else out_specs
-  fn = _jitted(applier, trace.mesh, in_specs, out_key, trace.inner_check)
+  fn = _jitted(applier, trace.mesh, trace.auto, in_specs, out_key, trace.inner_check)
   with _outside(trace.context_mesh):
     return fn(*stacked)
 
@@ -185,17 +187,14 @@ class EagerTracer(core.Tracer):
   def __str__(self) -> str:
     trace = self._trace
     mesh = trace.mesh
-    axes = trace.stack_axes(self.rep)
     with _outside(trace.context_mesh):
       blocks = list(self.stacked)
     names = "(" + ", ".join(map(str, mesh.axis_names)) + ",)"
     lines = []
     for coords, dev in np.ndenumerate(mesh.devices):
       at = dict(zip(mesh.axis_names, coords, strict=True))
-      flat = 0
-      for a in axes:  # row-major position among the varying axes
-        flat = flat * mesh.shape[a] + at[a]
-      lines.append(f"On {dev} at mesh coordinates {names} = {coords}:\n{blocks[flat]}\n")
+      block = blocks[_block_index(trace, self.rep, at)]
+      lines.append(f"On {dev} at mesh coordinates {names} = {coords}:\n{block}\n")
     return "\n".join(lines)
 
   __repr__ = __str__
@@ -232,9 +231,14 @@ class EagerTrace(core.Trace):
                       f"transformation: {value}")
     rep = self.constant_rep()
     with _outside(self.context_mesh):
-      stacked = _converter("stack", self.mesh, PartitionSpec(),
+      stacked = _converter("stack", self.mesh, self.auto, PartitionSpec(),
                            self.stack_spec(rep), self.inner_check)(value)
     return stacked, rep
+
+  def stage_value(self, value: Any) -> EagerTracer:
+    """A constant lifted into the body (0.10 asks traces for this directly)."""
+    stacked, rep = self.lift(value)
+    return EagerTracer(self, rep, stacked)
 
   def _out_reps(self, prim: core.Primitive, tracers: Sequence[Any],
                 in_reps: Sequence[frozenset | None], params: dict[str, Any]):
@@ -256,7 +260,7 @@ class EagerTrace(core.Trace):
     reps = self._out_reps(prim, tracers, in_reps, params)
     eager_rule = _eager_rules.get(prim)
     if eager_rule is not None:
-      outs = eager_rule(self, *stacked, **params)
+      outs = eager_rule(self, stacked, in_reps, **params)
     else:
       in_specs = tuple(self.stack_spec(r) for r in in_reps)
       out_specs: list[PartitionSpec] | PartitionSpec
@@ -310,10 +314,11 @@ def _broadcast_reps(prim: core.Primitive, reps: Sequence[frozenset | None], n_ou
 
 # --- primitives with their own eager behaviour ----------------------------------
 
-def _debug_callback_eager(trace: EagerTrace, *stacked: Any, callback: Callable[..., Any],
-                          effect: Any, partitioned: bool):
+def _debug_callback_eager(trace: EagerTrace, stacked: Sequence[Any], reps: Sequence[Any], *,
+                          callback: Callable[..., Any], effect: Any, partitioned: bool,
+                          **_: Any):
   """One callback per stacked block, blocks of all operands zipped (as JAX)."""
-  del effect, partitioned
+  del reps, effect, partitioned
   with _outside(trace.context_mesh):
     per_arg = [list(s) for s in stacked]
   for blocks in zip(*per_arg, strict=True):
@@ -321,9 +326,29 @@ def _debug_callback_eager(trace: EagerTrace, *stacked: Any, callback: Callable[.
   return []
 
 
-def _device_put_eager(trace: EagerTrace, *stacked: Any, devices: Sequence[Any], srcs: Sequence[Any],
-                      copy_semantics: Sequence[Any]):
-  del trace, srcs, copy_semantics
+def _debug_print_eager(trace: EagerTrace, stacked: Sequence[Any], reps: Sequence[Any],
+                       **params: Any):
+  """0.10's debug_print: its own impl (format and print) once per stacked block."""
+  del reps
+  with _outside(trace.context_mesh):
+    per_arg = [list(s) for s in stacked]
+  assert debug_print_p is not None  # registered only where it exists
+  for blocks in zip(*per_arg, strict=True):
+    debug_print_p.impl(*blocks, **params)
+  return []
+
+
+def _block_index(trace: EagerTrace, rep: frozenset | None, at: dict) -> int:
+  """Row-major position of a device's block among a value's varying axes."""
+  flat = 0
+  for a in trace.stack_axes(rep):
+    flat = flat * trace.mesh.shape[a] + at[a]
+  return flat
+
+
+def _device_put_eager(trace: EagerTrace, stacked: Sequence[Any], reps: Sequence[Any], *,
+                      devices: Sequence[Any], srcs: Sequence[Any], copy_semantics: Sequence[Any]):
+  del trace, reps, srcs, copy_semantics
   for d in devices:
     if d is not None:
       raise ValueError("device_put with explicit device not allowed within "
@@ -335,6 +360,8 @@ _eager_rules: dict[core.Primitive, Callable[..., list]] = {
     debugging.debug_callback_p: _debug_callback_eager,
     dispatch.device_put_p: _device_put_eager,
 }
+if debug_print_p is not None:
+  _eager_rules[debug_print_p] = _debug_print_eager
 
 
 # --- entry: binding shard_map_p outside any transformation ----------------------
@@ -364,17 +391,17 @@ def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Se
            in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk, check_rep: bool,
            rewrite: bool, auto: frozenset):
   del trace, prim, rewrite
-  if auto:  # as in JAX: partially-auto shard_maps need an enclosing jit
+  if auto and not EAGER_PARTIAL_AUTO:  # as JAX 0.6: partially-auto ones need a jit
     raise NotImplementedError(
         "Eager evaluation of a shard_map with auto axes isn't supported; put a "
         "`jax.jit` around the `shard_map`-decorated function.")
   if isinstance(mesh, AbstractMesh):
-    mesh = _concrete_mesh(mesh, args)
+    mesh = _concrete_mesh(eager_default_mesh() or mesh, args)
   context = get_abstract_mesh()
   etrace = EagerTrace(mesh, auto, check_rep, context)
   in_reps = [replication.in_names_to_rep(mesh, n) for n in in_names]
   with _outside(context):
-    stacked = [_converter("stack", mesh, names_to_pspec(n), etrace.stack_spec(r),
+    stacked = [_converter("stack", mesh, auto, names_to_pspec(n), etrace.stack_spec(r),
                           etrace.inner_check)(x)
                for n, r, x in zip(in_names, in_reps, args, strict=True)]
   tracers = [EagerTracer(etrace, r, s) for r, s in zip(in_reps, stacked, strict=True)]
@@ -392,6 +419,6 @@ def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Se
     if any(f is not None for f in fails):
       raise errors.OutputReplicationError(fails)
   with _outside(context):
-    return [_converter("unstack", mesh, names_to_pspec(n), etrace.stack_spec(r),
+    return [_converter("unstack", mesh, auto, names_to_pspec(n), etrace.stack_spec(r),
                        etrace.inner_check)(s)
             for n, (s, r) in zip(out_names, out_pairs, strict=True)]

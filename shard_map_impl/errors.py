@@ -143,7 +143,7 @@ def check_inferable(mesh: AnyMesh, auto: frozenset) -> None:
                     f"axis_names={manual} are of type {types}")
 
 
-def bad_spec_leaves(kind: str, mesh: AnyMesh, bad_type: list, bad_auto: list,
+def bad_spec_leaves(kind: str, mesh: AnyMesh | None, bad_type: list, bad_auto: list,
                     auto: frozenset) -> Exception:
   """TypeError for non-PartitionSpec leaves, else ValueError for auto axes."""
   arg = f"{kind}_specs"
@@ -155,6 +155,7 @@ def bad_spec_leaves(kind: str, mesh: AnyMesh, bad_type: list, bad_auto: list,
         "`jax.sharding.PartitionSpec` instances, but:\n\n" + "\n\n".join(lines)
         + f"\n\nCheck the {arg} values passed to shard_map.")
   lines = [f"  {arg}{keystr(p)} refers to {a!r}" for p, a in bad_auto]
+  assert mesh is not None, "axis problems are found against a mesh"
   what = (f"must refer to an axis marked as manual "
           f"({frozenset(a for a in mesh.axis_names if a not in auto)})"
           if WORDING_0_10 else f"cannot refer to an axis marked auto ({auto})")
@@ -169,7 +170,7 @@ def rank_error(kind: str, f: Callable, tree: PyTreeDef, specs: Specs,
   """Spec longer than the rank of the value it describes (in or out)."""
   name = _fun_name(f)
   arg = f"{kind}_specs"
-  base = "args" if kind == "in" else f"{name}(*args)"
+  base = _passed_args() if kind == "in" else f"{name}(*args)"
   entries = failing_entries(tree, specs, failures)
   lines = []
   for spath, spec, vpath, aval in entries:
@@ -195,6 +196,10 @@ def rank_error(kind: str, f: Callable, tree: PyTreeDef, specs: Specs,
   return ValueError(msg)
 
 
+def _passed_args() -> str:
+  return "the passed args" if WORDING_0_10 else "args"
+
+
 def _mesh_line(mesh: AnyMesh) -> str:
   return (f"The mesh given has shape {tuple(mesh.shape.values())} with "
           f"corresponding axis names {mesh.axis_names}.")
@@ -215,7 +220,7 @@ def divisibility_error(f: Callable, mesh: AnyMesh, tree: PyTreeDef, specs: Specs
       what = f"axes {axes}" if len(axes) > 1 else f"axis '{axes[0]}'"
       total = "total " if len(axes) > 1 else ""
       lines.append(
-          f"args{keystr(vpath)} of shape {aval.str_short()}{note} corresponds "
+          f"{_passed_args()}{keystr(vpath)} of shape {aval.str_short()}{note} corresponds "
           f"to in_specs{keystr(spath)} of value {spec}, which maps array axis "
           f"{dim} (of size {aval.shape[dim]}) to mesh {what} (of {total}size "
           f"{size}), but {size} does not evenly divide {aval.shape[dim]}")

@@ -15,6 +15,8 @@ import jax
 from jax._src import config
 from jax._src import core
 from jax._src import custom_derivatives as cd
+from jax._src import debugging
+from jax._src import dtypes
 from jax._src import pjit
 from jax._src import sharding_impls
 from jax._src.interpreters import mlir
@@ -36,6 +38,9 @@ else:
 
 jax_shard_map_p: core.Primitive = _jax_shard_map.shard_map_p
 
+# 0.10's own debug-print primitive (0.6 prints through debug_callback).
+debug_print_p: core.Primitive | None = getattr(debugging, "debug_print_p", None)
+
 # Primitives that exist on one line only (absent ones are simply not listed).
 mesh_cast_prims: tuple[core.Primitive, ...] = tuple(
     p for p in (getattr(pjit, "mesh_cast_p", None), getattr(pjit, "reshard_p", None))
@@ -55,6 +60,12 @@ CHECK_ARG = "check_vma" if NEW_LINE else "check_rep"
 WORDING_0_10 = NEW_LINE
 # 0.10 rejects spec entries naming axes outside the mesh up front.
 SPECS_NAME_MESH_AXES_ONLY = NEW_LINE
+# 0.10 runs partially manual shard_maps eagerly; 0.6 asks for an enclosing jit.
+EAGER_PARTIAL_AUTO = NEW_LINE
+# 0.6 also takes a thunk for out_specs (resolved once the body is traced).
+OUT_SPECS_MAY_BE_THUNKS = not NEW_LINE
+# 0.10 reads in_specs=None as "no argument is mapped"; 0.6 rejects it.
+IN_SPECS_NONE_MEANS_UNMAPPED = NEW_LINE
 # jax.sharding.Infer (0.10): the in_specs default asking for inference.
 INFER_SENTINEL: Any = getattr(jax.sharding, "Infer", object())
 
@@ -102,6 +113,19 @@ def get_aval(x: Any) -> core.AbstractValue:
 
 # --- binding a primitive whose first operand is a function -------------------
 
+def eager_default_mesh() -> Any:
+  """The concrete mesh an eager shard_map on an AbstractMesh starts from, or None.
+
+  0.10: the context mesh of ``jax.set_mesh`` (arguments' meshes still win);
+  0.6: none, the arguments must name it.
+  """
+  if not NEW_LINE:
+    return None
+  from jax._src import mesh as mesh_lib
+  found = mesh_lib.get_concrete_mesh()
+  return None if found is None or found.empty else found
+
+
 def split_bind(args: Sequence[Any], params: dict[str, Any]) -> tuple[Any, list, dict]:
   """(body, operands, params) of a ``bind`` call in either line's convention.
 
@@ -144,7 +168,9 @@ def trace_to_jaxpr(fun: Any, in_avals: Sequence[core.AbstractValue]
 
 
 def to_jaxpr_tracer(trace: pe.DynamicJaxprTrace, x: Any, source_info: Any) -> Any:
-  if NEW_LINE:
+  if NEW_LINE:  # 0.10 stages only canonical constants (no raw numpy arrays)
+    if not isinstance(x, core.Tracer):
+      x = dtypes.canonicalize_value(x)
     return trace.to_jaxpr_tracer(x, source_info)  # type: ignore[call-arg]
   return trace.to_jaxpr_tracer(x)
 

@@ -31,6 +31,18 @@ VMA_MODES = (True, False) if LEGACY else (True,)
 CHECK_ARG = "check_rep" if LEGACY else "check_vma"
 
 
+def pvary(x: Any, axes: Any) -> Any:
+  """Mark ``x`` device-varying over ``axes`` (lax.pvary on 0.6, lax.pcast on 0.10)."""
+  if LEGACY:
+    return jax.lax.pvary(x, axes)
+  return jax.lax.pcast(x, axes, to="varying")
+
+
+def use_mesh(mesh: Any) -> Any:
+  """The context mesh manager (jax.sharding.use_mesh on 0.6, jax.set_mesh on 0.10)."""
+  return jax.sharding.use_mesh(mesh) if LEGACY else jax.set_mesh(mesh)
+
+
 def jax_shard_map(f: Callable, mesh: Any, in_specs: Any, out_specs: Any,
                   check_rep: bool = True, auto: frozenset[Hashable] = frozenset()) -> Callable:
   if LEGACY:

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental.shard_map import shard_map as jax_shard_map
 from jax.sharding import PartitionSpec as P
 
 import shard_map_impl
+from reference import jax_shard_map
 from support.meshes import make_mesh
 
 lax = jax.lax
@@ -91,7 +91,12 @@ ERRORS = {
 
 # Under jit, JAX accepts an explicit device in device_put inside the body.
 EAGER_ONLY = {"device_put_explicit_device"}
-CASES = [(n, m) for n in sorted(ERRORS) for m in ("eager", "jit")
+# auto= naming an axis outside the mesh has no jax.shard_map (axis_names) spelling.
+LEGACY_FORM_ONLY = {"auto_not_subset"}
+CASES = [pytest.param(n, m, marks=[pytest.mark.jax06_only(
+             reason="auto= outside the mesh has no jax.shard_map spelling")]
+             if n in LEGACY_FORM_ONLY else [])
+         for n in sorted(ERRORS) for m in ("eager", "jit")
          if not (m == "jit" and n in EAGER_ONLY)]
 
 
@@ -107,7 +112,8 @@ def test_same_error_as_jax(name, mode):
   ref_words, ref_paths = _mentions(str(ref))
   our_words, our_paths = _mentions(str(ours))
   assert ref_words <= our_words, f"JAX's message names {ref_words}: {ref}\nours: {ours}"
-  assert ref_paths == our_paths, f"JAX's message names {ref_paths}: {ref}\nours: {ours}"
+  # JAX 0.10's eager replication errors lose the paths (and name its own helper).
+  assert ref_paths <= our_paths, f"JAX's message names {ref_paths}: {ref}\nours: {ours}"
 
 
 def test_rank0_output_hint_like_jax():
@@ -117,6 +123,7 @@ def test_rank0_output_hint_like_jax():
   assert hint in str(_raise(build, shard_map_impl.shard_map))
 
 
+@pytest.mark.jax06_only(reason="on 0.10 in_specs=None means no argument is mapped")
 def test_in_specs_none_suggests_p():
   build = ERRORS["in_specs_none"]
   for sm in (jax_shard_map, shard_map_impl.shard_map):

@@ -17,7 +17,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 import shard_map_impl
 from shard_map_impl import eqn_params
-from reference import LEGACY, jax_shard_map, vma_mode, vma_params
+from reference import LEGACY, jax_shard_map, pvary, use_mesh, vma_mode, vma_params
 from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
@@ -32,7 +32,7 @@ def _programs(mesh):
   return [
       ("psum", lambda sm: sm(lambda v: lax.psum(v, a), mesh, P(a), P()), (x,)),
       ("closure", lambda sm: sm(lambda v: v * jnp.arange(4.0), mesh, P(a), P(a)), (x,)),
-      ("scan", lambda sm: sm(lambda v: lax.scan(lambda c, r: (c + r, c), lax.pvary(
+      ("scan", lambda sm: sm(lambda v: lax.scan(lambda c, r: (c + r, c), pvary(
           jnp.zeros(4), a), v)[0][None], mesh, P(a), P(a)), (x,)),
       ("two_outs", lambda sm: sm(lambda v: (v, lax.all_gather(v, a, tiled=True)),
                                  mesh, P(a), (P(a), P(a))), (x,)),
@@ -101,8 +101,11 @@ def test_stablehlo_identical_to_jax(name, shardy):
 def test_nested_lowering_identical_to_jax():
   mesh = make_mesh((2, 2, 2))
   def build(sm):
-    inner = sm(lambda v: lax.psum(v, "y"), mesh, P(None, "y"), P())
-    return sm(inner, mesh, P("x"), P("x"), auto=frozenset({"y", "z"}))
+    def outer_body(v):
+      # 0.10 requires the inner mesh to be the (partly manual) context mesh.
+      inner_mesh = mesh if LEGACY else jax.sharding.get_abstract_mesh()
+      return sm(lambda w: lax.psum(w, "y"), inner_mesh, P(None, "y"), P())(v)
+    return sm(outer_body, mesh, P("x"), P("x"), auto=frozenset({"y", "z"}))
   x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
   for shardy in (False, True):
     with config.use_shardy_partitioner(shardy):
@@ -217,7 +220,7 @@ def test_explicit_axes_mesh_like_jax(mode):
   x = jax.device_put(np.arange(16.0, dtype=np.float32).reshape(8, 2),
                      NamedSharding(mesh, P("x", "y")))
   outs = {}
-  with jax.sharding.use_mesh(mesh):
+  with use_mesh(mesh):
     for k, sm in IMPLS.items():
       f = sm(lambda v: lax.psum(v, "x"), mesh, P("x", "y"), P(None, "y"))
       g = sm(lambda v: v * 2, mesh, P("x"), P("x"), auto=frozenset({"y"}))

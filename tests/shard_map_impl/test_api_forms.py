@@ -1,0 +1,157 @@
+"""jax 0.10's ``jax.shard_map`` call form, differentially against JAX 0.10.2 itself:
+decorator factory, context mesh, ``axis_names``, ``check_vma=False``, inferred
+``in_specs``, and the errors of that form.  On both lines: the two call forms of
+ours agree with each other."""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import shard_map_impl
+from support.compare import assert_trees_equal
+from support.meshes import make_mesh
+
+lax = jax.lax
+X = np.arange(32.0, dtype=np.float32).reshape(8, 4)
+
+
+def _auto_mesh():
+  return make_mesh((4, 2))
+
+
+def _explicit_mesh():
+  return jax.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+
+
+def _run(build, sm, jit: bool):
+  """('ok', outputs, shardings) or ('err', exception) of one program."""
+  try:
+    fun, args = build(sm)
+    out = jax.block_until_ready((jax.jit(fun) if jit else fun)(*args))
+  except Exception as e:  # noqa: BLE001 - differential: compare the exceptions
+    return ("err", e)
+  return ("ok", out, [getattr(o, "sharding", None) for o in jax.tree.leaves(out)])
+
+
+def _with_mesh(mesh, build):
+  """``build`` run with ``mesh`` as the context mesh (jax.set_mesh)."""
+  def run(sm):
+    fun, args = build(sm)
+    def call(*a):
+      with jax.set_mesh(mesh):
+        return fun(*a)
+    return call, args
+  return run
+
+
+def _explicit_args():
+  mesh = _explicit_mesh()
+  return mesh, jax.device_put(X, NamedSharding(mesh, P("x", "y")))
+
+
+PROGRAMS = {
+    "decorator_factory": lambda sm: (
+        sm(out_specs=P("x"), mesh=_auto_mesh(), in_specs=P("x"))(lambda a: a * 2), (X,)),
+    "context_mesh": _with_mesh(_auto_mesh(), lambda sm: (
+        sm(lambda a: lax.psum(a, "x"), in_specs=P("x"), out_specs=P()), (X,))),
+    "context_mesh_decorator": _with_mesh(_auto_mesh(), lambda sm: (
+        sm(in_specs=P("x", "y"), out_specs=P("x"))(lambda a: lax.psum(a, "y")), (X,))),
+    "axis_names_subset": lambda sm: (
+        sm(lambda a: a + 1, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x"),
+           axis_names={"x"}), (X,)),
+    "axis_names_collective": lambda sm: (
+        sm(lambda a: lax.psum(a, "x"), mesh=_auto_mesh(), in_specs=P("x"), out_specs=P(),
+           axis_names=frozenset({"x"})), (X,)),
+    "check_vma_false": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P(), check_vma=False),
+        (X[:2],)),
+    "check_vma_false_psum": lambda sm: (
+        sm(lambda a: lax.psum(a, "x"), mesh=_auto_mesh(), in_specs=P("x"), out_specs=P(),
+           check_vma=False), (X,)),
+    "inferred_in_specs": lambda sm: (
+        lambda mesh, xe: (sm(lambda a: a * 2, mesh=mesh, out_specs=P("x", "y")), (xe,)))(
+            *_explicit_args()),
+    "inferred_in_specs_psum": lambda sm: (
+        lambda mesh, xe: (sm(lambda a: lax.psum(a, ("x", "y")), mesh=mesh, out_specs=P()),
+                          (xe,)))(*_explicit_args()),
+    # errors of this call form
+    "err_not_replicated": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P()), (X,)),
+    "err_not_replicated_two_axes": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x", "y"), out_specs=P()), (X,)),
+    "err_unknown_spec_axis": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("z"), out_specs=P()), (X,)),
+    "err_in_specs_cannot_be_inferred": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), out_specs=P()), (X,)),
+    "err_no_context_mesh": lambda sm: (sm(lambda a: a, in_specs=P("x"), out_specs=P()), (X,)),
+    "err_axis_names_not_subset": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x"),
+           axis_names={"q"}), (X,)),
+    "err_axis_names_wrong_type": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x"),
+           axis_names=["x"]), (X,)),
+    "err_spec_names_auto_axis": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("y"), out_specs=P("x"),
+           axis_names={"x"}), (X,)),
+    "err_in_specs_none": lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=None, out_specs=P()), (X,)),
+}
+
+# Eager partially-manual shard_maps need an enclosing jit on both implementations.
+JIT_ONLY = {"axis_names_subset", "axis_names_collective", "err_spec_names_auto_axis"}
+
+
+@pytest.mark.jax010_only(reason="jax.shard_map's call form is JAX's own only from 0.10")
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_matches_jax_shard_map(name, jit):
+  if not jit and name in JIT_ONLY:
+    pytest.skip("partially manual: eager is rejected by both (tested under jit)")
+  ref = _run(PROGRAMS[name], jax.shard_map, jit)
+  ours = _run(PROGRAMS[name], shard_map_impl.shard_map, jit)
+  if ref[0] == "err":
+    assert ours[0] == "err", f"JAX raised {ref[1]!r}; ours returned {ours[1]!r}"
+    assert type(ours[1]) is type(ref[1]), f"JAX raised {ref[1]!r}\nours raised {ours[1]!r}"
+    if jit:  # eagerly, JAX's replication errors name its own helper, not the function
+      assert str(ours[1]) == str(ref[1])
+    return
+  assert ours[0] == "ok", f"JAX returned a value; ours raised {ours[1]!r}"
+  assert_trees_equal(ref[1], ours[1])
+  for r, o in zip(ref[2], ours[2], strict=True):
+    assert r == o, f"output sharding {o} differs from JAX's {r}"
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_both_call_forms_agree(jit):
+  mesh = _auto_mesh()
+  body = lambda a, b: (lax.psum(a * b, "y"), a)
+  legacy = shard_map_impl.shard_map(body, mesh, (P("x", "y"), P()), (P("x"), P("x", "y")),
+                                    check_rep=True)
+  new = shard_map_impl.shard_map(body, mesh=mesh, in_specs=(P("x", "y"), P()),
+                                 out_specs=(P("x"), P("x", "y")), check_vma=True)
+  wrap = jax.jit if jit else (lambda f: f)
+  assert_trees_equal(wrap(legacy)(X, np.float32(2)), wrap(new)(X, np.float32(2)))
+  assert str(jax.make_jaxpr(legacy)(X, np.float32(2))) == str(
+      jax.make_jaxpr(new)(X, np.float32(2)))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(check_vma=True, check_rep=True), "not both"),
+    (dict(axis_names={"x"}, auto=frozenset({"y"})), "not both"),
+])
+def test_mixing_the_forms_is_rejected(kwargs, match):
+  with pytest.raises(TypeError, match=match):
+    shard_map_impl.shard_map(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"),
+                             out_specs=P("x"), **kwargs)
+
+
+def test_out_specs_is_required():
+  with pytest.raises(TypeError, match="out_specs"):
+    shard_map_impl.shard_map(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"))
