@@ -226,6 +226,7 @@ def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callab
   fun, out_tree = api_util.flatten_fun_nokwargs(lu.wrap_init(f, debug_info=dbg),
                                                 in_tree)
   fun, dyn_args = api_util.argnums_partial(fun, tuple(dyn), args_flat, False)
+  fun = debug_names.with_result_paths(fun, out_tree)
   _check_args(f, mesh, in_tree, in_specs, dyn, dyn_specs, dyn_args)
   in_names = tuple(canonicalize_spec(s) for s in dyn_specs)
   out_names = _OutNames(mesh, out_specs, out_tree, auto)

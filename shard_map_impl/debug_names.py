@@ -15,12 +15,37 @@ from collections.abc import Callable, Sequence
 
 from jax._src import core
 from jax._src import linear_util as lu
+from jax._src.tree_util import generate_key_paths, keystr
+from jax.tree_util import PyTreeDef, tree_unflatten
+
+from shard_map_impl.jax_line import BODY_RESULTS_BY_FLAT_INDEX
 
 
 def for_arguments(debug_info: core.DebugInfo, kept: Sequence[int]) -> core.DebugInfo:
   """``debug_info`` of a function whose flat arguments are only ``kept`` ones."""
   names = debug_info.arg_names
+  if names is None:  # unknown (0.10 spells it None)
+    return debug_info
   return debug_info._replace(arg_names=tuple(names[i] for i in kept))
+
+
+def with_result_paths(fun: lu.WrappedFun, out_tree: Callable[[], PyTreeDef]) -> lu.WrappedFun:
+  """``fun`` whose DebugInfo names its flat results, as JAX names a body's.
+
+  0.6's ``lu.wrap_init`` arranges this itself (paths into the output tree);
+  0.10's leaves them unknown and JAX's shard_map names them by flat position.
+  """
+  if fun.debug_info.result_paths is not None:
+    return fun
+  def paths() -> tuple[str, ...]:
+    tree = out_tree()
+    if BODY_RESULTS_BY_FLAT_INDEX:
+      return tuple(f"result[{i}]" for i in range(tree.num_leaves))
+    leaves = tree_unflatten(tree, [object()] * tree.num_leaves)
+    return tuple(f"result{keystr(p)}" for p, _ in generate_key_paths(leaves))
+  dbg = fun.debug_info._replace(result_paths=paths)
+  return lu.WrappedFun(fun.f, fun.f_transformed, fun.transforms, fun.stores,
+                       fun.params, fun.in_type, dbg)
 
 
 def consistent(jaxpr: core.Jaxpr) -> core.Jaxpr:
@@ -30,8 +55,9 @@ def consistent(jaxpr: core.Jaxpr) -> core.Jaxpr:
     dbg = dbg.resolve_result_paths()
   paths = dbg.result_paths if isinstance(dbg.result_paths, tuple) else ()
   n_in, n_out = len(jaxpr.invars), len(jaxpr.outvars)
+  names = dbg.arg_names
   fixed = dbg._replace(
-      arg_names=dbg.arg_names if len(dbg.arg_names) == n_in else ("",) * n_in,
+      arg_names=names if names is not None and len(names) == n_in else ("",) * n_in,
       result_paths=paths if len(paths) == n_out else ("",) * n_out)
   return jaxpr if fixed == jaxpr.debug_info else jaxpr.replace(debug_info=fixed)
 

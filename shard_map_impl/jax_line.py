@@ -66,6 +66,8 @@ EAGER_PARTIAL_AUTO = NEW_LINE
 OUT_SPECS_MAY_BE_THUNKS = not NEW_LINE
 # 0.10 reads in_specs=None as "no argument is mapped"; 0.6 rejects it.
 IN_SPECS_NONE_MEANS_UNMAPPED = NEW_LINE
+# 0.10's shard_map names its body's results result[i] by flat position.
+BODY_RESULTS_BY_FLAT_INDEX = NEW_LINE
 # jax.sharding.Infer (0.10): the in_specs default asking for inference.
 INFER_SENTINEL: Any = getattr(jax.sharding, "Infer", object())
 
