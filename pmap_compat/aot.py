@@ -115,7 +115,7 @@ def global_abstract_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: di
   size = mesh.shape[mesh.axis_names[0]]
   structs = []
   for x, d, s in zip(call.leaves, call.in_axes, shardings, strict=True):
-    aval = core.get_aval(x)
+    aval = core.shaped_abstractify(x)
     shape = list(np.shape(x))
     if d is not None:
       shape[d] = size

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable, Iterable, Sequence
 
-from jax._src.api_util import _ensure_index_tuple
+from jax._src.api_util import _ensure_index_tuple, rebase_donate_argnums
 
 from pmap_compat import errors
 from pmap_compat.config import PmapConfig
@@ -30,10 +30,11 @@ def pmap(fun: Callable, axis_name: Any = None, *, in_axes: Any = 0, out_axes: An
   errors.check_axes_spec(out_axes, "out_axes")
   if axis_size is not None and (type(axis_size) is not int or axis_size < 1):
     raise TypeError(f"pmap axis_size must be a positive int or None, got {axis_size!r}")
+  static = _ensure_index_tuple(static_broadcasted_argnums)
+  donate = _ensure_index_tuple(donate_argnums)
+  rebase_donate_argnums(donate, static)  # legacy's error when the two intersect
   cfg = PmapConfig(
-      axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
-      static=_ensure_index_tuple(static_broadcasted_argnums),
-      donate=_ensure_index_tuple(donate_argnums),
+      axis_name=axis_name, in_axes=in_axes, out_axes=out_axes, static=static, donate=donate,
       devices=errors.check_devices(devices), backend=backend, axis_size=axis_size,
       strict_replication=bool(check_replicated))
   return make_wrapper(fun, cfg)

@@ -146,7 +146,7 @@ def _arg_label(fun: Callable, path: tuple, n_positional: int) -> str:
 
 def _type_str(x: Any) -> str:
   try:
-    return jax.core.get_aval(x).str_short()
+    return jax.typeof(x).str_short()
   except TypeError:
     return "unknown"
 
@@ -173,6 +173,11 @@ def inconsistent_sizes(fun: Callable, args: tuple, kwargs: dict,
       many = "most" if rank == 0 else "some"
       lines.append(f"  * {many} axes ({count} of them) had size {size}, e.g. {where}")
   return ValueError(lines[0] + "\n" + ";\n".join(lines[1:]))
+
+
+def invalid_value(kind: str) -> FloatingPointError:
+  """``jax_debug_nans`` / ``jax_debug_infs`` found ``kind`` ("nan" / "inf") in a result."""
+  return FloatingPointError(f"Invalid value ({kind}) encountered in parallel computation.")
 
 
 def replicated_output_varies(paths: Sequence[str]) -> ValueError:

@@ -107,7 +107,7 @@ def _upload(x: Any, target: Any) -> Any:
       or getattr(value, "dtype", None) == dtypes.float0):
     return jax.device_put(x, target)  # nothing jit's dispatch would upload itself
   placed = pxla.shard_args([target], [None], [None], [value], canonicalize=False)[0]
-  aval = core.abstractify(x)  # keeps a Python scalar's weak type, as jit's signature does
+  aval = core.shaped_abstractify(x)  # keeps a Python scalar's weak type, as jit's signature does
   if aval.weak_type and not placed.aval.weak_type:
     placed = ArrayImpl(aval, placed.sharding, placed._arrays, committed=True)
   return placed

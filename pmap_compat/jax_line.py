@@ -32,6 +32,8 @@ if LEGACY_PMAP_RUNTIME:
   sharding_specs: Any = _sharding_specs  # PmapSharding's layout descriptions
 
   NO_CONCRETE_MESH: Any = None  # what clears the ambient concrete mesh
+  # The mesh axis of an unnamed outermost pmap (legacy's name was a fresh object per call).
+  DEFAULT_AXIS_NAME = "_pmap_compat_axis0"
 else:
   from jax._src.pjit import jit_p  # type: ignore[attr-defined,no-redef]
   from jax._src.random import prng
@@ -40,6 +42,8 @@ else:
   _canonicalize = dtypes.canonicalize_value  # type: ignore[attr-defined]
   sharding_specs = None  # PmapSharding's layout descriptions went with it
   NO_CONCRETE_MESH = mesh_lib.empty_concrete_mesh  # type: ignore[attr-defined]
+  # 0.10.2's own jax.pmap's name, so results carry the very sharding its results carry.
+  DEFAULT_AXIS_NAME = "_internal_pmap_axis_name"
 
   class PmapSharding:  # type: ignore[no-redef]
     """jax 0.10 has no PmapSharding: no value is one, so checks for it are simply False."""
@@ -53,5 +57,5 @@ def canonicalize_value(x: Any) -> Any:
 
 PRNGKeyArray = prng.PRNGKeyArray
 
-__all__ = ["LEGACY_PMAP_RUNTIME", "NO_CONCRETE_MESH", "DeviceAssignmentMismatchError", "PRNGKeyArray",
+__all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH", "DeviceAssignmentMismatchError", "PRNGKeyArray",
            "PmapSharding", "canonicalize_value", "jit_p", "prng", "sharding_specs"]

@@ -8,16 +8,17 @@ uncommitted inputs, runs the executable and returns its results: the NamedShardi
 fed back with no copy. Our Python work per call is a few attribute checks.
 
 Everything else goes to the wrapper's ``cache_miss``: calls inside another pmap's body or
-under a user's trace, strict replication checks, multi-process jobs (host-local arguments
-become global ones and results host-local again: ``run``), and inputs committed to devices
-outside the program's mesh, which jit refuses and we move on device first.
+under a user's trace, strict replication checks, ``jax_debug_nans`` / ``jax_debug_infs``
+checks, multi-process jobs (host-local arguments become global ones and results host-local
+again: ``run``), and inputs committed to devices outside the program's mesh, which jit
+refuses and we move on device first.
 """
 from __future__ import annotations
 
 from typing import Any
 from collections.abc import Callable
 
-from jax._src import core
+from jax._src import config, core, dispatch
 from jax._src import tree_util
 
 from pmap_compat import arguments, inputs, meshes, multihost, nesting
@@ -28,6 +29,8 @@ __all__ = ["PmapFunction", "inputs_on_other_devices", "run"]
 _trace_ctx = core.trace_ctx
 _eval_trace = core.eval_trace
 _state = nesting._STATE  # read directly on the hot path
+_debug_nans = config.debug_nans
+_debug_infs = config.debug_infs
 
 
 def inputs_on_other_devices(err: Exception) -> bool:
@@ -56,7 +59,7 @@ class PmapFunction:
 
   def __call__(self, *args, **kwargs):
     if (self._direct and _state.frame is None and _trace_ctx.trace is _eval_trace
-        and not multihost.is_multiprocess()):
+        and not (_debug_nans.value or _debug_infs.value) and not multihost.is_multiprocess()):
       try:
         return self._jitted(*args, **kwargs)
       except ValueError as err:
@@ -84,7 +87,15 @@ def run(jitted: Callable, args: tuple, kwargs: dict, plan: inputs.Plan) -> tuple
     else:
       placed = inputs.place_leaves(leaves, plan.in_shardings_flat) or leaves
     dyn_placed, kw_placed = tree_util.tree_unflatten(in_tree, placed)
-    out = jitted(*arguments.merge_static(dyn_placed, static), **kw_placed)
+    call_args = arguments.merge_static(dyn_placed, static)
+    if dispatch.needs_check_special():
+      # jit would re-run a program with a NaN / Inf result op by op to find its source;
+      # legacy pmap only reports it (the wrapper words the error as legacy's).
+      with config.debug_nans(False), config.debug_infs(False):
+        out = jitted(*call_args, **kw_placed)
+      dispatch.check_special("pmap", tree_util.tree_leaves(out))
+    else:
+      out = jitted(*call_args, **kw_placed)
   if multiprocess:
     out_leaves, out_tree = tree_util.tree_flatten(out)
     out = tree_util.tree_unflatten(out_tree, multihost.global_to_local(out_leaves))

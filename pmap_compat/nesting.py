@@ -18,6 +18,8 @@ import numpy as np
 from jax import dtypes, lax
 from jax.tree_util import tree_flatten, tree_unflatten
 
+from pmap_compat import jax_line
+
 
 class NeedAxis(Exception):
   """Raised by an inner pmap whose axis is missing from the outer mesh (caught by the outer)."""
@@ -62,7 +64,7 @@ class outer_body:
 
 def default_axis_name(depth: int, size: int) -> str:
   """Deterministic (HLO-stable) name for an unnamed pmap at a nesting depth."""
-  return f"_pmap_compat_axis{depth}_{size}" if depth else "_pmap_compat_axis0"
+  return f"_pmap_compat_axis{depth}_{size}" if depth else jax_line.DEFAULT_AXIS_NAME
 
 
 def require_axis(frame: Frame, name: Any, size: int) -> None:

@@ -75,39 +75,43 @@ def call_fun(fun: Callable, call: CallArgs, leaves: list) -> Any:
   return fun(*args, **kwargs)
 
 
-class _TruthyName:
-  """Stands for a falsy or tuple user axis name (``0``, ``""``, ``("a", 1)``) in mesh/specs.
+class _AxisNameStandIn(str):
+  """Stands for a user axis name that is not a non-empty string (``0``, ``""``, ``3``,
+  ``("a", 1)``, any hashable) in meshes and specs.
 
-  JAX's specs treat a falsy entry as "unsharded" and a tuple as several mesh axes, so such
-  a name cannot be a mesh axis as is. This stand-in hashes and compares equal to the user's
-  name, so collectives written against the user's name still find the mesh axis.
+  JAX's specs treat a falsy entry as "unsharded" and a tuple as several mesh axes, and
+  Shardy's meshes take string axis names only, so such a name cannot be a mesh axis as is.
+  This stand-in is a string (its text is only for the lowered program) that hashes and
+  compares equal to the user's name, so collectives written against the user's name still
+  find the mesh axis, and it prints as the user's name.
   """
-  __slots__ = ("name",)
 
-  def __init__(self, name: Any):
+  name: Any
+
+  def __new__(cls, name: Any) -> _AxisNameStandIn:
+    self = super().__new__(cls, f"_pmap_compat_name_{name!r}")
     self.name = name
+    return self
 
   def __hash__(self) -> int:
     return hash(self.name)
 
-  def __eq__(self, other: Any) -> bool:
-    other = other.name if isinstance(other, _TruthyName) else other
+  def __eq__(self, other: object) -> bool:
+    other = other.name if isinstance(other, _AxisNameStandIn) else other
     return type(other) is type(self.name) and other == self.name
 
-  def __bool__(self) -> bool:
-    return True
+  def __ne__(self, other: object) -> bool:
+    return not self == other
 
   def __repr__(self) -> str:
     return repr(self.name)
-
-  __str__ = __repr__
 
 
 def axis_name_of(cfg: PmapConfig, depth: int, size: int) -> Any:
   name = cfg.axis_name
   if name is None:
     return nesting.default_axis_name(depth, size)
-  return _TruthyName(name) if not name or isinstance(name, tuple) else name
+  return name if isinstance(name, str) and name else _AxisNameStandIn(name)
 
 
 def in_spec(axis: int | None, name: Any) -> P:

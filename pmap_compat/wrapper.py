@@ -166,8 +166,7 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
       return cache_miss(*args, **kwargs)
     except dispatch.InternalFloatingPointError as e:
       # jax_debug_nans / jax_debug_infs found one in an output: legacy's error and wording.
-      raise FloatingPointError(
-          f"Invalid value ({e.ty}) encountered in parallel computation.") from None
+      raise errors.invalid_value(e.ty) from None
 
   pmapped: Any
   if jax_line.LEGACY_PMAP_RUNTIME:
