@@ -16,11 +16,13 @@ from jax._src import linear_util as lu
 from jax._src.state import discharge as state_discharge
 from jax._src.state.types import AbstractRef
 
+from shard_map_impl import debug_names as dn
 from shard_map_impl import eqn_params
 from shard_map_impl.jax_line import discharge_state
 from shard_map_impl.per_device import body_context
 from shard_map_impl.out_names import ConstThunk
 from shard_map_impl.primitive import shard_map_p
+from shard_map_impl.split_residuals import fit_names
 
 
 def discharge_rule(in_avals: Sequence[core.AbstractValue], out_avals: Sequence[core.AbstractValue],
@@ -37,8 +39,14 @@ def discharge_rule(in_avals: Sequence[core.AbstractValue], out_avals: Sequence[c
   def run(*vals: Any):
     return core.eval_jaxpr(body, vals[:n_consts], *vals[n_consts:])
 
+  # After the body's own inputs and outputs come the discharged state's.
+  dbg = jaxpr.debug_info
+  fun = dn.renamed(lu.wrap_init(run, debug_info=dbg), dbg,
+                   (*dn.unnamed(n_consts), *fit_names(dbg.arg_names, len(args))),
+                   lambda paths: (*fit_names(paths, len(out_names)),
+                                  *dn.unnamed(len(ref_names))))
   outs = shard_map_p.bind(
-      lu.wrap_init(run, debug_info=jaxpr.debug_info), *consts, *args,
+      fun, *consts, *args,
       mesh=mesh, in_names=(*({} for _ in consts), *in_names),
       out_names_thunk=ConstThunk((*out_names, *ref_names)),
       check_rep=p.check, rewrite=p.rewrite, auto=p.auto)

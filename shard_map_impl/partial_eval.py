@@ -104,7 +104,8 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.Wrappe
   known_fun, split_thunk = _known_half(fun, trace.tag, fun.debug_info, in_knowns, unknown_avals)
   # The known half takes the known inputs; returns known outputs, then residuals.
   known_fun = dn.renamed(
-      known_fun, fun.debug_info, dn.kept(fun.debug_info.arg_names, in_knowns),
+      known_fun, fun.debug_info,
+      dn.kept(rs.fit_names(fun.debug_info.arg_names, len(in_knowns)), in_knowns),
       lambda paths: (*dn.kept(paths, split_thunk().out_knowns),
                      *dn.unnamed(len(split_thunk().fresh_avals))))
 
@@ -133,7 +134,7 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.Wrappe
   demote = [f and rs.is_scalar(a) for f, a in
             zip(split.fresh, _fresh_slots(split), strict=True)]
   with body_context(mesh, auto, check_rep):  # jaxpr checks need the body's axis env
-    hoisted = pe.convert_constvars_jaxpr(dn.consistent(rs.with_unnamed_io(split.jaxpr)))
+    hoisted = pe.convert_constvars_jaxpr(dn.consistent(rs.with_fitted_names(split.jaxpr)))
   body = rs.retrace_jaxpr(hoisted, mesh=mesh, auto=auto, check_rep=check_rep,
                           demote_inputs=demote)
 

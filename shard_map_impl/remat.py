@@ -53,10 +53,10 @@ def remat_rule(saveable: Callable, unks_in: Sequence[bool], inst_in: Sequence[bo
     known, staged, unks_out, inst_out, num_res = pe.partial_eval_jaxpr_custom(
         p.jaxpr, unks_in, inst_in, False, False, saveable)
   known = known.replace(debug_info=debug_names.known_half(
-      p.jaxpr.debug_info, [not u for u in unks_in], [not u for u in unks_out],
-      num_res))
+      rs.with_fitted_names(p.jaxpr).debug_info, [not u for u in unks_in],
+      [not u for u in unks_out], num_res))
   known = debug_names.consistent(known)
-  staged = debug_names.consistent(rs.with_unnamed_io(staged))
+  staged = debug_names.consistent(rs.with_fitted_names(staged))
   n_outs = len(known.outvars) - num_res
   in_fwd, out_fwd = _forwarding(known, n_outs)
   fresh = [i is None and o is None for i, o in zip(in_fwd, out_fwd, strict=True)]

@@ -88,18 +88,28 @@ def resolve_forwarding(in_fwd: Sequence[int | None], out_fwd: Sequence[int | Non
   return picked
 
 
+def fit_names(names: Sequence[str] | None, n: int) -> tuple[str, ...]:
+  """``names`` if they name exactly ``n`` values, else ``n`` unknown names ('').
+
+  Derived halves reuse their source's DebugInfo; 0.10 marks names it does not
+  know as None, and jaxpr checks want one name per binder.
+  """
+  return tuple(names) if names is not None and len(names) == n else ("",) * n
+
+
 def unnamed_io(debug_info: core.DebugInfo, n_in: int, n_out: int) -> core.DebugInfo:
   """``debug_info`` for a half whose inputs and outputs are all derived values
   (residuals, tangents): each one unnamed."""
   return debug_info._replace(arg_names=("",) * n_in, result_paths=("",) * n_out)
 
 
-def with_unnamed_io(jaxpr: core.Jaxpr) -> core.Jaxpr:
-  """``jaxpr`` whose unknown input / output names (None on 0.10) are spelled out."""
+def with_fitted_names(jaxpr: core.Jaxpr) -> core.Jaxpr:
+  """``jaxpr`` with one (possibly unknown) name per input and output."""
   dbg = jaxpr.debug_info
-  if dbg.arg_names is not None and dbg.result_paths is not None:
-    return jaxpr
-  return jaxpr.replace(debug_info=unnamed_io(dbg, len(jaxpr.invars), len(jaxpr.outvars)))
+  paths = dbg.result_paths if isinstance(dbg.result_paths, tuple) else None
+  fitted = dbg._replace(arg_names=fit_names(dbg.arg_names, len(jaxpr.invars)),
+                        result_paths=fit_names(paths, len(jaxpr.outvars)))
+  return jaxpr if fitted == dbg else jaxpr.replace(debug_info=fitted)
 
 
 def retrace_jaxpr(jaxpr: core.Jaxpr, *, mesh: AnyMesh, auto: frozenset, check_rep: bool,

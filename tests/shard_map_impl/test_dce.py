@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import pytest
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
-from jax.experimental.shard_map import shard_map as jax_shard_map
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 import shard_map_impl
+from reference import jax_shard_map
+from support.jax_lines import on_legacy_line
 from support.meshes import make_mesh
 
 IMPLS = {"jax": jax_shard_map, "ours": shard_map_impl.shard_map}
@@ -42,9 +43,13 @@ def three_outputs(sm, mesh):
 
 
 def nested(sm, mesh):
-  """An outer shard_map over x whose body holds an inner one over y."""
+  """An outer shard_map over x whose body holds an inner one over y.
+
+  The inner one names the full mesh on 0.6, the context mesh (x already
+  manual) on 0.10, as each line's JAX requires."""
   def body(a, b):
-    inner = sm(lambda v, w: (jnp.sin(v), jnp.cos(w) * 2), mesh,
+    inner_mesh = mesh if on_legacy_line() else jax.sharding.get_abstract_mesh()
+    inner = sm(lambda v, w: (jnp.sin(v), jnp.cos(w) * 2), inner_mesh,
                in_specs=(P(), P()), out_specs=(P(), P()))
     s, c = inner(a, b)
     return s + 1, c

@@ -1,10 +1,11 @@
-"""Differential catalog: transformations of ``shard_map`` (ours vs ``jax.experimental``).
+"""Differential catalog: transformations of ``shard_map``, ours vs JAX's.
 
 Each program is written once against a ``smap`` argument (a ``shard_map`` with the
-signature of ``jax.experimental.shard_map.shard_map``); it is run with JAX's
-shard_map and with ours under the same ``jax_varying_axes_in_types`` setting and
-``check_rep`` value, and the outcomes must agree: equal values (to float
-rounding), or the same exception type when JAX raises.
+0.6 call form ``smap(f, mesh, in_specs, out_specs, check_rep=, auto=)``); it is run
+with JAX's shard_map on the running JAX line (``jax.experimental.shard_map`` on
+0.6.0, ``jax.shard_map`` on 0.10.2, see ``reference``) and with ours under the same
+varying-axes mode (switchable on 0.6 only) and check flag, and the outcomes must
+agree: equal values (to float rounding), or the same exception type when JAX raises.
 
 The default run covers every program once in the default mode plus a rotating
 subset of the other modes; the full cross product is marked ``slow``.
@@ -23,9 +24,10 @@ import numpy as np
 import pytest
 from jax import lax
 from jax._src import config as jax_config
-from jax.experimental import shard_map as jax_shard_map_mod
 from jax.sharding import PartitionSpec as P
 
+from reference import VMA_MODES, jax_shard_map, vma_mode, vma_params
+from support.jax_lines import on_legacy_line
 from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
@@ -39,7 +41,8 @@ class Program:
   mesh_shape: tuple[int, ...]
   tol: float
   # Run ours under jax_use_direct_linearize (JAX's own shard_map fails there in
-  # 0.6.0, so the reference result is JAX's with the default linearize path).
+  # 0.6.0, so the reference result is JAX's with the default linearize path;
+  # 0.10 always linearizes directly).
   direct_linearize: bool = False
 
 
@@ -58,6 +61,22 @@ def program(mesh_shape: tuple[int, ...] = (8,), tol: float = 1e-5,
 
 def rand(*shape: int, seed: int = 0) -> np.ndarray:
   return np.random.RandomState(seed).randn(*shape).astype(np.float32)
+
+
+def jrand(*shape: int, seed: int = 0) -> jax.Array:
+  """``rand`` as a jax array (0.10's linearize rejects numpy arguments it closes over)."""
+  return jnp.asarray(rand(*shape, seed=seed))
+
+
+def pvary(x: Any, axes: tuple) -> Any:
+  """Mark ``x`` varying along ``axes`` (0.10 spells it ``pcast(..., to='varying')``)."""
+  return lax.pvary(x, axes) if on_legacy_line() else lax.pcast(x, axes, to='varying')
+
+
+def inner_mesh(mesh: Any) -> Any:
+  """The mesh a shard_map nested in another's body names: the full mesh on 0.6;
+  on 0.10 the context mesh (the outer one's axes already manual), as JAX requires."""
+  return mesh if on_legacy_line() else jax.sharding.get_abstract_mesh()
 
 
 def total(f: Callable) -> Callable:
@@ -156,7 +175,7 @@ def grad_pmax(smap, mesh):
 @program((4, 2))
 def grad_explicit_pvary(smap, mesh):
   def body(x, w):
-    return x * lax.pvary(w, ('x',))
+    return x * pvary(w, ('x',))
   f = smap(body, mesh, (P('x'), P()), P('x'))
   return lambda: jax.grad(total(f), argnums=(0, 1))(rand(8, 2), rand(2, 2, seed=1))
 
@@ -337,8 +356,8 @@ def linearize_scalar_residual(smap, mesh):
     return x / (1.0 + s)
   f = smap(body, mesh, P('x', 'y'), P('x', 'y'))
   def run():
-    y, f_lin = jax.linearize(f, rand(8, 4))
-    return y, f_lin(rand(8, 4, seed=1))
+    y, f_lin = jax.linearize(f, jrand(8, 4))
+    return y, f_lin(jrand(8, 4, seed=1))
   return run
 
 
@@ -346,7 +365,7 @@ def linearize_scalar_residual(smap, mesh):
 def direct_linearize_grad(smap, mesh):
   f = smap(lambda x: lax.psum(jnp.sin(x) * x, 'x'), mesh, P('x'), P())
   return lambda: (jax.grad(total(f))(rand(8, 2)),
-                  jax.linearize(f, rand(8, 2))[1](rand(8, 2, seed=1)))
+                  jax.linearize(f, jrand(8, 2))[1](jrand(8, 2, seed=1)))
 
 
 @program((4, 2), direct_linearize=True)
@@ -529,7 +548,7 @@ def grad_custom_jvp_replicated(smap, mesh):
 @program((4, 2))
 def grad_nested_shard_map(smap, mesh):
   def outer(x):
-    inner = smap(lambda y: lax.psum(y * y, 'y'), mesh, P(None, 'y'), P())
+    inner = smap(lambda y: lax.psum(y * y, 'y'), inner_mesh(mesh), P(None, 'y'), P())
     return lax.psum(inner(x), 'x')
   f = jax.jit(smap(outer, mesh, P('x'), P(), auto=frozenset({'y'})))
   return lambda: jax.grad(total(f))(rand(8, 4))
@@ -761,9 +780,9 @@ def remat_axis_index_in_body(smap, mesh):
 def linearize_then_transpose(smap, mesh):
   f = smap(lambda x: lax.psum(jnp.sin(x), 'x') * x, mesh, P('x'), P('x'))
   def run():
-    x = rand(8, 2)
+    x = jrand(8, 2)
     y, f_lin = jax.linearize(f, x)
-    return y, jax.linear_transpose(f_lin, x)(rand(8, 2, seed=3))
+    return y, jax.linear_transpose(f_lin, x)(jrand(8, 2, seed=3))
   return run
 
 
@@ -803,7 +822,7 @@ def grad_checkify_inside(smap, mesh):
 # --------------------------------------------------------------------- harness
 
 def reference_shard_map() -> Callable:
-  return jax_shard_map_mod.shard_map
+  return jax_shard_map
 
 
 def our_shard_map() -> Callable:
@@ -815,8 +834,7 @@ def run_outcome(prog: Program, smap_impl: Callable, varying: bool, check_rep: bo
                 direct_linearize: bool = False):
   """Builds and runs ``prog`` with ``smap_impl``; returns ('ok', value) or ('err', exc)."""
   smap = functools.partial(_with_check_rep, smap_impl, check_rep)
-  with jax_config.varying_axes_in_types(varying), \
-       jax_config.use_direct_linearize(direct_linearize):
+  with vma_mode(varying), jax_config.use_direct_linearize(direct_linearize):
     try:
       thunk = prog.build(smap, make_mesh(prog.mesh_shape))
       return 'ok', jax.block_until_ready(thunk())
@@ -846,7 +864,7 @@ def assert_same_outcome(prog: Program, varying: bool, check_rep: bool) -> None:
   assert_trees_equal(ref, ours, rtol=prog.tol, atol=prog.tol)
 
 
-MODES = list(itertools.product((True, False), (True, False)))  # (varying, check_rep)
+MODES = list(itertools.product(VMA_MODES, (True, False)))  # (varying, check_rep)
 
 # Cases that fail for reasons outside the transformation rules (name, varying, check_rep).
 # Strict xfails for failures outside the transformation rules, with the reason.
@@ -866,7 +884,7 @@ def _default_cases():
   for i, name in enumerate(sorted(CATALOG)):
     cases.append((name, True, True))
     if i % 4 == 0:
-      cases.append((name, *MODES[1 + (i // 4) % 3]))
+      cases.append((name, *MODES[1 + (i // 4) % (len(MODES) - 1)]))
   return cases
 
 
@@ -899,7 +917,7 @@ CHECKED_SLOW = ("grad_megatron_mlp", "linearize_apply", "remat_around_dots_savea
                 "grad_shard_map_of_scan", "hessian_replicated_weight")
 
 
-@pytest.mark.parametrize('varying', [True, False], ids=['vary1', 'vary0'])
+@pytest.mark.parametrize('varying', vma_params(True, False), ids=['vary1', 'vary0'])
 @pytest.mark.parametrize('name', [*CHECKED, *(pytest.param(n, marks=pytest.mark.slow)
                                                for n in CHECKED_SLOW)])
 def test_catalog_under_enable_checks(name, varying):

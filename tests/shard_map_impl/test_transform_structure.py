@@ -1,4 +1,4 @@
-"""Structure of transformed shard_maps, compared with ``jax.experimental.shard_map``.
+"""Structure of transformed shard_maps, compared with JAX's shard_map on the running line.
 
 * the number of collectives in the lowered HLO of gradients (the transpose and
   the efficient-transpose rewrite must not add reductions JAX does not have);
@@ -20,9 +20,10 @@ from jax import lax
 from jax._src import config as jax_config
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
-from jax.experimental import shard_map as jax_shard_map_mod
 from jax.sharding import PartitionSpec as P
 
+from reference import jax_shard_map, vma_mode, vma_params
+from shard_map_impl import eqn_params
 from support.meshes import make_mesh
 
 COLLECTIVES = ("all_reduce", "all_gather", "collective_permute", "all_to_all",
@@ -31,7 +32,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "collective_permute", "all_to_all",
 
 def _impls():
   import shard_map_impl
-  return {"jax": jax_shard_map_mod.shard_map, "ours": shard_map_impl.shard_map}
+  return {"jax": jax_shard_map, "ours": shard_map_impl.shard_map}
 
 
 def rand(*shape, seed=0, dtype=np.float32):
@@ -135,12 +136,12 @@ def collective_counts(fn, args) -> collections.Counter:
       {c: len(re.findall(rf'"?stablehlo\.{c}"?', text)) for c in COLLECTIVES})
 
 
-@pytest.mark.parametrize("varying", [True, False], ids=["vary1", "vary0"])
+@pytest.mark.parametrize("varying", vma_params(True, False), ids=["vary1", "vary0"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_collective_counts_match(name, varying):
   shape, build = CASES[name]
   counts = {}
-  with jax_config.varying_axes_in_types(varying):
+  with vma_mode(varying):
     for impl_name, smap in _impls().items():
       counts[impl_name] = collective_counts(*build(smap, make_mesh(shape)))
   assert counts["ours"] == counts["jax"]
@@ -185,19 +186,22 @@ def _signature(eqn, varying: bool = True):
   types ours binds the halves of split shard_maps with check_rep=False (their
   replication is not re-checked, as JAX's staging does not check it either).
   """
-  canon = lambda names: tuple(tuple(sorted(n.items())) for n in names)
-  sig = (canon(eqn.params["in_names"]), eqn.params["rewrite"],
-         tuple(str(v.aval) for v in eqn.invars))
-  return sig + ((eqn.params["check_rep"],) if varying else ())
+  p = eqn_params.read(eqn.params)
+  sig = (_canon(p.in_names), p.rewrite, tuple(str(v.aval) for v in eqn.invars))
+  return sig + ((p.check,) if varying else ())
 
 
-@pytest.mark.parametrize("varying", [True, False], ids=["vary1", "vary0"])
+def _canon(names) -> tuple:
+  return tuple(tuple(sorted(n.items())) for n in names)
+
+
+@pytest.mark.parametrize("varying", vma_params(True, False), ids=["vary1", "vary0"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_equation_specs_match(name, varying):
   """Residual and cotangent specs of the transformed equations equal JAX's."""
   shape, build = CASES[name]
   sigs = {}
-  with jax_config.varying_axes_in_types(varying):
+  with vma_mode(varying):
     for impl_name, smap in _impls().items():
       fn, args = build(smap, make_mesh(shape))
       eqns = _shard_map_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
@@ -219,7 +223,7 @@ def _collective_eqns(jaxpr: core.Jaxpr, counts=None) -> collections.Counter:
   return counts
 
 
-@pytest.mark.parametrize("varying", [True, False], ids=["vary1", "vary0"])
+@pytest.mark.parametrize("varying", vma_params(True, False), ids=["vary1", "vary0"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_jaxpr_collectives_match(name, varying):
   """The same number of each reducing / communicating collective as JAX, and no
@@ -227,7 +231,7 @@ def test_jaxpr_collectives_match(name, varying):
   inputs and ``pvary``-s them; ours does not emit those outputs at all)."""
   shape, build = CASES[name]
   counts = {}
-  with jax_config.varying_axes_in_types(varying):
+  with vma_mode(varying):
     for impl_name, smap in _impls().items():
       fn, args = build(smap, make_mesh(shape))
       counts[impl_name] = _collective_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
@@ -259,7 +263,7 @@ def test_dce_prunes_outputs_and_keeps_effects(used):
     results[impl_name] = (used_in, len(eqns[0].outvars), len(body.outvars),
                           sorted(e.primitive.name for e in body.eqns),
                           _signature(eqns[0]),
-                          tuple(tuple(sorted(n.items())) for n in eqns[0].params["out_names"]))
+                          _canon(eqn_params.read(eqns[0].params).out_names))
   assert results["ours"] == results["jax"]
 
 
@@ -286,16 +290,16 @@ def _numeric_programs(smap):
                            mesh8, P('x'), P('x')), (rand(64, 8),)
 
 
-@pytest.mark.parametrize("varying", [True, False], ids=["vary1", "vary0"])
+@pytest.mark.parametrize("varying", vma_params(True, False), ids=["vary1", "vary0"])
 @pytest.mark.parametrize("check_rep", [True, False], ids=["rep1", "rep0"])
 def test_check_grads_numerically(varying, check_rep):
   from jax.test_util import check_grads
   import shard_map_impl
   smap = lambda f, m, i, o: shard_map_impl.shard_map(f, m, i, o, check_rep=check_rep)
-  with jax_config.varying_axes_in_types(varying):
+  with vma_mode(varying):
     for name, f, args in _numeric_programs(smap):
       args = tuple(a.astype(np.float64) for a in args)
-      with jax.experimental.enable_x64():
+      with jax_config.enable_x64(True):
         order = 2 if name in ("psum", "replicated") else 1
         check_grads(jax.jit(f), args, order=order, modes=("fwd", "rev"),
                     atol=1e-5, rtol=1e-5)
@@ -320,7 +324,7 @@ def test_state_discharge_of_closed_over_ref():
     x_ref[...] = shard_map_impl.shard_map(body, mesh, P('x'), P('x'))(x_ref[...])
 
   got = jax.jit(run_state(stateful))((x, acc0))
-  pure = jax_shard_map_mod.shard_map(
+  pure = jax_shard_map(
       lambda xb, a: (jnp.sin(xb) * 2.0, a + lax.psum(jnp.sum(xb, 0), 'x')),
       mesh, (P('x'), P()), (P('x'), P()))
   want = jax.jit(pure)(x, acc0)
