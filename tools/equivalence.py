@@ -255,8 +255,11 @@ def python_for(mode: str) -> str:
   return venv_python(version)
 
 
-def _child_command(mode: str) -> list[str]:
-  return [python_for(mode), "-c",
+def _child_command(mode: str, case: Case) -> list[str]:
+  # The shipped examples follow JAX's test policy (a DeprecationWarning is an error);
+  # a user's own program (the CLI) may still call deprecated APIs.
+  policy = ["-W", "error::DeprecationWarning"] if case.source is None else []
+  return [python_for(mode), *policy, "-c",
           f"import sys; sys.path.insert(0, {TOOLS!r}); import equivalence; "
           "sys.exit(equivalence.child_main(sys.argv[1:]))"]
 
@@ -303,7 +306,7 @@ def run_source(case: Case, mode: str, source: str, scratch: str) -> RunResult:
       os.remove(_status_path(out_dir, i))
     child_env = dict(env, PMAP_EXAMPLE_PROCESS_ID=str(i)) if case.processes > 1 else env
     procs.append(subprocess.Popen(
-        _child_command(mode) + [mode, source, out_dir, json.dumps(case.kwargs)],
+        _child_command(mode, case) + [mode, source, out_dir, json.dumps(case.kwargs)],
         env=child_env, cwd=scratch, stdout=log, stderr=subprocess.STDOUT))
   deadline = time.monotonic() + CHILD_TIMEOUT_S
   timed_out = False
