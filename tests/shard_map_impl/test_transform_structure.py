@@ -240,6 +240,136 @@ def test_jaxpr_collectives_match(name, varying):
   assert ours_pvary <= jax_pvary
 
 
+# ------------------------------------------------------- printed jaxprs (0.10)
+
+def _jvp_closed_weight(smap, mesh):
+  f = smap(lambda x, w: lax.psum(jnp.sin(x) * w, 'x'), mesh, (P('x'), P()), P())
+  return (lambda x, w, t: jax.jvp(lambda x: f(x, w), (x,), (t,))), (rand(8, 2), rand(2),
+                                                                  rand(8, 2, seed=1))
+
+
+def _linearize_apply(smap, mesh):
+  f = smap(lambda x: jnp.cos(x) * lax.psum(x, 'x'), mesh, P('x'), P('x'))
+  return (lambda x, t: jax.linearize(f, x)[1](t)), (rand(8, 2), rand(8, 2, seed=1))
+
+
+def _linear_transpose(smap, mesh):
+  f = smap(lambda x, w: lax.psum(x * 3.0, 'y') + w, mesh, (P('x', 'y'), P('x')), P('x'))
+  x, w = rand(8, 4), rand(8, 2, seed=1)
+  return jax.linear_transpose(f, x, w), (rand(8, 2, seed=2),)
+
+
+def _vmap_unbatched_arg(smap, mesh):
+  f = smap(lambda x, w: x @ w, mesh, (P('x'), P(None, 'y')), P('x', 'y'))
+  return jax.vmap(f, in_axes=(0, None)), (rand(2, 8, 3), rand(3, 4, seed=1))
+
+
+def _vmap_out_axis(smap, mesh):
+  f = smap(lambda x: lax.all_gather(x, 'x', tiled=True), mesh, P('x'), P('x'))
+  return jax.vmap(f, in_axes=0, out_axes=1), (rand(3, 8, 2),)
+
+
+def _named_residual_body(x, w):
+  from jax.ad_checkpoint import checkpoint_name
+  h = checkpoint_name(jnp.sin(x @ w), 'h')
+  return jnp.tanh(h @ w.T) * lax.psum(jnp.sum(h), 'x')
+
+
+def _remat_policy(policy):
+  def build(smap, mesh):
+    f = jax.checkpoint(smap(_named_residual_body, mesh, (P('x'), P()), P('x')), policy=policy)
+    return (jax.grad(lambda x, w: jnp.sum(f(x, w)), argnums=(0, 1)),
+            (rand(16, 4), rand(4, 4, seed=1)))
+  return build
+
+
+def _grad_check_vma_false(smap, mesh):
+  f = smap(lambda x, w: lax.psum(jnp.tanh(x * w), 'y'), mesh, (P('x', 'y'), P()), P('x'),
+           check_rep=False)
+  return jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), argnums=(0, 1)), (rand(8, 4), rand(2))
+
+
+def _grad_scan_of_shard_map(smap, mesh):
+  f = smap(lambda c, x: (c * jnp.sin(x), lax.psum(c * x, 'x')), mesh,
+           (P('x'), P('x')), (P('x'), P()))
+  def loss(c0, xs):
+    c, ys = lax.scan(f, c0, xs)
+    return jnp.sum(c) + jnp.sum(ys)
+  return jax.grad(loss, argnums=(0, 1)), (rand(8), rand(3, 8, seed=1))
+
+
+JAXPR_CASES = {
+    **CASES,
+    "jvp_closed_weight": ((8,), _jvp_closed_weight),
+    "linearize_apply": ((8,), _linearize_apply),
+    "linear_transpose": ((4, 2), _linear_transpose),
+    "vmap_unbatched_arg": ((4, 2), _vmap_unbatched_arg),
+    "vmap_out_axis": ((8,), _vmap_out_axis),
+    "remat_save_only_these_names": (
+        (8,), _remat_policy(jax.checkpoint_policies.save_only_these_names('h'))),
+    "remat_offload_names": ((8,), _remat_policy(
+        jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=(), names_which_can_be_offloaded=('h',),
+            offload_src='device', offload_dst='pinned_host'))),
+    "grad_check_vma_false": ((4, 2), _grad_check_vma_false),
+    "grad_scan_of_shard_map": ((8,), _grad_scan_of_shard_map),
+}
+
+
+def _spec_without_trailing_nones(m: re.Match) -> str:
+  entries = [e.strip() for e in m.group(1).split(",") if e.strip()]
+  while entries and entries[-1] == "None":
+    entries.pop()
+  return "P(" + ", ".join(entries) + ("," if len(entries) == 1 else "") + ")"
+
+
+def _staging_neutral(text: str) -> str:
+  """Printed jaxpr minus two details staging (not the transformation rules)
+  decides and test_staging_lowering compares: whether a spec spells out
+  trailing ``None`` dimensions, and a manual mesh's device description."""
+  text = re.sub(r"P\(([^()]*)\)", _spec_without_trailing_nones, text)
+  return re.sub(r", device_kind=[^,]*, num_cores=[^,]*, platform=[^)]*\)", ")", text)
+
+
+@pytest.mark.jax010_only(reason="0.10's equations carry jax.shard_map's own params, so "
+                         "jaxprs print alike")
+@pytest.mark.parametrize("name", sorted(JAXPR_CASES))
+def test_printed_jaxpr_matches_jax(name):
+  """The whole transformed program prints as JAX's: every equation the rules
+  emit (pvary/psum placement, residual and cotangent specs, promoted scalar
+  residuals, dropped zero cotangents), in order."""
+  shape, build = JAXPR_CASES[name]
+  text = {}
+  for impl_name, smap in _impls().items():
+    fn, args = build(smap, make_mesh(shape))
+    text[impl_name] = _staging_neutral(str(jax.make_jaxpr(fn)(*args)))
+  assert text["ours"] == text["jax"]
+
+
+def _vmap_over_explicit_axis(smap):
+  from jax.sharding import AxisType, NamedSharding
+  mesh = jax.make_mesh((4, 2), ('x', 'y'), axis_types=(AxisType.Explicit,) * 2)
+  x = jax.device_put(rand(4, 8, 3), NamedSharding(mesh, P('x', 'y')))
+  with jax.set_mesh(mesh):
+    f = smap(lambda v: lax.psum(v, 'y') * v, mesh=mesh, in_specs=P('y'), out_specs=P('y'),
+             axis_names=frozenset({'y'}))
+    return jax.make_jaxpr(jax.vmap(f))(x), jax.jit(jax.vmap(f))(x)
+
+
+@pytest.mark.jax010_only(reason="vmap over Explicit mesh axes is 0.10's")
+def test_vmap_over_explicit_mesh_axis():
+  """vmap of an array whose batch dimension is sharded on an Explicit axis:
+  the body sees that dimension whole, the result keeps the sharding, as in JAX."""
+  import shard_map_impl
+  outcomes = {}
+  for impl_name, smap in (("jax", jax.shard_map), ("ours", shard_map_impl.shard_map)):
+    jaxpr, out = _vmap_over_explicit_axis(smap)
+    outcomes[impl_name] = (_staging_neutral(str(jaxpr)), out.sharding.spec, np.asarray(out))
+  (want_jaxpr, want_spec, want), (got_jaxpr, got_spec, got) = outcomes["jax"], outcomes["ours"]
+  assert (got_jaxpr, got_spec) == (want_jaxpr, want_spec)
+  np.testing.assert_array_equal(got, want)
+
+
 # --------------------------------------------------------------------------- DCE
 
 def _dce_program(smap, mesh):
