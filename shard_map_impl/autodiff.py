@@ -5,8 +5,8 @@ the primals followed by the non-zero tangents (tangents share their primal's
 spec) and whose outputs are the primal outputs followed by the non-zero
 output tangents.
 
-Linearize (``jax.linearize`` / ``grad`` with ``jax_use_direct_linearize``)
-splits the shard_map in two: a primal shard_map that also emits residuals,
+Linearize (``jax.linearize`` / ``grad`` with ``jax_use_direct_linearize`` on
+0.6; always on 0.10) splits the shard_map in two: a primal shard_map that also emits residuals,
 bound on the parent trace, and a tangent shard_map, bound on the tangent trace,
 that evaluates the linear jaxpr from those residuals and the input tangents.
 Residual specs and rank-0 promotion come from ``split_residuals``.

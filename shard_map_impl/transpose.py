@@ -8,15 +8,16 @@ input's spec.
 
 How replicated values are reduced depends on the equation's ``rewrite`` flag:
 
-* ``rewrite=True`` (``check_rep=True``): the body already says exactly where
+* ``rewrite=True`` (``check_rep=True``; on 0.10 ``check_vma=True``): the body already says exactly where
   values go from replicated to varying (``pvary``, inserted implicitly with
   varying-axes types, or by the efficient-transpose rewrite without them) and
   back (``psum``), and those primitives transpose into each other.  Nothing
   is added here.
-* ``rewrite=False`` (``check_rep=False``): nothing is known, so the rule is
-  conservative: each output cotangent is divided by the size of the axes its
-  spec leaves unmentioned (the value was claimed equal there), and each input
-  cotangent is ``psum``-med over the axes its spec leaves unmentioned.
+* ``rewrite=False`` (``check_rep``/``check_vma`` off): nothing is known, so the
+  rule is conservative: each output cotangent is divided by the size of the
+  axes its spec leaves unmentioned (the value was claimed equal there), and
+  each input cotangent is ``psum``-med over the axes its spec leaves
+  unmentioned (only axes this shard_map makes manual count).
 """
 from __future__ import annotations
 
