@@ -109,6 +109,25 @@ def with_vma(aval: core.ShapedArray, vma: frozenset, **updates: Any) -> core.Sha
   return aval.update(vma=frozenset(vma), **updates)
 
 
+def call_shard_handler(handler: Callable, mesh: Any, auto: frozenset, check: bool,
+                       names: Any, spec: Any, aval: Any) -> Any:
+  """A ``core.shard_aval_handlers`` entry (e.g. refs), in its line's convention.
+
+  0.6: ``(mesh, auto, check_rep, names, aval)``;
+  0.10: ``(mesh, manual_axes, check_vma, spec, aval)``.
+  """
+  if NEW_LINE:
+    manual = frozenset(a for a in mesh.axis_names if a not in auto)
+    return handler(mesh, manual, check, spec, aval)
+  return handler(mesh, auto, check, names, aval)
+
+
+def call_unshard_handler(handler: Callable, mesh: Any, check: bool, names: Any, spec: Any,
+                         aval: Any) -> Any:
+  """A ``core.unshard_aval_handlers`` entry: names (0.6) or spec (0.10)."""
+  return handler(mesh, check, spec if NEW_LINE else names, aval)
+
+
 def get_aval(x: Any) -> core.AbstractValue:
   return core.typeof(x) if NEW_LINE else core.get_aval(x)  # type: ignore[attr-defined]
 

@@ -19,7 +19,8 @@ from jax._src import util
 from jax._src.mesh import AbstractMesh, AxisType, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shard_map_impl.jax_line import check_flag, varying_axes_typed, vma_of, with_vma
+from shard_map_impl.jax_line import (call_shard_handler, call_unshard_handler, check_flag,
+                                     varying_axes_typed, vma_of, with_vma)
 from shard_map_impl.specs import AnyMesh, AxisNames, axis_tuple, names_to_pspec, spec_axes
 
 def vma_enabled(check_rep: bool) -> bool:
@@ -51,7 +52,9 @@ def _manual_mesh(mesh: AbstractMesh, auto: frozenset, source: AbstractMesh) -> A
       AxisType.Manual if n not in auto
       else (AxisType.Explicit if kinds[n] == AxisType.Explicit else AxisType.Auto)
       for n in mesh.axis_names)
-  return AbstractMesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=types)
+  # update_axis_types keeps what else the mesh records (0.10: its device kind),
+  # so avals typed inside match those JAX's own rules (e.g. for refs) produce.
+  return mesh.update_axis_types(dict(zip(mesh.axis_names, types, strict=True)))
 
 
 def axis_env(mesh: AnyMesh, auto: frozenset):
@@ -88,7 +91,7 @@ def shard_aval(mesh: AnyMesh, auto: frozenset, check_rep: bool, names: AxisNames
     handler = core.shard_aval_handlers.get(type(aval))  # e.g. refs
     if handler is None:
       raise NotImplementedError(f"shard_map: unsupported input type {aval}")
-    return handler(mesh, auto, check_rep, names, aval)
+    return call_shard_handler(handler, mesh, auto, check_rep, names, names_to_pspec(names), aval)
   shape = tuple(d // mapped_size(mesh, names.get(i, ()))
                 for i, d in enumerate(aval.shape))
   sharding = NamedSharding(manual_mesh(mesh, auto), aval.sharding.spec)
@@ -110,7 +113,7 @@ def unshard_aval(mesh: AnyMesh, check_rep: bool, names: AxisNames,
     handler = core.unshard_aval_handlers.get(type(aval))
     if handler is None:
       raise NotImplementedError(f"shard_map: unsupported output type {aval}")
-    return handler(mesh, check_rep, names, aval)
+    return call_unshard_handler(handler, mesh, check_rep, names, names_to_pspec(names), aval)
   shape = tuple(d * mapped_size(mesh, names.get(i, ()))
                 for i, d in enumerate(aval.shape))
   outer = names_to_pspec(names)._normalized_spec_for_aval(aval.ndim)
