@@ -17,7 +17,7 @@ from jax._src import linear_util as lu
 from jax._src import traceback_util
 from jax._src.mesh import get_abstract_mesh
 from jax._src.tree_util import broadcast_prefix, prefix_errors
-from jax.tree_util import PyTreeDef, tree_flatten, tree_unflatten
+from jax.tree_util import PyTreeDef, tree_flatten, tree_leaves, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
@@ -35,6 +35,10 @@ def _validate_specs(kind: str, mesh: AnyMesh, specs: Specs, auto: frozenset) -> 
     if IN_SPECS_NONE_MEANS_UNMAPPED:
       return
     raise errors.in_specs_none()
+  partial_sums = [leaf for leaf in tree_leaves(specs)
+                  if getattr(leaf, "unreduced", None) or getattr(leaf, "reduced", None)]
+  if partial_sums:
+    raise errors.unreduced_specs(kind, partial_sums[0])
   if not specs_are_valid(mesh, specs, auto):
     raise errors.bad_spec_leaves(kind, mesh, *spec_leaf_problems(mesh, specs, auto), auto)
 

@@ -143,6 +143,12 @@ def check_inferable(mesh: AnyMesh, auto: frozenset) -> None:
                     f"axis_names={manual} are of type {types}")
 
 
+def unreduced_specs(kind: str, spec: Any) -> NotImplementedError:
+  return NotImplementedError(
+      f"shard_map_impl.shard_map does not support unreduced/reduced axes in {kind}_specs "
+      f"(got {spec}); use jax.shard_map for partial-sum types.")
+
+
 def bad_spec_leaves(kind: str, mesh: AnyMesh | None, bad_type: list, bad_auto: list,
                     auto: frozenset) -> Exception:
   """TypeError for non-PartitionSpec leaves, else ValueError for auto axes."""

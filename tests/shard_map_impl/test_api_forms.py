@@ -167,3 +167,11 @@ def test_mixing_the_forms_is_rejected(kwargs, match):
 def test_out_specs_is_required():
   with pytest.raises(TypeError, match="out_specs"):
     shard_map_impl.shard_map(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"))
+
+
+@pytest.mark.jax010_only(reason="PartitionSpec has unreduced axes from 0.10")
+def test_unreduced_specs_are_rejected_by_name():
+  mesh = _explicit_mesh()
+  with pytest.raises(NotImplementedError, match="out_specs"):
+    shard_map_impl.shard_map(lambda a: a, mesh=mesh, in_specs=P("x"),
+                             out_specs=P(None, unreduced={"y"}))
