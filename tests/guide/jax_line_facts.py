@@ -4,7 +4,9 @@
 
 Writes {"jax": version, "facts": {matrix row label: the words its cell for this JAX
 starts with}}. A deprecated API is caught and reported as "`DeprecationWarning`", the
-matrix's word for it, so it is safe under `-W error::DeprecationWarning`.
+matrix's word for it, so it is safe under `-W error::DeprecationWarning`. The project's
+own rows are run, not just imported: `shard_map_impl` must agree with this line's JAX
+shard_map and `pmap_compat` must run a nested pmap like the flat `jax.pmap`.
 """
 from __future__ import annotations
 
@@ -36,15 +38,48 @@ def _availability(use: Callable[[], object]) -> str:
   return "yes"
 
 
-def _imports(module: str, name: str | None = None) -> str:
-  """'yes', or 'fails at import' when importing `module` (or `from module import name`) fails."""
+def _works(check: Callable[[], object]) -> str:
+  """'yes' when `check` runs (it asserts agreement with JAX), 'fails at import' when the
+  module it needs does not import on this JAX."""
   try:
-    loaded = __import__(module, fromlist=[name] if name else [])
-    if name:
-      getattr(loaded, name)
+    check()
   except ImportError:
     return "fails at import"
   return "yes"
+
+
+def _shard_map_impl_agrees() -> None:
+  """One collective program through shard_map_impl and through this line's JAX shard_map."""
+  import shard_map_impl  # pylint: disable=import-outside-toplevel
+  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  reference = getattr(jax, "shard_map", None)
+  if reference is None:  # jax 0.6.0: the experimental one, by keyword
+    from jax.experimental.shard_map import shard_map as reference  # pylint: disable=import-outside-toplevel
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("i", "j"))
+  x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+  def body(b):
+    return np.float32(2) * b - jax.lax.psum(b, ("i", "j"))
+  ours, theirs = (jax.jit(impl(body, mesh=mesh, in_specs=P(("i", "j")), out_specs=P(("i", "j"))))(x)
+                  for impl in (shard_map_impl.shard_map, reference))
+  np.testing.assert_array_equal(ours, theirs)
+
+
+def _pmap_compat_runs_nested() -> None:
+  """A nested pmap with a collective over both axes through pmap_compat equals the flat
+  jax.pmap of the same computation (which every line's jax.pmap runs)."""
+  from pmap_compat import pmap  # pylint: disable=import-outside-toplevel
+  n = jax.local_device_count()
+  x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+  def body(v, axes):
+    return v - jax.lax.psum(v, axes)
+  nested = pmap(pmap(lambda v: body(v, ("a", "b")), axis_name="b"), axis_name="a")
+  flat = jax.pmap(lambda v: body(v, "a"), axis_name="a")
+  np.testing.assert_array_equal(nested(x.reshape(n // 2, 2, 3)).reshape(n, 3), flat(x))
+
+
+def _codemod_default_target() -> str:
+  from codemod.pmap_to_shmap import default_target  # pylint: disable=import-outside-toplevel
+  return default_target()
 
 
 def _pmap_facts() -> dict[str, str]:
@@ -82,9 +117,11 @@ def facts() -> dict[str, str]:
       "`jax.experimental.shard_map.shard_map(f, mesh, in_specs, out_specs, check_rep)`":
           _availability(_experimental_shard_map),
       "`jax.make_mesh` default axis types": "Explicit" if "Explicit" in mesh_types else "Auto",
-      "`shard_map_impl`": _imports("shard_map_impl"),
-      "`pmap_compat.pmap`, `patched()`": _imports("pmap_compat", "pmap"),
-      "`python -m pmap_compat.testing record` / `check`": _imports("pmap_compat.testing"),
+      "`shard_map_impl`": _works(_shard_map_impl_agrees),
+      "`pmap_compat.pmap`, `patched()`": _works(_pmap_compat_runs_nested),
+      "codemod's default `--target` (the tool itself needs only libcst)": _codemod_default_target(),
+      "`python -m pmap_compat.testing record` / `check`": _works(
+          lambda: __import__("pmap_compat.testing")),
   }
 
 
