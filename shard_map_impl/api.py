@@ -21,8 +21,8 @@ from jax.tree_util import PyTreeDef, tree_flatten, tree_leaves, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import (IN_SPECS_NONE_MEANS_UNMAPPED, INFER_SENTINEL,
-                                     OUT_SPECS_MAY_BE_THUNKS)
+from shard_map_impl.jax_line import (CONTEXT_MESH_MUST_MATCH, IN_SPECS_NONE_MEANS_UNMAPPED,
+                                     INFER_SENTINEL, OUT_SPECS_MAY_BE_THUNKS)
 from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
                                  divisibility_failures, inferred_spec, rank_failures,
                                  spec_leaf_problems, specs_are_valid)
@@ -173,11 +173,17 @@ class _Request:
   def resolve(self, f: Callable) -> tuple[AnyMesh, frozenset]:
     """(mesh, auto) for a call, validating the arguments against the mesh."""
     mesh = self.mesh
+    context = get_abstract_mesh()
     if mesh is None:
-      mesh = get_abstract_mesh()
+      mesh = context
       if mesh.empty:
         raise ValueError("The context mesh cannot be empty. Use `jax.set_mesh(mesh)` "
                          "to enter into a mesh context")
+    elif CONTEXT_MESH_MUST_MATCH and not context.empty and _shape_of(context) != _shape_of(mesh):
+      # 0.10 also rejects the same mesh with other axis types (a concrete mesh inside a
+      # body); ours runs that, as nested pmaps need.
+      raise ValueError(f"The context mesh {context} should match the mesh passed to "
+                       f"shard_map {mesh}")
     if self.axis_names is not None:
       auto = errors.auto_from_axis_names(f, mesh, self.axis_names)
     else:
@@ -189,6 +195,10 @@ class _Request:
     if not callable(self.out_specs):
       _validate_specs("out", mesh, self.out_specs, auto)
     return mesh, auto
+
+
+def _shape_of(mesh: Any) -> tuple:
+  return tuple(getattr(mesh, "axis_names", ())), tuple(getattr(mesh, "axis_sizes", ()))
 
 
 def _mapped(f: Callable, request: _Request) -> Callable:

@@ -68,6 +68,8 @@ OUT_SPECS_MAY_BE_THUNKS = not NEW_LINE
 IN_SPECS_NONE_MEANS_UNMAPPED = NEW_LINE
 # 0.10's shard_map names its body's results result[i] by flat position.
 BODY_RESULTS_BY_FLAT_INDEX = NEW_LINE
+# 0.10 rejects a mesh argument that differs from the context mesh (jax.set_mesh).
+CONTEXT_MESH_MUST_MATCH = NEW_LINE
 # jax.sharding.Infer (0.10): the in_specs default asking for inference.
 INFER_SENTINEL: Any = getattr(jax.sharding, "Infer", object())
 

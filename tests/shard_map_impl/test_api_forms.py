@@ -93,6 +93,8 @@ PROGRAMS = {
         lambda mesh, xe: (sm(lambda a: lax.psum(a, ("x", "y")), mesh=mesh, out_specs=P()),
                           (xe,)))(*_explicit_args()),
     "ref_operand": lambda sm: (_with_ref(sm), (X,)),
+    "err_mesh_differs_from_context_mesh": _with_mesh(make_mesh((8,)), lambda sm: (
+        sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x")), (X,))),
     # errors of this call form
     "err_not_replicated": lambda sm: (
         sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P()), (X,)),
