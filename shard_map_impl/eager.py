@@ -37,7 +37,7 @@ from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
 from shard_map_impl.jax_line import (EAGER_PARTIAL_AUTO, check_flag_value, debug_print_p,
                                      eager_default_mesh,
-                                     get_aval, vma_of, with_vma)
+                                     get_aval, trace_to_jaxpr, vma_of, with_vma)
 from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
@@ -135,16 +135,26 @@ class _PrimApplier:
 
 
 @util.cache(max_size=4096, trace_context_in_key=False)
-def _jitted(applier: _PrimApplier, mesh: AnyMesh, auto: frozenset, in_specs: tuple,
+def _jitted(applier: _PrimApplier | _JaxprApplier, mesh: AnyMesh, auto: frozenset, in_specs: tuple,
             out_specs: PartitionSpec | Sequence[PartitionSpec], check: bool):
   # A tuple key stands for a list of per-output specs (a single P is a tuple too).
   return jax.jit(_flat_program(applier, mesh, auto, in_specs, out_specs, check))
 
 
-def _apply(trace: EagerTrace, prim: core.Primitive, params: dict[str, Any], stacked: Sequence[Any],
+class _JaxprApplier:
+  """Per-device evaluation of a closed jaxpr (a nested shard_map, staged once)."""
+
+  def __init__(self, closed: core.ClosedJaxpr):
+    self.closed = closed
+
+  def __call__(self, *blocks: Any):
+    outs = core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *(b[0] for b in blocks))
+    return [o[None] for o in outs]
+
+
+def _apply(trace: EagerTrace, applier: _PrimApplier | _JaxprApplier, stacked: Sequence[Any],
            in_specs: tuple, out_specs: PartitionSpec | Sequence[PartitionSpec]):
-  """Run ``prim`` on every device's blocks; ``out_specs`` a P or list of P."""
-  applier = _PrimApplier(prim, params)
+  """Run ``applier`` on every device's blocks; ``out_specs`` a P or list of P."""
   out_key = tuple(out_specs) if isinstance(out_specs, list) else out_specs
   fn = _jitted(applier, trace.mesh, trace.auto, in_specs, out_key, trace.inner_check)
   with _outside(trace.context_mesh):
@@ -268,7 +278,7 @@ class EagerTrace(core.Trace):
         out_specs = [self.stack_spec(r) for r in reps]
       else:
         out_specs = self.stack_spec(None)
-      outs = _apply(self, prim, params, stacked, in_specs, out_specs)
+      outs = _apply(self, _PrimApplier(prim, params), stacked, in_specs, out_specs)
     if not self.typed:
       reps = _broadcast_reps(prim, reps, len(outs))
     results = [EagerTracer(self, r, o) for r, o in zip(reps, outs, strict=True)]
@@ -362,6 +372,33 @@ _eager_rules: dict[core.Primitive, Callable[..., list]] = {
 }
 if debug_print_p is not None:
   _eager_rules[debug_print_p] = _debug_print_eager
+
+
+# --- a shard_map nested in an eager body ----------------------------------------
+
+@register_trace_rule(EagerTrace)
+def _nested(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+            **bind_params: Any):
+  """Stage the inner shard_map once (per-device avals), then run it on every
+  device's blocks like a primitive; replication follows from its staged types."""
+  avals = [core.typeof(t) for t in tracers]
+  staged = lu.wrap_init(lambda *xs: prim.bind(fun, *xs, **bind_params),
+                        debug_info=fun.debug_info)
+  jaxpr, out_avals, consts = trace_to_jaxpr(staged, avals)
+  closed = core.ClosedJaxpr(jaxpr, consts)
+  pairs = [trace.lift(t) for t in tracers]
+  in_reps = [r for _, r in pairs]
+  if not trace.check:
+    reps = [frozenset()] * len(out_avals)
+  elif trace.typed:
+    reps = [replication.vma_to_rep(trace.mesh, trace.auto, vma_of(a)) for a in out_avals]
+  else:
+    reps = replication.jaxpr_replication(trace.mesh, jaxpr, in_reps)
+  in_specs = tuple(trace.stack_spec(r) for r in in_reps)
+  out_specs = ([trace.stack_spec(r) for r in reps] if trace.typed
+               else trace.stack_spec(None))
+  outs = _apply(trace, _JaxprApplier(closed), [s for s, _ in pairs], in_specs, out_specs)
+  return [EagerTracer(trace, r, o) for r, o in zip(reps, outs, strict=True)]
 
 
 # --- entry: binding shard_map_p outside any transformation ----------------------

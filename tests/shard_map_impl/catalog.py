@@ -854,7 +854,7 @@ def partial_auto_one_axis(sm, mesh):
   return sm(f, mesh, in_specs=P("x", "y"), out_specs=P("x"), auto=frozenset({"z"})), (arr(4, 4),)
 
 
-@case(meshes=((4, 2), (2, 2, 2)), eager=False, needs_vma=True)
+@case(meshes=((4, 2), (2, 2, 2)), needs_vma=True)
 def nested_shard_map_other_axis(sm, mesh):
   a, b = mesh.axis_names[:2]
   others = frozenset(n for n in mesh.axis_names if n != a)
