@@ -19,7 +19,7 @@ import numpy as np
 from jax._src import config, core, stages
 from jax.tree_util import tree_flatten, tree_leaves, tree_unflatten
 
-from pmap_compat import inputs, multihost, program
+from pmap_compat import errors, inputs, multihost, program
 from pmap_compat.config import PmapConfig
 
 
@@ -52,6 +52,8 @@ class PmapCompiled(stages.Compiled):
       placed = self._placed(args, kwargs)
       if placed is None:
         raise
+    except TypeError as err:
+      raise errors.as_legacy_type_mismatch(err) from None
     return self._run(*placed)
 
   def _run(self, args: tuple, kwargs: dict) -> Any:

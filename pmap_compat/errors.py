@@ -108,6 +108,12 @@ def static_args_missing(static: tuple, nargs: int) -> ValueError:
 _DOCS = "https://docs.jax.dev/en/latest/_autosummary/jax.pmap.html#jax.pmap"
 
 
+class InAxesMismatch(ValueError):
+  """``in_axes`` is not a prefix of the arguments: found before the user's function runs,
+  and worded from the arguments' own types (so re-checked on the concrete arguments when
+  it is first found on jit's tracers)."""
+
+
 def in_axes_not_prefix(has_kwargs: bool, detail: str) -> ValueError:
   """``detail`` is the pytree mismatch description; the rest is legacy's explanation."""
   parts = [detail,
@@ -121,7 +127,7 @@ def in_axes_not_prefix(has_kwargs: bool, detail: str) -> ValueError:
                  f"the `pmap` docstring: {_DOCS}")
   parts.append("Check that the value of the `in_axes` argument to `pmap` is a tree prefix of the "
                "tuple of arguments passed positionally to the pmapped function.")
-  return ValueError("\n\n".join(parts))
+  return InAxesMismatch("\n\n".join(parts))
 
 
 def out_axes_not_prefix(detail: str) -> ValueError:
@@ -173,6 +179,19 @@ def inconsistent_sizes(fun: Callable, args: tuple, kwargs: dict,
       many = "most" if rank == 0 else "some"
       lines.append(f"  * {many} axes ({count} of them) had size {size}, e.g. {where}")
   return ValueError(lines[0] + "\n" + ";\n".join(lines[1:]))
+
+
+_X64_HINT = ("Perhaps you are calling the compiled executable with a different enable_x64 "
+             "mode than when it was AOT compiled? ")
+
+
+def as_legacy_type_mismatch(err: TypeError) -> TypeError:
+  """jit's error for a compiled program called with other argument types, worded as
+  legacy's (jax 0.10 inserts a hint about x64 mode); any other TypeError unchanged."""
+  message = str(err)
+  if _X64_HINT not in message:
+    return err
+  return TypeError(message.replace(_X64_HINT, ""))
 
 
 def invalid_value(kind: str) -> FloatingPointError:

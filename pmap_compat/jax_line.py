@@ -55,7 +55,16 @@ def canonicalize_value(x: Any) -> Any:
   return _canonicalize(x)
 
 
+def bind_parts(primitive: Any, params: dict) -> tuple[list, dict]:
+  """``(subfuns, params)`` to bind ``primitive`` again with an equation's params (jax 0.10's
+  primitives take no function arguments: its ``get_bind_params`` returns params only)."""
+  if LEGACY_PMAP_RUNTIME:
+    return primitive.get_bind_params(params)
+  return [], primitive.get_bind_params(params)
+
+
 PRNGKeyArray = prng.PRNGKeyArray
 
-__all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH", "DeviceAssignmentMismatchError", "PRNGKeyArray",
-           "PmapSharding", "canonicalize_value", "jit_p", "prng", "sharding_specs"]
+__all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH",
+           "DeviceAssignmentMismatchError", "PRNGKeyArray", "PmapSharding", "bind_parts",
+           "canonicalize_value", "jit_p", "prng", "sharding_specs"]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from jax._src import config, core, dispatch
 from jax._src import tree_util
 
-from pmap_compat import arguments, inputs, meshes, multihost, nesting
+from pmap_compat import arguments, errors, inputs, meshes, multihost, nesting
 from pmap_compat.jax_line import DeviceAssignmentMismatchError
 
 __all__ = ["PmapFunction", "inputs_on_other_devices", "run"]
@@ -39,6 +39,18 @@ def inputs_on_other_devices(err: Exception) -> bool:
   (after tracing succeeded, so a retry does not run the user's function again)."""
   return (isinstance(err, ValueError)
           and isinstance(err.__context__, DeviceAssignmentMismatchError))
+
+
+def _for_the_slow_path(err: Exception) -> bool:
+  """Should a call jit refused go through the slow path instead? Yes for inputs committed
+  to other devices (the slow path moves them on device) and for argument errors found
+  before the user's function ran: the slow path checks the arguments themselves, not
+  jit's view of them, and words the error as legacy does (the type of a value that does
+  not match in_axes, a string passed where legacy reports the rank of its shape)."""
+  if isinstance(err, errors.InAxesMismatch) or inputs_on_other_devices(err):
+    return True
+  # jit's refusal of a non-array argument, raised before tracing.
+  return isinstance(err, TypeError) and str(err).startswith("Error interpreting argument")
 
 
 class PmapFunction:
@@ -62,9 +74,9 @@ class PmapFunction:
         and not (_debug_nans.value or _debug_infs.value) and not multihost.is_multiprocess()):
       try:
         return self._jitted(*args, **kwargs)
-      except ValueError as err:
-        if not inputs_on_other_devices(err):
-          raise
+      except (ValueError, TypeError) as err:
+        if not _for_the_slow_path(err):
+          raise  # e.g. the user's own error while tracing: not run a second time
     return self._cache_miss(*args, **kwargs)[0]
 
   @property

@@ -17,7 +17,7 @@ from jax._src import core
 from jax._src.lax import parallel
 from jax.tree_util import tree_flatten, tree_unflatten
 
-from pmap_compat.jax_line import jit_p
+from pmap_compat.jax_line import bind_parts, jit_p
 
 
 def is_key(x: Any) -> bool:
@@ -50,7 +50,7 @@ def _replay(jaxpr: core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> li
       sub = eqn.params["jaxpr"]  # a jit around the gather: inline it
       outs = _replay(sub.jaxpr, sub.consts, ins)
     else:
-      subfuns, params = eqn.primitive.get_bind_params(eqn.params)
+      subfuns, params = bind_parts(eqn.primitive, eqn.params)
       outs = eqn.primitive.bind(*subfuns, *ins, **params)
       if not eqn.primitive.multiple_results:
         outs = [outs]

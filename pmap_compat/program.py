@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
+import types
 from typing import Any, NamedTuple
 from collections.abc import Callable
 
@@ -274,10 +276,37 @@ def make_staged(fun_ref: Callable[[], Callable], cfg: PmapConfig, spread: bool,
   def staged(*args, **kwargs):
     return stage_top(cfg, fun_ref(), args, kwargs, spread, meshes_used)
   staged.__name__ = staged.__qualname__ = info.name
-  staged.__fun_sourceinfo__ = info.sourceinfo  # type: ignore[attr-defined]  # read by jit
-  if info.signature is not None:
-    staged.__signature__ = info.signature  # type: ignore[attr-defined]  # read by inspect
+  # Set before __wrapped__ below, which inspect.signature would otherwise follow.
+  staged.__signature__ = (  # type: ignore[attr-defined]  # read by inspect
+      info.signature if info.signature is not None else inspect.signature(staged))
+  staged.__fun_sourceinfo__ = info.sourceinfo  # type: ignore[attr-defined]  # jax 0.6's jit
+  located = _located(info.sourceinfo)
+  if located is not None:
+    staged.__wrapped__ = located  # type: ignore[attr-defined]  # jax 0.10's jit unwraps
   return staged
+
+
+_SOURCE_INFO = re.compile(r"(?P<name>\S+) at (?P<file>.+):(?P<line>\d+)$")
+
+
+def _template() -> None:
+  """Code template for ``_located``."""
+
+
+def _located(sourceinfo: str) -> Callable | None:
+  """A bodiless function whose code names the user's function, file and first line.
+
+  jax 0.10's jit describes a function by the code of ``inspect.unwrap(fun)``; handing it
+  this stand-in, not the user's function itself, keeps the staged program from holding
+  the user's function (the cache holds that only weakly). None when ``sourceinfo`` has
+  no location ("<unknown>", a builtin).
+  """
+  found = _SOURCE_INFO.match(sourceinfo)
+  if found is None:
+    return None
+  code = _template.__code__.replace(co_name=found["name"], co_filename=found["file"],
+                                    co_firstlineno=int(found["line"]))
+  return types.FunctionType(code, {}, found["name"])
 
 
 def input_shardings(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, spread: bool,

@@ -15,6 +15,7 @@ from jax import lax
 
 from pmap_compat import pmap
 from support.compare import compare_call, compare_with_legacy
+import line_helpers
 
 
 def arr(*shape, dtype=np.float32):
@@ -61,13 +62,13 @@ def test_dtypes_round_trip_and_arith(dtype):
 
 
 def test_x64_dtypes(dtype):
-  with jax.experimental.enable_x64():
+  with line_helpers.enable_x64():
     x = arr(8, 3).astype(dtype)
     compare_call(lambda v: (v * 3, lax.psum(v, "i")), (x,), pmap, axis_name="i")
 
 
 def test_x64_python_scalar_promotion():
-  with jax.experimental.enable_x64():
+  with line_helpers.enable_x64():
     compare_call(lambda v: v * 2.5 + 1, (np.arange(8),), pmap)
 
 

@@ -14,7 +14,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pmap_compat import pmap
-from support.compare import compare_call, compare_with_legacy, run_program
+from support.compare import compare_call, compare_with_jax_pmap, compare_with_legacy, run_program
+import line_helpers
 
 
 def arr(*shape, dtype=np.float32):
@@ -59,7 +60,13 @@ OUTPUT_VIEWS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(OUTPUT_VIEWS))
+# Views that show the sharding's class: legacy's PmapSharding exists on jax 0.6 only.
+SHARDING_VIEWS = {"sharding_kind"}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.jax06_only(reason="legacy's PmapSharding"))
+    if n in SHARDING_VIEWS else n for n in sorted(OUTPUT_VIEWS)])
 def test_output_view(name):
   compare_with_legacy(lambda pm: OUTPUT_VIEWS[name](_out(pm)), pmap)
 
@@ -69,11 +76,22 @@ def test_output_of_smaller_mapped_size_shards():
                                   _out(pm, 3)[2]), pmap)
 
 
+def _replicated_output_kind(pm):
+  o = pm(lambda x: x.sum(), out_axes=None)(arr(8, 2))
+  return o, type(o.sharding).__name__, o.is_fully_replicated
+
+
+@pytest.mark.jax06_only(reason="legacy's PmapSharding")
 def test_replicated_output_sharding_kind():
-  def program(pm):
-    o = pm(lambda x: x.sum(), out_axes=None)(arr(8, 2))
-    return o, type(o.sharding).__name__, o.is_fully_replicated
-  compare_with_legacy(program, pmap)
+  compare_with_legacy(_replicated_output_kind, pmap)
+
+
+@pytest.mark.jax010_only(reason="0.10.2's jax.pmap is the reference for its output shardings")
+@pytest.mark.parametrize("program", [
+    lambda pm: [OUTPUT_VIEWS[n](_out(pm)) for n in sorted(SHARDING_VIEWS)],
+    _replicated_output_kind], ids=["views", "replicated"])
+def test_output_sharding_kind_is_jax_pmaps(program):
+  assert compare_with_jax_pmap(program, pmap).error is None
 
 
 def test_reusing_outputs_as_inputs_chain():
@@ -96,8 +114,8 @@ def test_outputs_of_one_pmap_feed_another_with_different_in_axes():
 def test_device_put_replicated_and_sharded_inputs():
   devs = jax.devices()
   def program(pm):
-    r = jax.device_put_replicated(arr(3), devs)
-    s = jax.device_put_sharded([arr(3) + i for i in range(8)], devs)
+    r = line_helpers.device_put_replicated(arr(3), devs)
+    s = line_helpers.device_put_sharded([arr(3) + i for i in range(8)], devs)
     return pm(lambda a, b: a * b)(r, s)
   compare_with_legacy(program, pmap)
 
@@ -242,14 +260,16 @@ def test_error_case(name):
 
 
 def test_error_message_inconsistent_sizes_names_sizes():
-  ours = run_program(lambda pm: pm(lambda x, y: x + y)(arr(8, 2), arr(4, 2)), pmap)
-  legacy = run_program(lambda pm: pm(lambda x, y: x + y)(arr(8, 2), arr(4, 2)), jax.pmap)
+  program = lambda pm: pm(lambda x, y: x + y)(arr(8, 2), arr(4, 2))
+  legacy = compare_with_legacy(program, pmap)
+  ours = run_program(program, pmap)
   assert str(ours.error).splitlines()[0] == str(legacy.error).splitlines()[0]
 
 
 def test_error_message_too_many_devices():
-  ours = run_program(lambda pm: pm(lambda x: x)(arr(9, 2)), pmap)
-  legacy = run_program(lambda pm: pm(lambda x: x)(arr(9, 2)), jax.pmap)
+  program = lambda pm: pm(lambda x: x)(arr(9, 2))
+  legacy = compare_with_legacy(program, pmap)
+  ours = run_program(program, pmap)
   assert str(ours.error) == str(legacy.error)
 
 
@@ -302,7 +322,7 @@ MORE_SURFACE = {
  "out_none_shards": lambda pm: [s.data.shape for s in pm(lambda x: x.sum(0), out_axes=None)(arr(8,3,2)).addressable_shards],
  "out_axes1_shards": lambda pm: [str(s.index) for s in pm(lambda x: x, out_axes=1)(arr(8,3)).addressable_shards],
  "pytree_out_views": lambda pm: jax.tree.map(lambda v: v[1], pm(lambda x: {"a": x, "b": [x.sum()]})(arr(8,2))),
- "unreplicate_flax": lambda pm: jax.tree.map(lambda v: v[0], pm(lambda x: (x, x * 2), out_axes=0)(jax.device_put_replicated(arr(3), jax.devices()))),
+ "unreplicate_flax": lambda pm: jax.tree.map(lambda v: v[0], pm(lambda x: (x, x * 2), out_axes=0)(line_helpers.device_put_replicated(arr(3), jax.devices()))),
  "reduce_out_none_grad": lambda pm: jax.grad(lambda x: pm(lambda v: lax.psum(v, "i"), axis_name="i", in_axes=0)(x).sum())(arr(8, 2)),
 }
 

@@ -44,8 +44,9 @@ def test_rank_inside_fun_is_reduced():
     seen[len(seen)] = (x.shape, y.shape)
     return x.sum() + y.sum()
   compare_call(f, (arr(3, 8, 2), arr(8, 5)), pmap, in_axes=(1, 0))
-  # legacy traced first, then ours: both saw the same per-device shapes
-  assert seen[0] == seen[1] == ((3, 2), (5,))
+  # On jax 0.6 legacy traced first, then ours: both saw the same per-device shapes (on
+  # jax 0.10 only ours ran).
+  assert seen and all(shapes == ((3, 2), (5,)) for shapes in seen.values()), seen
 
 
 @pytest.mark.parametrize("out_axes", [0, 1, 2, (1, 0), (None, 2)])

@@ -8,6 +8,7 @@ import pytest
 
 import pmap_compat
 from support.compare import assert_trees_equal
+import line_helpers
 
 LEGACY = jax.pmap
 
@@ -19,7 +20,7 @@ JAX_UTILS = textwrap.dedent("""
 
     def replicate(tree, devices=None):
       devices = devices or jax.local_devices()
-      return jax.device_put_replicated(tree, devices)
+      return line_helpers.device_put_replicated(tree, devices)
 
     def unreplicate(tree):
       return jax.tree_util.tree_map(lambda x: x[0], tree)
@@ -44,6 +45,7 @@ JAX_UTILS = textwrap.dedent("""
 
 def _load_utils():
   module = types.ModuleType("fake_jax_utils")
+  module.line_helpers = line_helpers  # device_put_replicated, which jax 0.10 removed
   exec(compile(JAX_UTILS, "fake_jax_utils.py", "exec"), module.__dict__)  # noqa: S102
   return module
 

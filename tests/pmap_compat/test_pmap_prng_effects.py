@@ -9,6 +9,7 @@ from jax.experimental import io_callback
 
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_with_legacy, run_program
+from support.jax_lines import on_legacy_line
 
 
 def raw_keys(n=8):
@@ -113,6 +114,7 @@ def test_ordered_io_callback():
   jax.effects_barrier()
   np.testing.assert_array_equal(np.asarray(out), np.arange(8, dtype=np.float32) * 2)
   assert sorted(float(v) for v in log) == list(map(float, range(8)))
-  with pytest.raises(ValueError):
-    jax.pmap(lambda x: io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), x,
-                                   ordered=True))(np.arange(8, dtype=np.float32))
+  if on_legacy_line():  # jax 0.10's own jax.pmap runs it too
+    with pytest.raises(ValueError):
+      jax.pmap(lambda x: io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), x,
+                                     ordered=True))(np.arange(8, dtype=np.float32))

@@ -7,6 +7,7 @@ from jax import lax
 
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_with_legacy
+from support.jax_lines import on_legacy_line
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -95,11 +96,15 @@ def test_grad_through_out_axes_none():
   def program(pm, **kw):
     f = pm(lambda x: lax.psum(x ** 2, "i"), axis_name="i", out_axes=None, **kw)
     return jax.grad(lambda x: f(x).sum())(arr(8, 3))
-  with pytest.raises(NotImplementedError):
-    program(jax.pmap)
+  if on_legacy_line():  # jax 0.10's own jax.pmap differentiates it
+    with pytest.raises(NotImplementedError):
+      program(jax.pmap)
   assert_trees_equal(jax.grad(lambda x: (x ** 2).sum(0).sum())(arr(8, 3)), program(pmap), **TOL)
 
 
+@pytest.mark.xfail(not on_legacy_line(), strict=True, raises=ValueError, reason=(
+    "jax 0.10's jit describes every output on one mesh, and a size-4 pmap's result, "
+    "spread over 8 devices, has no such description (IndivisibleError)"))
 def test_pmap_of_different_sizes_inside_one_jit():
   # Legacy fails with an internal AssertionError; reference: the same program with vmap.
   def program(pm):
@@ -118,6 +123,9 @@ def test_pmap_under_jit_stays_sharded():
   compare_with_legacy(lambda pm: jax.jit(lambda x: pm(lambda v: v * 2, "i")(x) + 1)(arr(8, 3)), pmap)
 
 
+@pytest.mark.xfail(not on_legacy_line(), strict=True, raises=AssertionError, reason=(
+    "jax 0.10: our results are committed NamedSharding arrays (as 0.10.2's jax.pmap's), "
+    "which a user's jit cannot move onto the 8 devices a pmap under jit spreads over"))
 def test_pmap_of_size_4_under_jit_with_our_own_4_device_output():
   # Our outputs are PmapSharding arrays, which jit treats as movable (not committed), so they
   # feed a size-4 pmap that spans all 8 devices under jit.
