@@ -3,8 +3,11 @@
 usage: lower_mp_worker.py PROCESS_ID NUM_PROCESSES PORT RESULT_JSON
 
 Runs each program under legacy ``jax.pmap`` and under ``pmap_compat.pmap`` with this
-process's host-local slice and writes {program: "ok" | error} to RESULT_JSON.
+process's host-local slice and writes {program: "ok" | error} to RESULT_JSON. On jax 0.10,
+whose own jax.pmap cannot call a compiled program with host-local arguments, the
+reference is the same computation called directly under 0.10.2's jax.pmap.
 """
+import functools
 import json
 import os
 import sys
@@ -28,14 +31,20 @@ from jax import lax  # noqa: E402
 
 import pmap_compat  # noqa: E402
 from support.compare import assert_trees_equal, run_program  # noqa: E402
+from support.jax_lines import on_legacy_line  # noqa: E402
 
 
 def local(*shape):
   return (np.arange(int(np.prod(shape))).reshape(shape) % 7 + 10 * (PID + 1)).astype(np.float32)
 
 
-def lower_compile_call(pm):
+# Each program runs its pmap ahead of time (``aot``) or, as a reference, calls it directly.
+
+
+def lower_compile_call(pm, aot=True):
   f = pm(lambda x: (lax.psum(x, "i"), x * 2, lax.axis_index("i")), "i")
+  if not aot:
+    return f(local(LOCAL, 3) + 1)
   lowered = f.lower(local(LOCAL, 3))
   assert "func" in lowered.as_text()
   if pm is pmap_compat.pmap:  # the global program, lowered once for the whole job
@@ -44,15 +53,19 @@ def lower_compile_call(pm):
   return lowered.compile()(local(LOCAL, 3) + 1)
 
 
-def lower_static_and_kwargs(pm):
+def lower_static_and_kwargs(pm, aot=True):
   f = pm(lambda x, n, *, y: {"a": lax.pmax(x * n, "i"), "b": y - x}, "i",
          static_broadcasted_argnums=1)
+  if not aot:
+    return f(local(LOCAL, 2), 3, y=local(LOCAL, 2) * 5)
   compiled = f.lower(local(LOCAL, 2), 3, y=local(LOCAL, 2)).compile()
   return compiled(local(LOCAL, 2), y=local(LOCAL, 2) * 5)
 
 
-def trace_then_lower(pm):
+def trace_then_lower(pm, aot=True):
   f = pm(lambda x: lax.pmean(x, "i") + x, "i", in_axes=1, out_axes=1)
+  if not aot:
+    return f(local(2, LOCAL))
   return f.trace(local(2, LOCAL)).lower().compile()(local(2, LOCAL))
 
 
@@ -63,7 +76,8 @@ def main():
   results = {}
   for prog in PROGRAMS:
     try:
-      legacy = run_program(prog, jax.pmap)
+      legacy = run_program(prog if on_legacy_line() else functools.partial(prog, aot=False),
+                           jax.pmap)
       ours = run_program(prog, pmap_compat.pmap)
       if legacy.error is not None:
         raise AssertionError(f"legacy failed: {legacy.error!r}")
