@@ -30,7 +30,8 @@ from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
 traceback_util.register_exclusion(__file__)
 
 
-def _validate_specs(kind: str, mesh: AnyMesh, specs: Specs, auto: frozenset) -> None:
+def _validate_specs(kind: str, mesh: AnyMesh, specs: Specs, auto: frozenset,
+                    manual: frozenset | None = None) -> None:
   if kind == "in" and specs is None:
     if IN_SPECS_NONE_MEANS_UNMAPPED:
       return
@@ -40,7 +41,8 @@ def _validate_specs(kind: str, mesh: AnyMesh, specs: Specs, auto: frozenset) -> 
   if partial_sums:
     raise errors.unreduced_specs(kind, partial_sums[0])
   if not specs_are_valid(mesh, specs, auto):
-    raise errors.bad_spec_leaves(kind, mesh, *spec_leaf_problems(mesh, specs, auto), auto)
+    raise errors.bad_spec_leaves(kind, mesh, *spec_leaf_problems(mesh, specs, auto), auto,
+                                 manual)
 
 
 class _OutNames:
@@ -188,12 +190,13 @@ class _Request:
       auto = errors.auto_from_axis_names(f, mesh, self.axis_names)
     else:
       auto = errors.checked_arguments(f, mesh, frozenset(self.auto or ()))
+    manual = errors.manual_names(mesh, auto, self.axis_names)
     if _infers(self.in_specs):
-      errors.check_inferable(mesh, auto)
+      errors.check_inferable(mesh, manual)
     else:
-      _validate_specs("in", mesh, self.in_specs, auto)
+      _validate_specs("in", mesh, self.in_specs, auto, manual)
     if not callable(self.out_specs):
-      _validate_specs("out", mesh, self.out_specs, auto)
+      _validate_specs("out", mesh, self.out_specs, auto, manual)
     return mesh, auto
 
 

@@ -35,9 +35,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import (EAGER_PARTIAL_AUTO, check_flag_value, debug_print_p,
+from shard_map_impl.jax_line import (EAGER_INLINES_CALLS, EAGER_PARTIAL_AUTO, check_flag_value, debug_print_p,
                                      eager_default_mesh,
-                                     get_aval, trace_to_jaxpr, vma_of, with_vma)
+                                     get_aval, jax_eager_trace_type, trace_to_jaxpr, vma_of,
+                                     with_vma)
 from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
@@ -298,8 +299,16 @@ class EagerTrace(core.Trace):
     with core.set_current_trace(self):
       return fun.call_wrapped(*tracers)
 
+  def process_shard_map(self, prim: core.Primitive, fun: Any, tracers: Sequence[Any],
+                        **params: Any) -> Any:
+    # How JAX 0.10 binds its own shard_map on a trace (0.6 never calls this).
+    return _nested_jax_shard_map(self, prim, fun, tracers, **params)
+
   def process_call(self, call_primitive: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
                    params: dict[str, Any]):
+    if EAGER_INLINES_CALLS:
+      with core.set_current_trace(self):
+        return fun.call_wrapped(*tracers)
     raise NotImplementedError(
         f"Eager evaluation of `{call_primitive}` inside a `shard_map` isn't "
         "supported. Put a `jax.jit` around the `shard_map`-decorated function.")
@@ -376,16 +385,10 @@ if debug_print_p is not None:
 
 # --- a shard_map nested in an eager body ----------------------------------------
 
-@register_trace_rule(EagerTrace)
-def _nested(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
-            **bind_params: Any):
-  """Stage the inner shard_map once (per-device avals), then run it on every
-  device's blocks like a primitive; replication follows from its staged types."""
-  avals = [core.typeof(t) for t in tracers]
-  staged = lu.wrap_init(lambda *xs: prim.bind(fun, *xs, **bind_params),
-                        debug_info=fun.debug_info)
-  jaxpr, out_avals, consts = trace_to_jaxpr(staged, avals)
-  closed = core.ClosedJaxpr(jaxpr, consts)
+def _run_staged(trace: EagerTrace, staged: lu.WrappedFun, tracers: Sequence[Any]) -> list:
+  """Stage ``staged`` (a nested shard_map) once on per-device avals, then run it on
+  every device's blocks like a primitive; replication follows from its types."""
+  jaxpr, out_avals, consts = trace_to_jaxpr(staged, [core.typeof(t) for t in tracers])
   pairs = [trace.lift(t) for t in tracers]
   in_reps = [r for _, r in pairs]
   if not trace.check:
@@ -397,8 +400,46 @@ def _nested(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers
   in_specs = tuple(trace.stack_spec(r) for r in in_reps)
   out_specs = ([trace.stack_spec(r) for r in reps] if trace.typed
                else trace.stack_spec(None))
-  outs = _apply(trace, _JaxprApplier(closed), [s for s, _ in pairs], in_specs, out_specs)
+  outs = _apply(trace, _JaxprApplier(core.ClosedJaxpr(jaxpr, consts)),
+                [s for s, _ in pairs], in_specs, out_specs)
   return [EagerTracer(trace, r, o) for r, o in zip(reps, outs, strict=True)]
+
+
+@register_trace_rule(EagerTrace)
+def _nested(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
+            **bind_params: Any):
+  """A shard_map of ours inside an eager body."""
+  staged = lu.wrap_init(lambda *xs: prim.bind(fun, *xs, **bind_params),
+                        debug_info=fun.debug_info)
+  return _run_staged(trace, staged, tracers)
+
+
+def _nested_jax_shard_map(trace: EagerTrace, prim: core.Primitive, fun: Any,
+                          tracers: Sequence[Any], **params: Any) -> Any:
+  """JAX 0.10's own shard_map inside an eager body of ours (its bind yields a FlatTree)."""
+  results: list = []
+  def staged(*xs: Any):
+    out = prim.bind(*xs, subfuns=(fun,), **params)
+    results.append(out)
+    return list(out)
+  outs = _run_staged(trace, lu.wrap_init(staged, debug_info=params["debug_info"]), tracers)
+  return results[-1].update(outs)
+
+
+def _inside_jax_eager(trace: core.Trace, prim: core.Primitive, fun: lu.WrappedFun,
+                      tracers: Sequence[Any], **bind_params: Any):
+  """Ours inside JAX 0.10's eager shard_map body: staged once, then run there as a
+  jitted call (which JAX's eager trace applies per device)."""
+  staged = lu.wrap_init(lambda *xs: prim.bind(fun, *xs, **bind_params),
+                        debug_info=fun.debug_info)
+  jaxpr, _, consts = trace_to_jaxpr(staged, [core.typeof(t) for t in tracers])
+  closed = core.ClosedJaxpr(jaxpr, consts)
+  with core.set_current_trace(trace):
+    return jax.jit(core.jaxpr_as_fun(closed))(*tracers)
+
+
+if jax_eager_trace_type is not None:
+  register_trace_rule(jax_eager_trace_type)(_inside_jax_eager)
 
 
 # --- entry: binding shard_map_p outside any transformation ----------------------

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import PyTreeDef, tree_structure, tree_unflatten
 
-from shard_map_impl.jax_line import CHECK_ARG, WORDING_0_10
+from shard_map_impl.jax_line import CHECK_ARG, WORDING_0_10, vmapped_mesh_axes
 from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, unmentioned_axes
 
 P_HINT = "where `P = jax.sharding.PartitionSpec`"
@@ -122,7 +122,8 @@ def auto_from_axis_names(f: object, mesh: AnyMesh, axis_names: Any) -> frozenset
   if not isinstance(axis_names, (frozenset, set)):
     raise TypeError("`axis_names` argument of shard_map should be of type `frozenset` or"
                     f" `set`. Got type: {type(axis_names)}")
-  names = frozenset(mesh.axis_names)
+  # Axes an enclosing vmap spent (0.10's explicit vmap over mesh axes) are not offered.
+  names = frozenset(mesh.axis_names) - vmapped_mesh_axes()
   manual = frozenset(axis_names) or names
   if not manual <= names:
     raise ValueError(f"jax.shard_map requires axis_names={frozenset(axis_names)} to be a "
@@ -131,10 +132,17 @@ def auto_from_axis_names(f: object, mesh: AnyMesh, axis_names: Any) -> frozenset
   return frozenset(a for a in mesh.axis_names if a not in manual and a not in already)
 
 
-def check_inferable(mesh: AnyMesh, auto: frozenset) -> None:
+def manual_names(mesh: AnyMesh, auto: frozenset, axis_names: Any = None) -> frozenset:
+  """The manual axes as jax.shard_map holds them (the set messages print)."""
+  if axis_names:
+    return frozenset(axis_names)
+  every = frozenset(mesh.axis_names) - vmapped_mesh_axes()
+  return every - auto if auto else every
+
+
+def check_inferable(mesh: AnyMesh, manual: frozenset) -> None:
   """in_specs may be omitted only where every manual axis is Explicit."""
   from jax._src.mesh import AxisType
-  manual = frozenset(a for a in mesh.axis_names if a not in auto)
   kinds = mesh._name_to_type
   if not all(kinds[a] == AxisType.Explicit for a in manual):
     types = ", ".join(str(kinds[a]) for a in manual)
@@ -150,7 +158,7 @@ def unreduced_specs(kind: str, spec: Any) -> NotImplementedError:
 
 
 def bad_spec_leaves(kind: str, mesh: AnyMesh | None, bad_type: list, bad_auto: list,
-                    auto: frozenset) -> Exception:
+                    auto: frozenset, manual: frozenset | None = None) -> Exception:
   """TypeError for non-PartitionSpec leaves, else ValueError for auto axes."""
   arg = f"{kind}_specs"
   if bad_type:
@@ -162,8 +170,8 @@ def bad_spec_leaves(kind: str, mesh: AnyMesh | None, bad_type: list, bad_auto: l
         + f"\n\nCheck the {arg} values passed to shard_map.")
   lines = [f"  {arg}{keystr(p)} refers to {a!r}" for p, a in bad_auto]
   assert mesh is not None, "axis problems are found against a mesh"
-  what = (f"must refer to an axis marked as manual "
-          f"({frozenset(a for a in mesh.axis_names if a not in auto)})"
+  shown = manual_names(mesh, auto) if manual is None else manual
+  what = (f"must refer to an axis marked as manual ({shown})"
           if WORDING_0_10 else f"cannot refer to an axis marked auto ({auto})")
   return ValueError(
       f"shard_map {arg} argument {what}, "

@@ -37,6 +37,8 @@ else:
   jit_p = pjit.pjit_p  # type: ignore[attr-defined]
 
 jax_shard_map_p: core.Primitive = _jax_shard_map.shard_map_p
+# The trace of JAX's eager shard_map bodies where ours may be bound (0.10; 0.6: none).
+jax_eager_trace_type: type | None = getattr(_jax_shard_map, "ShardMapTrace", None) if NEW_LINE else None
 
 # 0.10's own debug-print primitive (0.6 prints through debug_callback).
 debug_print_p: core.Primitive | None = getattr(debugging, "debug_print_p", None)
@@ -62,6 +64,8 @@ WORDING_0_10 = NEW_LINE
 SPECS_NAME_MESH_AXES_ONLY = NEW_LINE
 # 0.10 runs partially manual shard_maps eagerly; 0.6 asks for an enclosing jit.
 EAGER_PARTIAL_AUTO = NEW_LINE
+# 0.10 runs call primitives (core.call, closed_call) inside an eager body; 0.6 refuses.
+EAGER_INLINES_CALLS = NEW_LINE
 # 0.6 also takes a thunk for out_specs (resolved once the body is traced).
 OUT_SPECS_MAY_BE_THUNKS = not NEW_LINE
 # 0.10 reads in_specs=None as "no argument is mapped"; 0.6 rejects it.
@@ -128,6 +132,12 @@ def call_unshard_handler(handler: Callable, mesh: Any, check: bool, names: Any, 
                          aval: Any) -> Any:
   """A ``core.unshard_aval_handlers`` entry: names (0.6) or spec (0.10)."""
   return handler(mesh, check, spec if NEW_LINE else names, aval)
+
+
+def vmapped_mesh_axes() -> frozenset:
+  """Mesh axes an enclosing vmap maps over explicitly (0.10; none on 0.6)."""
+  env = core.get_axis_env()
+  return frozenset(getattr(env, "explicit_mesh_axis_names", ()))
 
 
 def get_aval(x: Any) -> core.AbstractValue:
@@ -382,3 +392,13 @@ def without_explicit_mesh_axes(axes: tuple | None) -> contextlib.AbstractContext
   if NEW_LINE and axes:
     return core.remove_explicit_mesh_axis_names(axes)  # type: ignore[attr-defined]
   return no_context()
+
+
+def name_derived_body(fun: Any, rename: Callable[[Any], Any]) -> Any:
+  """A body derived from a user's (jvp, linearize, partial eval, transpose half).
+
+  0.6's shard_map traces it under names derived from the user's (``rename``);
+  0.10's leaves its argument names and result paths unknown, which tracing
+  errors then report as such.
+  """
+  return fun.with_unknown_names() if NEW_LINE else rename(fun)

@@ -177,3 +177,23 @@ def test_unreduced_specs_are_rejected_by_name():
   with pytest.raises(NotImplementedError, match="out_specs"):
     shard_map_impl.shard_map(lambda a: a, mesh=mesh, in_specs=P("x"),
                              out_specs=P(None, unreduced={"y"}))
+
+
+def _nested_program(outer, inner):
+  """Outer manual over x; inside, the context mesh's y made manual too."""
+  def body(v):
+    return inner(lambda w: lax.psum(w, "y"), in_specs=P(None, "y"), out_specs=P(),
+                 axis_names={"y"})(v)
+  return outer(body, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x"), axis_names={"x"})
+
+
+@pytest.mark.jax010_only(reason="jax.shard_map (context-mesh nesting) is JAX's own from 0.10")
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("outer,inner", [("ours", "jax"), ("jax", "ours"), ("ours", "ours")])
+def test_nested_with_jax_shard_map_either_way(outer, inner, jit):
+  impls = {"ours": shard_map_impl.shard_map, "jax": jax.shard_map}
+  wrap = jax.jit if jit else (lambda f: f)
+  expected = wrap(_nested_program(jax.shard_map, jax.shard_map))(X)
+  got = wrap(_nested_program(impls[outer], impls[inner]))(X)
+  assert_trees_equal(expected, got)
+  assert got.sharding == expected.sharding
