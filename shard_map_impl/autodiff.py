@@ -23,7 +23,7 @@ from jax._src.util import split_list
 
 from shard_map_impl import debug_names as dn
 from shard_map_impl import split_residuals as rs
-from shard_map_impl.jax_line import get_aval, linearize_subtrace
+from shard_map_impl.jax_line import get_aval, linearize_subtrace, name_derived_body
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
@@ -64,11 +64,11 @@ def jvp_rule(trace: ad.JVPTrace, prim: core.Primitive, fun: lu.WrappedFun, trace
   nonzero_in = tuple(type(t) is not ad.Zero for t in tangents)
   body, nonzero_out = _flat_tangents(ad.jvp_subtrace(fun, trace.tag), nonzero_in)
   # Tangent inputs and outputs follow the primals, unnamed.
-  body = dn.renamed(body, fun.debug_info,
-                    (*rs.fit_names(fun.debug_info.arg_names, len(primals)),
-                     *dn.unnamed(sum(nonzero_in))),
-                    lambda paths: (*rs.fit_names(paths, len(nonzero_out())),
-                                   *dn.unnamed(sum(nonzero_out()))))
+  body = name_derived_body(body, lambda f: dn.renamed(
+      f, fun.debug_info,
+      (*rs.fit_names(fun.debug_info.arg_names, len(primals)), *dn.unnamed(sum(nonzero_in))),
+      lambda paths: (*rs.fit_names(paths, len(nonzero_out())),
+                     *dn.unnamed(sum(nonzero_out())))))
 
   def out_names():
     names = out_names_thunk()
@@ -121,10 +121,10 @@ def linearize_rule(trace: ad.LinearizeTrace, prim: core.Primitive, fun: lu.Wrapp
   primal_fun, aux = linearize_subtrace(fun, trace, nonzero_in, fun.debug_info)
   promoter = _Promoter(aux)
   # The primal half returns the fresh residuals (unnamed) before the outputs.
-  primal_fun = dn.renamed(primal_fun, fun.debug_info,
-                          rs.fit_names(fun.debug_info.arg_names, len(primals)),
-                          lambda paths: (*dn.unnamed(sum(promoter.fresh_mask()[0])),
-                                         *rs.fit_names(paths, len(aux()[1]))))
+  primal_fun = name_derived_body(primal_fun, lambda f: dn.renamed(
+      f, fun.debug_info, rs.fit_names(fun.debug_info.arg_names, len(primals)),
+      lambda paths: (*dn.unnamed(sum(promoter.fresh_mask()[0])),
+                     *rs.fit_names(paths, len(aux()[1])))))
 
   def fresh_residual_names():
     fresh, res_avals = promoter.fresh_mask()

@@ -27,7 +27,7 @@ from shard_map_impl import split_residuals as rs
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval
 from shard_map_impl import eqn_params
-from shard_map_impl.jax_line import body_effects, new_eqn_recipe
+from shard_map_impl.jax_line import body_effects, name_derived_body, new_eqn_recipe
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
@@ -103,11 +103,11 @@ def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.Wrappe
 
   known_fun, split_thunk = _known_half(fun, trace.tag, fun.debug_info, in_knowns, unknown_avals)
   # The known half takes the known inputs; returns known outputs, then residuals.
-  known_fun = dn.renamed(
-      known_fun, fun.debug_info,
+  known_fun = name_derived_body(known_fun, lambda f: dn.renamed(
+      f, fun.debug_info,
       dn.kept(rs.fit_names(fun.debug_info.arg_names, len(in_knowns)), in_knowns),
       lambda paths: (*dn.kept(paths, split_thunk().out_knowns),
-                     *dn.unnamed(len(split_thunk().fresh_avals))))
+                     *dn.unnamed(len(split_thunk().fresh_avals)))))
 
   def fresh_names() -> list:
     return [rs.residual_names(mesh, check_rep, fresh_axes, a)

@@ -35,6 +35,7 @@ from jax._src.interpreters import partial_eval as pe
 from shard_map_impl import debug_names as dn
 from shard_map_impl import eqn_params
 from shard_map_impl.eqn_params import newly_manual
+from shard_map_impl.jax_line import name_derived_body
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import AnyMesh, AxisNames, spec_axes
@@ -123,9 +124,10 @@ def transpose_rule(out_cts: Sequence[Any], *args: Any, **params: Any) -> list:
     return tuple(n for n, nz in zip(linear_names, body.nonzero_out, strict=True) if nz)
 
   # Inputs (cotangents, residuals) and outputs (cotangents) are derived values.
-  fun = dn.renamed(lu.wrap_init(body, debug_info=jaxpr.debug_info), jaxpr.debug_info,
-                   dn.unnamed(len(given) + len(res_args)),
-                   lambda _: dn.unnamed(sum(body.nonzero_out or ())))
+  fun = name_derived_body(
+      lu.wrap_init(body, debug_info=jaxpr.debug_info),
+      lambda f: dn.renamed(f, jaxpr.debug_info, dn.unnamed(len(given) + len(res_args)),
+                           lambda _: dn.unnamed(sum(body.nonzero_out or ()))))
   outs = shard_map_p.bind(
       fun, *given, *res_args, mesh=mesh, in_names=(*ct_names, *res_names),
       out_names_thunk=DerivedNames(out_names_thunk, ("T", id(body))),
