@@ -402,13 +402,3 @@ def name_derived_body(fun: Any, rename: Callable[[Any], Any]) -> Any:
   errors then report as such.
   """
   return fun.with_unknown_names() if NEW_LINE else rename(fun)
-
-
-def name_derived_body(fun: Any, rename: Callable[[Any], Any]) -> Any:
-  """A body derived from a user's (jvp, linearize, partial eval, transpose half).
-
-  0.6's shard_map traces it under names derived from the user's (``rename``);
-  0.10's leaves its argument names and result paths unknown, which tracing
-  errors then report as such.
-  """
-  return fun.with_unknown_names() if NEW_LINE else rename(fun)
