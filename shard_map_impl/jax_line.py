@@ -349,11 +349,10 @@ def new_eqn_recipe(trace: pe.JaxprTrace, in_tracers: Sequence[Any], out_tracers:
                    prim: core.Primitive, params: dict[str, Any], effects: Any,
                    source_info: Any) -> Any:
   """A partial-eval equation recipe (0.10 also takes the trace)."""
+  make: Any = pe.new_eqn_recipe  # its signature differs per line
   if NEW_LINE:
-    return pe.new_eqn_recipe(trace, in_tracers, out_tracers, prim, params,  # type: ignore[call-arg]
-                             effects, source_info)
-  return pe.new_eqn_recipe(in_tracers, out_tracers, prim, params,  # type: ignore[call-arg]
-                           effects, source_info)
+    return make(trace, in_tracers, out_tracers, prim, params, effects, source_info)
+  return make(in_tracers, out_tracers, prim, params, effects, source_info)
 
 
 def eqn_effects(jaxpr: core.Jaxpr, invars: Sequence[Any], axis_names: Sequence[Any]) -> Any:
@@ -369,17 +368,18 @@ def eqn_effects(jaxpr: core.Jaxpr, invars: Sequence[Any], axis_names: Sequence[A
 def discharge_state(jaxpr: core.Jaxpr) -> tuple[core.Jaxpr, list]:
   """``jaxpr`` with its ref inputs discharged: (pure jaxpr, its constants)."""
   from jax._src.state import discharge
+  discharge_fn: Any = discharge.discharge_state  # its signature differs per line
   if NEW_LINE:
-    closed = discharge.discharge_state(core.ClosedJaxpr(jaxpr, ()))
+    closed = discharge_fn(core.ClosedJaxpr(jaxpr, ()))
     return closed.jaxpr, list(closed.consts)
-  body, consts = discharge.discharge_state(jaxpr, ())
+  body, consts = discharge_fn(jaxpr, ())
   return body, list(consts)
 
 
 def ragged_batch_dims() -> tuple[type, ...]:
   """Batch-dimension types for ragged vmap (0.6 only; 0.10 removed them)."""
   from jax._src.interpreters import batching
-  return () if NEW_LINE else (batching.RaggedAxis,)  # type: ignore[attr-defined]
+  return () if NEW_LINE else (batching.RaggedAxis,)
 
 
 def explicit_vmap_axes(axis_data: Any) -> tuple | None:
