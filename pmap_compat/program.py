@@ -274,7 +274,10 @@ def make_staged(fun_ref: Callable[[], Callable], cfg: PmapConfig, spread: bool,
   for it (``api_util.debug_info``) names the user's function and arguments in errors.
   """
   def staged(*args, **kwargs):
-    return stage_top(cfg, fun_ref(), args, kwargs, spread, meshes_used)
+    # Legacy pmap ignores use_mesh / set_mesh contexts (jit traces under them, and a
+    # context mesh that is not the pmap's own would fail shard_map's check).
+    with meshes.no_ambient_mesh():
+      return stage_top(cfg, fun_ref(), args, kwargs, spread, meshes_used)
   staged.__name__ = staged.__qualname__ = info.name
   # Set before __wrapped__ below, which inspect.signature would otherwise follow.
   staged.__signature__ = (  # type: ignore[attr-defined]  # read by inspect
