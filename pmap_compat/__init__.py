@@ -1,12 +1,14 @@
 """pmap_compat: a drop-in replacement for legacy ``jax.pmap`` built on shard_map_impl + jit.
 
-Same signature, outputs and errors as ``jax.pmap`` in jax 0.6.0. ``patched()`` /
-``patch()`` / ``unpatch()`` make ``jax.pmap`` itself resolve to it.
+Same signature, semantics and errors as legacy ``jax.pmap`` (jax 0.6.0), on jax 0.6.0 and
+0.10.2 (``jax_line`` holds what differs: on 0.6.0 results are legacy's ``PmapSharding``
+arrays, on 0.10.2 the NamedSharding arrays 0.10.2's own ``jax.pmap`` returns).
+``patched()`` / ``patch()`` / ``unpatch()`` make ``jax.pmap`` itself resolve to it.
 
 ``pmap_compat.testing`` (record a program's outputs, check them later, possibly on
 another JAX) uses only public JAX and numpy and imports on every JAX from 0.4.35 on.
 So this package imports nothing eagerly: the public names below load their modules
-(which build on JAX internals pinned to 0.6.0) on first access.
+(which build on JAX internals of the supported releases) on first access.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 from pmap_compat import pmap
-from support.compare import compare_call, compare_with_legacy
+from references import compare_call, compare_with_legacy
 import line_helpers
 
 
@@ -131,7 +131,9 @@ def test_zero_size_output():
 
 
 def test_zero_size_input():
-  compare_call(lambda x: x * 2, (np.zeros((8, 0), np.float32),), pmap)
+  # 0.10.2's jax.pmap returns a zero-size result that np.asarray cannot read back (ours
+  # can): legacy's recording is the reference there.
+  compare_call(lambda x: x * 2, (np.zeros((8, 0), np.float32),), pmap, jax_pmap=False)
 
 
 def test_scalar_outputs():

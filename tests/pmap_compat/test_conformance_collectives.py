@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 
 from pmap_compat import pmap
-from support.compare import compare_call, compare_with_legacy
+from references import compare_call, compare_with_legacy
 
 
 def arr(*shape, dtype=np.float32):

@@ -6,7 +6,7 @@ import pytest
 from jax import lax
 
 from pmap_compat import pmap
-from support.compare import compare_call
+from references import compare_call
 
 
 def arr(*shape, dtype=np.float32):
