@@ -99,6 +99,11 @@ def varying_axes_typed() -> bool:
 
 # --- avals --------------------------------------------------------------------
 
+# 0.10: a value entering a nested shard_map keeps varying over the enclosing
+# body's axes; 0.6 types it by the inner in_specs alone.
+SHARD_KEEPS_OUTER_VMA = NEW_LINE
+
+
 def vma_of(aval: Any) -> frozenset:
   """The manual axes a per-device value may vary along (empty if untyped)."""
   if NEW_LINE:
@@ -402,3 +407,8 @@ def name_derived_body(fun: Any, rename: Callable[[Any], Any]) -> Any:
   errors then report as such.
   """
   return fun.with_unknown_names() if NEW_LINE else rename(fun)
+
+
+# 0.10's ad.backward_pass evaluates a jaxpr's non-linear equations itself; on
+# 0.6 the linear part must be split off (partial evaluation) first.
+BACKWARD_PASS_EVALUATES_NONLINEAR = NEW_LINE

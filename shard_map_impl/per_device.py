@@ -19,7 +19,7 @@ from jax._src import util
 from jax._src.mesh import AbstractMesh, AxisType, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shard_map_impl.jax_line import (call_shard_handler, call_unshard_handler, check_flag,
+from shard_map_impl.jax_line import (SHARD_KEEPS_OUTER_VMA, call_shard_handler, call_unshard_handler, check_flag,
                                      varying_axes_typed, vma_of, with_vma)
 from shard_map_impl.specs import AnyMesh, AxisNames, axis_tuple, names_to_pspec, spec_axes
 
@@ -96,6 +96,8 @@ def shard_aval(mesh: AnyMesh, auto: frozenset, check_rep: bool, names: AxisNames
                 for i, d in enumerate(aval.shape))
   sharding = NamedSharding(manual_mesh(mesh, auto), aval.sharding.spec)
   vma = spec_axes(names) if vma_enabled(check_rep) else frozenset()
+  if SHARD_KEEPS_OUTER_VMA:  # 0.10: still varying over an enclosing body's axes
+    vma = vma | vma_of(aval)
   return with_vma(aval, frozenset(vma), shape=shape, sharding=sharding)
 
 

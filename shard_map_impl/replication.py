@@ -61,7 +61,9 @@ def rep_is_sufficient(mesh: AnyMesh, auto: frozenset, rep: Rep, names: AxisNames
   """Does ``rep`` cover every manual axis the output's spec leaves out?"""
   if rep is None:
     return True
-  return (set(unmentioned_axes(mesh, names)) - set(auto)) <= rep
+  # Axes manual in an enclosing body (a context mesh's Manual axes) promise nothing here.
+  outer = set(getattr(mesh, "manual_axes", ()))
+  return (set(unmentioned_axes(mesh, names)) - set(auto) - outer) <= rep
 
 
 def output_replication(mesh: AnyMesh, auto: frozenset, check_rep: bool,
