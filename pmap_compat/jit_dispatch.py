@@ -62,16 +62,22 @@ class PmapFunction:
   """
   # Slots: ``functools.update_wrapper`` copies the wrapped function's ``__dict__`` into
   # ours, and that function may itself be a PmapFunction (nested pmaps).
-  __slots__ = ("_jitted", "_cache_miss", "_direct", "__dict__", "__weakref__")
+  __slots__ = ("_jitted", "_cache_miss", "_strict", "_direct", "__dict__", "__weakref__")
 
-  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]], direct: bool):
+  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]], strict: bool):
     self._jitted = jitted
     self._cache_miss = cache_miss
-    self._direct = direct  # False: every call needs our Python (strict replication)
+    self._strict = strict  # strict replication: every call needs our Python
+    # Decided at the first call: pmap may be applied before jax.distributed.initialize,
+    # but once a computation has run the process count is fixed.
+    self._direct: bool | None = None
 
   def __call__(self, *args, **kwargs):
-    if (self._direct and _state.frame is None and _trace_ctx.trace is _eval_trace
-        and not (_debug_nans.value or _debug_infs.value) and not multihost.is_multiprocess()):
+    direct = self._direct
+    if direct is None:
+      direct = self._direct = not self._strict and not multihost.is_multiprocess()
+    if (direct and _state.frame is None and _trace_ctx.trace is _eval_trace
+        and not (_debug_nans.value or _debug_infs.value)):
       try:
         return self._jitted(*args, **kwargs)
       except (ValueError, TypeError) as err:

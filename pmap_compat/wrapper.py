@@ -175,7 +175,7 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
     pmapped = fastpath.make_dispatcher(fun, checked_cache_miss, cfg.static)
   else:
     pmapped = jit_dispatch.PmapFunction(entry.top.jitted, checked_cache_miss,
-                                        direct=not cfg.strict_replication)
+                                        strict=cfg.strict_replication)
   functools.update_wrapper(pmapped, fun)
   pmapped.lower = _ahead_of_time(entry, fun, "lower")
   pmapped.trace = _ahead_of_time(entry, fun, "trace")
