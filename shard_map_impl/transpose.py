@@ -35,7 +35,7 @@ from jax._src.interpreters import partial_eval as pe
 from shard_map_impl import debug_names as dn
 from shard_map_impl import eqn_params
 from shard_map_impl.eqn_params import newly_manual
-from shard_map_impl.jax_line import name_derived_body
+from shard_map_impl.jax_line import BACKWARD_PASS_EVALUATES_NONLINEAR, name_derived_body
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import AnyMesh, AxisNames, spec_axes
@@ -87,6 +87,12 @@ class _TransposeBody:
     return [ct for ct in results if type(ct) is not ad.Zero]
 
   def _linear_cotangents(self, res_args: Sequence[Any], cts: Sequence[Any]) -> list:
+    if BACKWARD_PASS_EVALUATES_NONLINEAR:
+      res_iter = iter(res_args)
+      primals = [ad.UndefinedPrimal(v.aval) if lin else next(res_iter)
+                 for v, lin in zip(self.jaxpr.invars, self.linear, strict=True)]
+      all_cts = ad.backward_pass(self.jaxpr, False, (), primals, cts)
+      return [ct for ct, lin in zip(all_cts, self.linear, strict=True) if lin]
     # Separate the body into the part computable from the residual inputs
     # and the part linear in the undefined inputs, then transpose the latter.
     known_jaxpr, linear_jaxpr, out_unknown, _ = pe.partial_eval_jaxpr_nounits(

@@ -26,7 +26,7 @@ from jax import lax
 from jax._src import config as jax_config
 from jax.sharding import PartitionSpec as P
 
-from reference import VMA_MODES, jax_shard_map, vma_mode, vma_params
+from reference import VMA_MODES, jax_shard_map, pvary, vma_mode, vma_params
 from support.jax_lines import on_legacy_line
 from support.meshes import make_mesh
 from support.compare import assert_trees_equal
@@ -66,11 +66,6 @@ def rand(*shape: int, seed: int = 0) -> np.ndarray:
 def jrand(*shape: int, seed: int = 0) -> jax.Array:
   """``rand`` as a jax array (0.10's linearize rejects numpy arguments it closes over)."""
   return jnp.asarray(rand(*shape, seed=seed))
-
-
-def pvary(x: Any, axes: tuple) -> Any:
-  """Mark ``x`` varying along ``axes`` (0.10 spells it ``pcast(..., to='varying')``)."""
-  return lax.pvary(x, axes) if on_legacy_line() else lax.pcast(x, axes, to='varying')
 
 
 def inner_mesh(mesh: Any) -> Any:
@@ -826,8 +821,18 @@ def reference_shard_map() -> Callable:
 
 
 def our_shard_map() -> Callable:
+  """Ours, called as the reference is on this line: the 0.6 form on 0.6, and on
+  0.10 ``jax.shard_map``'s keywords (auto axes become ``axis_names``), the form
+  pmap_compat uses there."""
   import shard_map_impl
-  return shard_map_impl.shard_map
+  if on_legacy_line():
+    return shard_map_impl.shard_map
+
+  def keyword_form(f, mesh, in_specs, out_specs, check_rep=True, auto=frozenset()):
+    manual = frozenset(a for a in mesh.axis_names if a not in auto) if auto else frozenset()
+    return shard_map_impl.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                    check_vma=check_rep, axis_names=manual)
+  return keyword_form
 
 
 def run_outcome(prog: Program, smap_impl: Callable, varying: bool, check_rep: bool,

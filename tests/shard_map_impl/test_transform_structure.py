@@ -298,6 +298,16 @@ def _grad_scan_of_shard_map(smap, mesh):
   return jax.grad(loss, argnums=(0, 1)), (rand(8), rand(3, 8, seed=1))
 
 
+def _grad_nested_shard_map(smap, mesh):
+  def outer(x):
+    # Nested in a body, JAX 0.10 wants the context mesh (x already manual).
+    inner = smap(lambda y: lax.psum(y * y, 'y'), jax.sharding.get_abstract_mesh(),
+                 P(None, 'y'), P())
+    return lax.psum(inner(x), 'x')
+  f = smap(outer, mesh, P('x'), P(), auto=frozenset({'y'}))
+  return jax.grad(lambda x: jnp.sum(f(x) ** 2)), (rand(8, 4),)
+
+
 JAXPR_CASES = {
     **CASES,
     "jvp_closed_weight": ((8,), _jvp_closed_weight),
@@ -313,6 +323,7 @@ JAXPR_CASES = {
             offload_src='device', offload_dst='pinned_host'))),
     "grad_check_vma_false": ((4, 2), _grad_check_vma_false),
     "grad_scan_of_shard_map": ((8,), _grad_scan_of_shard_map),
+    "grad_nested_shard_map": ((4, 2), _grad_nested_shard_map),
 }
 
 
