@@ -323,6 +323,9 @@ def test_a_recorded_exception_is_the_reference_off_the_legacy_line(tmp_path):
     legacy_recordings.reference(CASE, None, TypeError("x"), root=tmp_path)
   with pytest.raises(AssertionError, match="returned 1"):
     legacy_recordings.reference(CASE, 1, None, root=tmp_path)
+  renamed = legacy_recordings.RecordedError("jaxlib.xla_extension.XlaRuntimeError", "m")
+  assert renamed.matches_type(jax.errors.JaxRuntimeError("m"))
+  assert isinstance(renamed.rebuilt(), jax.errors.JaxRuntimeError)
   moved = legacy_recordings.RecordedError("jax._src.gone.JaxValueError", "m")
   assert moved.matches_type(type("JaxValueError", (ValueError,), {})("m"))
   assert type(moved.rebuilt()).__name__ == "JaxValueError" and str(moved.rebuilt()) == "m"

@@ -51,6 +51,31 @@ _MAX_NAME = 120
 _calls_per_test: dict[str, int] = {}  # node id -> compare_with_legacy calls made so far
 
 
+# Exception classes JAX renamed after 0.6.0: the recorded class -> its name on later lines.
+# (0.6.0's jax.errors.JaxRuntimeError is an alias of XlaRuntimeError; later it is the class.)
+RENAMED = {"jaxlib.xla_extension.XlaRuntimeError": "jax.errors.JaxRuntimeError"}
+
+
+def _resolve(path: str) -> type[BaseException] | None:
+  module, _, qualname = path.rpartition(".")
+  try:
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+      found = getattr(found, part)
+  except (ImportError, AttributeError):
+    return None
+  return found if isinstance(found, type) and issubclass(found, BaseException) else None
+
+
+def _bypassing_init(cls: type[BaseException]) -> Any:
+  """Makes an instance whose args are the message, for classes whose __init__ wants more."""
+  def build(message: str) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = (message,)
+    return error
+  return build
+
+
 @dataclasses.dataclass(frozen=True)
 class RecordedError:
   """The exception legacy raised: its class (module.qualname) and message."""
@@ -61,29 +86,28 @@ class RecordedError:
   def of(cls, error: BaseException) -> RecordedError:
     return cls(f"{type(error).__module__}.{type(error).__qualname__}", str(error))
 
+  def _names(self) -> list[str]:
+    """The recorded class's path, then its later name if JAX renamed it."""
+    return [self.type, *([RENAMED[self.type]] if self.type in RENAMED else [])]
+
   def matches_type(self, error: BaseException) -> bool:
     """Whether `error` is (a subclass of) the recorded class. Compared by qualified name:
     JAX moves its exception classes between modules from release to release."""
-    qualname = self.type.rsplit(".", 1)[-1]
-    return any(c.__qualname__ == qualname for c in type(error).__mro__)
+    qualnames = {name.rsplit(".", 1)[-1] for name in self._names()}
+    return any(c.__qualname__ in qualnames for c in type(error).__mro__)
 
   def rebuilt(self) -> BaseException:
-    """An instance of the recorded class carrying the recorded message, where this JAX
-    still has the class; else an Exception subclass of the same name."""
-    module, _, qualname = self.type.rpartition(".")
-    try:
-      cls = importlib.import_module(module)
-      for part in qualname.split("."):
-        cls = getattr(cls, part)
-      if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-        raise TypeError(cls)
-      error = cls.__new__(cls)
-      error.args = (self.message,)
-      if str(error) == self.message:
-        return error
-    except Exception:  # pylint: disable=broad-except  # moved, renamed or odd constructor
-      pass
-    return type(qualname.rsplit(".", 1)[-1], (Exception,), {})(self.message)
+    """An instance of the recorded class (or its renamed successor) carrying the recorded
+    message, where this JAX has one; else an Exception subclass of the same name."""
+    for cls in filter(None, map(_resolve, self._names())):
+      for build in (cls, _bypassing_init(cls)):
+        try:
+          error = build(self.message)
+          if str(error) == self.message:
+            return error
+        except Exception:  # pylint: disable=broad-except  # an odd constructor or __str__
+          pass
+    return type(self.type.rsplit(".", 1)[-1], (Exception,), {})(self.message)
 
 
 def _without_addresses(message: str) -> str:
