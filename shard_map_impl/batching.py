@@ -19,22 +19,28 @@ from jax._src import core
 from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import batching
+from jax.sharding import PartitionSpec
 
 from shard_map_impl.jax_line import (explicit_vmap_axes, ragged_batch_dims,
                                      without_explicit_mesh_axes)
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
-from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
+from shard_map_impl.specs import (AnyMesh, AxisNames, OutNamesThunk, canonicalize_spec,
+                                  names_to_pspec, spec_axes)
 
 
 def batched_names(names: AxisNames, dim, spmd_axes: Any) -> AxisNames:
-  """``names`` of a value whose batch dimension sits at ``dim`` (None: unbatched)."""
+  """``names`` of a value whose batch dimension sits at ``dim`` (None: unbatched).
+
+  Built on the spec: the spmd axes (or ``None``) inserted at ``dim``, so the
+  spec keeps its spelling (trailing ``None`` dimensions too), as JAX's does.
+  """
   if dim is None:
-    return dict(names)
-  moved = {d + (d >= dim): axes for d, axes in names.items()}
-  if spmd_axes is not None:
-    moved[dim] = tuple(spmd_axes)
-  return moved
+    return names
+  parts = list(names_to_pspec(names))
+  parts += [None] * (dim - len(parts))
+  parts.insert(dim, tuple(spmd_axes) if spmd_axes is not None else None)
+  return canonicalize_spec(PartitionSpec(*parts))
 
 
 def _reject_vmapped_axes_in(kind: str, all_names: Sequence[AxisNames], spmd_axes: Any,
