@@ -29,20 +29,34 @@ OutNamesThunk = Callable[[], Sequence[AxisNames]]
 Specs = PartitionSpec | None | Sequence["Specs"] | Mapping[Hashable, "Specs"]
 
 
+class _SpecNames(dict):
+  """``AxisNames`` that remember the ``PartitionSpec`` they were read from.
+
+  A dict like any other (equality, printing); ``names_to_pspec`` gives the
+  spec back as the user wrote it (``P('x', None)`` stays so), which is how
+  JAX's own equations print their specs.
+  """
+  __slots__ = ("spec",)
+  spec: PartitionSpec
+
+
 def canonicalize_spec(spec: PartitionSpec | AxisNames) -> AxisNames:
   """``P('x', None, ('y', 'z'))`` -> ``{0: ('x',), 2: ('y', 'z')}``."""
   if not isinstance(spec, PartitionSpec):
     return spec  # already canonical
-  names = {}
+  names = _SpecNames()
   for dim, entry in enumerate(spec):
     if entry is None:
       continue
     names[dim] = axis_tuple(entry)
+  names.spec = spec
   return names
 
 
 def names_to_pspec(names: AxisNames) -> PartitionSpec:
   """Inverse of ``canonicalize_spec`` (single names unpacked, as JAX does)."""
+  if isinstance(names, _SpecNames):
+    return names.spec
   if not names:
     return PartitionSpec()
   entries: list[AxisName | tuple[AxisName, ...] | None] = []
