@@ -39,6 +39,10 @@ import pmap_compat.testing as pt
 from support.jax_lines import LEGACY, on_legacy_line, running_jax
 
 DATA_ROOT = Path(__file__).resolve().parent.parent / "data" / "legacy"
+# Messages name test files by absolute path; recordings store the checkout's root as this
+# placeholder so they hold in any clone.
+CHECKOUT = str(DATA_ROOT.parents[2])
+CHECKOUT_PLACEHOLDER = "<checkout>"
 MODE_VARIABLE = "RECORD_LEGACY"  # "1": write recordings (on jax 0.6.0) instead of checking them
 
 def _regenerate(case: str) -> str:
@@ -166,7 +170,9 @@ def write(case: str, value: Any, error: BaseException | None, root: Path = DATA_
   directory = case_directory(case, root)
   metadata: dict[str, Any] = {"case": case}
   if error is not None:
-    metadata["legacy_error"] = dataclasses.asdict(RecordedError.of(error))
+    recorded = RecordedError.of(error)
+    metadata["legacy_error"] = dataclasses.asdict(dataclasses.replace(
+        recorded, message=recorded.message.replace(CHECKOUT, CHECKOUT_PLACEHOLDER)))
     value = None
   elif (why := _unrecordable(value)) is not None:
     metadata["unrecordable"] = why
@@ -190,7 +196,11 @@ def _read(case: str, root: Path) -> pt.Recording:
 
 def _recorded_error(recording: pt.Recording) -> RecordedError | None:
   error = recording.metadata.get("legacy_error")
-  return RecordedError(**error) if error else None
+  if not error:
+    return None
+  recorded = RecordedError(**error)
+  return dataclasses.replace(
+      recorded, message=recorded.message.replace(CHECKOUT_PLACEHOLDER, CHECKOUT))
 
 
 def _describe(error: RecordedError | None) -> str:
