@@ -195,7 +195,7 @@ def _display_path(path: str) -> str:
 def _new_file_diff(path: str, old: str, new: str) -> str:
   return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                       fromfile="/dev/null" if not old else f"a/{path}",
-                                      tofile=f"b/{path}"))
+                                      tofile=f"b/{path.lstrip(os.sep)}"))
 
 
 if __name__ == "__main__":

@@ -188,5 +188,5 @@ def _collect(result: FileResult, out: Transformed) -> None:
 def _diff(old: str, new: str, path: str) -> str:
   return "".join(difflib.unified_diff(old.splitlines(keepends=True),
                                       new.splitlines(keepends=True),
-                                      fromfile=f"a/{path}", tofile=f"b/{path}"))
+                                      fromfile=f"a/{path.lstrip(os.sep)}", tofile=f"b/{path.lstrip(os.sep)}"))
 

@@ -37,8 +37,9 @@ become 0): an element then passes when it is within max_ulp ulp as above or
 
 Random numbers: jax 0.5.0 changed the default of `jax_threefry_partitionable`, so
 programs that draw random numbers record different values on jax < 0.5; `check` says so
-when the flag differs from the recording's (run with JAX_THREEFRY_PARTITIONABLE set to
-the recorded value to reproduce them).
+when the flag differs from the recording's. Setting JAX_THREEFRY_PARTITIONABLE to the
+recorded value reproduces jax 0.4's draws on 0.6.0 but not on 0.10.2: for that, record on
+jax < 0.5 with JAX_THREEFRY_PARTITIONABLE=1.
 
 Multi-process programs (`jax.process_count() > 1` once the function returned): every
 process records into `DIR/process_<i>/` and checks against its own recording. Start

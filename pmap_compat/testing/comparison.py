@@ -167,7 +167,9 @@ class Report:
     if None not in (was, now) and was != now:
       notes.append(f"note: jax_threefry_partitionable was {was} when recorded and is {now} "
                    "now, so random numbers differ (jax 0.5.0 changed its default); run with "
-                   f"JAX_THREEFRY_PARTITIONABLE={int(bool(was))} to draw the recorded ones")
+                   f"JAX_THREEFRY_PARTITIONABLE={int(bool(was))} to draw the recorded ones "
+                   "(jax 0.6.0 reproduces jax 0.4's draws that way, jax 0.10.2 does not: there, "
+                   "record on jax < 0.5 with JAX_THREEFRY_PARTITIONABLE=1)")
     return notes
 
   def __str__(self) -> str:
