@@ -6,7 +6,9 @@ For each case in `equivalence.CASES`, each in a fresh process:
     `--target jax`; every output leaf must match legacy bit for bit;
   on jax 0.10.2: (d) the example as written on 0.10.2's own `jax.pmap`, (e) the
     codemod's `--target jax` rewrite; (e) must match (d) bit for bit where (d) runs,
-    and both must match legacy within `pmap_compat.testing`'s cross-version bound.
+    and both must match legacy within `pmap_compat.testing`'s cross-version bound;
+    (f) the example as written under `pmap_compat.patched()`, bit for bit with (d) where
+    (d) runs, within that bound of legacy.
 """
 import pytest
 
@@ -82,6 +84,26 @@ def test_codemod_output_on_the_newest_jax(runner, case):
   verdicts = runner.newest_line(case)
   expected = ["legacy"] if case.name in NEWEST_PMAP_FAILS else [equivalence.NEWEST_PMAP, "legacy"]
   assert [v.against for v in verdicts] == expected
+  for verdict in verdicts:
+    assert verdict.ok, f"against {verdict.against}: {verdict.message}\n{verdict.report}"
+    if verdict.against == equivalence.NEWEST_PMAP:  # same JAX: bit for bit
+      assert verdict.identical, verdict.message
+
+
+@pytest.mark.parametrize("case", _case_params())
+def test_unconverted_example_under_pmap_compat_on_the_newest_jax(runner, case):
+  """The example as written, under pmap_compat.patched() on jax 0.10.2: bit for bit with
+  0.10.2's own jax.pmap where that runs it, within the cross-version bound of legacy."""
+  result = runner.result(case, equivalence.NEWEST_PATCHED)
+  if case.name in equivalence.REMOVED_ON_NEWEST:
+    # patched() rebinds jax.pmap alone; the other removed function stops the example.
+    assert result.stopped_at_removed_api(), f"{result.error}\n{result.detail[-3000:]}"
+    return
+  assert result.ok, f"{result.error}\n{result.detail[-3000:]}"
+  verdicts = runner.newest_line(case, equivalence.NEWEST_PATCHED)
+  pmap_runs = case.name not in NEWEST_PMAP_FAILS
+  assert [v.against for v in verdicts] == ([equivalence.NEWEST_PMAP] if pmap_runs else []) + [
+      "legacy"]
   for verdict in verdicts:
     assert verdict.ok, f"against {verdict.against}: {verdict.message}\n{verdict.report}"
     if verdict.against == equivalence.NEWEST_PMAP:  # same JAX: bit for bit
