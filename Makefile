@@ -82,8 +82,11 @@ record-legacy: $(STAMP)
 	rm -rf tests/data/legacy
 	RECORD_LEGACY=1 $(PY) $(PYTEST) tests/pmap_compat tests/test_harness.py $(PYTEST_ARGS)
 
-bench: $(STAMP)
-	@set -e; for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+# Every benchmark on jax 0.6.0; the two that compare with JAX's pmap/shard_map on 0.10.2 too.
+bench: $(STAMP) .venv-jax$(NEWEST_JAX)/.installed
+	@set -e; for b in bench/*.py; do echo "== $$b (jax 0.6.0)"; $(PY) $$b; done; \
+	for b in bench/pmap_dispatch.py bench/shard_map_compile.py; do \
+	  echo "== $$b (jax $(NEWEST_JAX))"; $(NEWEST_PY) $$b; done
 
 clean:
 	rm -rf $(VENV) .venv-jax* .pytest_cache *.egg-info
