@@ -17,7 +17,7 @@ from jax._src import linear_util as lu
 from jax._src import traceback_util
 from jax._src.mesh import get_abstract_mesh
 from jax._src.tree_util import broadcast_prefix, prefix_errors
-from jax.tree_util import PyTreeDef, tree_flatten, tree_leaves, tree_unflatten
+from jax.tree_util import PyTreeDef, tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
@@ -36,13 +36,10 @@ def _validate_specs(kind: str, mesh: AnyMesh, specs: Specs, auto: frozenset,
     if IN_SPECS_NONE_MEANS_UNMAPPED:
       return
     raise errors.in_specs_none()
-  partial_sums = [leaf for leaf in tree_leaves(specs)
-                  if getattr(leaf, "unreduced", None) or getattr(leaf, "reduced", None)]
-  if partial_sums:
-    raise errors.unreduced_specs(kind, partial_sums[0])
   if not specs_are_valid(mesh, specs, auto):
     raise errors.bad_spec_leaves(kind, mesh, *spec_leaf_problems(mesh, specs, auto), auto,
                                  manual)
+  errors.check_partial_sum_specs(kind, mesh, manual or errors.manual_names(mesh, auto), specs)
 
 
 class _OutNames:
@@ -127,13 +124,13 @@ def shard_map(f: Callable | None = None, /, *positional: Any, mesh: AnyMesh | No
   Returns:
     The mapped function, taking global arrays and returning global arrays.
   """
-  given = dict(mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_rep,
+  given: dict[str, Any] = dict(mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=check_rep,
                auto=auto)
   if len(positional) > len(_LEGACY_POSITIONAL):
     raise TypeError(f"shard_map takes at most {1 + len(_LEGACY_POSITIONAL)} positional "
                     f"arguments (f, {', '.join(_LEGACY_POSITIONAL)}) but got "
                     f"{1 + len(positional)}")
-  for name, value in zip(_LEGACY_POSITIONAL, positional):
+  for name, value in zip(_LEGACY_POSITIONAL, positional, strict=False):  # a prefix
     if given[name] is not _UNSET and given[name] is not None:
       raise TypeError(f"shard_map got multiple values for argument '{name}'")
     given[name] = value

@@ -392,7 +392,7 @@ def _run_staged(trace: EagerTrace, staged: lu.WrappedFun, tracers: Sequence[Any]
   pairs = [trace.lift(t) for t in tracers]
   in_reps = [r for _, r in pairs]
   if not trace.check:
-    reps = [frozenset()] * len(out_avals)
+    reps: list[frozenset] = [frozenset()] * len(out_avals)
   elif trace.typed:
     reps = [replication.vma_to_rep(trace.mesh, trace.auto, vma_of(a)) for a in out_avals]
   else:

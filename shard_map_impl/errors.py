@@ -13,7 +13,7 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
-from jax.tree_util import PyTreeDef, tree_structure, tree_unflatten
+from jax.tree_util import PyTreeDef, tree_leaves, tree_structure, tree_unflatten
 
 from shard_map_impl.jax_line import CHECK_ARG, WORDING_0_10, vmapped_mesh_axes
 from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, unmentioned_axes
@@ -151,10 +151,32 @@ def check_inferable(mesh: AnyMesh, manual: frozenset) -> None:
                     f"axis_names={manual} are of type {types}")
 
 
-def unreduced_specs(kind: str, spec: Any) -> NotImplementedError:
-  return NotImplementedError(
-      f"shard_map_impl.shard_map does not support unreduced/reduced axes in {kind}_specs "
-      f"(got {spec}); use jax.shard_map for partial-sum types.")
+def check_partial_sum_specs(kind: str, mesh: AnyMesh, manual: frozenset, specs: Any) -> None:
+  """Unreduced/reduced spec axes: jax.shard_map's own errors, else ours.
+
+  jax.shard_map takes them only when fully manual over Explicit axes; where it
+  would accept them ours still refuses (partial-sum types are not staged).
+  """
+  from jax._src.mesh import AxisType
+  for spec in tree_leaves(specs):
+    unreduced: frozenset = getattr(spec, "unreduced", frozenset())
+    reduced: frozenset = getattr(spec, "reduced", frozenset())
+    if not unreduced and not reduced:
+      continue
+    if frozenset(mesh.axis_names) != manual:
+      raise NotImplementedError(
+          f"unreduced/reduced can only be passed to {kind}_specs when shard_map is in "
+          f"full manual mode. Got mesh axis names {mesh.axis_names}, manual_axes: "
+          f"{manual}, specs: {spec}. Please file a bug at "
+          "https://github.com/jax-ml/jax/issues.")
+    for label, axes in (("unreduced", unreduced), ("reduced", reduced)):
+      if not all(mesh._name_to_type[a] == AxisType.Explicit for a in axes):
+        raise ValueError(
+            f"{label} in {kind}_specs {spec} can only be used when the mesh passed to "
+            f"shard_map contains axis names all of type `Explicit`. Got mesh {mesh}")
+    raise NotImplementedError(
+        f"shard_map_impl.shard_map does not support unreduced/reduced axes in {kind}_specs "
+        f"(got {spec}); use jax.shard_map for partial-sum types.")
 
 
 def bad_spec_leaves(kind: str, mesh: AnyMesh | None, bad_type: list, bad_auto: list,

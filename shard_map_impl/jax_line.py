@@ -29,12 +29,12 @@ NEW_LINE = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
 
 if NEW_LINE:
   from jax._src.random import prng  # noqa: F401  (re-exported)
-  from jax._src import shard_map as _jax_shard_map
-  jit_p: core.Primitive = pjit.jit_p
+  from jax._src import shard_map as _jax_shard_map  # type: ignore[attr-defined, unused-ignore]  # other JAX line
+  jit_p: core.Primitive = pjit.jit_p  # type: ignore[attr-defined, unused-ignore]  # other JAX line
 else:
-  from jax._src import prng  # type: ignore[no-redef]  # noqa: F401
-  from jax.experimental import shard_map as _jax_shard_map  # type: ignore[no-redef]
-  jit_p = pjit.pjit_p  # type: ignore[attr-defined]
+  from jax._src import prng  # type: ignore[no-redef, unused-ignore]  # noqa: F401
+  from jax.experimental import shard_map as _jax_shard_map  # type: ignore[no-redef, unused-ignore]
+  jit_p = pjit.pjit_p  # type: ignore[attr-defined, unused-ignore]
 
 jax_shard_map_p: core.Primitive = _jax_shard_map.shard_map_p
 # The trace of JAX's eager shard_map bodies where ours may be bound (0.10; 0.6: none).
@@ -79,6 +79,12 @@ INFER_SENTINEL: Any = getattr(jax.sharding, "Infer", object())
 
 # --- the replication / varying-manual-axes check flag ------------------------
 
+def spec_entries(spec: Any) -> tuple:
+  """A PartitionSpec's per-dimension entries (0.10 refuses ``*spec`` once it has
+  unreduced/reduced axes; 0.6's has no ``partitions``)."""
+  return spec.partitions if NEW_LINE else tuple(spec)
+
+
 def check_flag(check: bool) -> contextlib.AbstractContextManager:
   """JAX's internal flag making collectives track varying axes (check_rep/check_vma)."""
   return config._check_vma(check) if NEW_LINE else config._check_rep(check)  # type: ignore[attr-defined]
@@ -86,7 +92,7 @@ def check_flag(check: bool) -> contextlib.AbstractContextManager:
 
 def check_flag_value() -> bool:
   return (config._check_vma.value if NEW_LINE  # type: ignore[attr-defined]
-          else config._check_rep.value)  # type: ignore[attr-defined]
+          else config._check_rep.value)  # type: ignore[attr-defined, unused-ignore]
 
 
 def varying_axes_typed() -> bool:
@@ -94,7 +100,7 @@ def varying_axes_typed() -> bool:
 
   Optional on 0.6 (``jax_varying_axes_in_types``), always so on 0.10.
   """
-  return True if NEW_LINE else config.varying_axes_in_types.value  # type: ignore[attr-defined]
+  return True if NEW_LINE else config.varying_axes_in_types.value  # type: ignore[attr-defined, unused-ignore]
 
 
 # --- avals --------------------------------------------------------------------
@@ -146,7 +152,7 @@ def vmapped_mesh_axes() -> frozenset:
 
 
 def get_aval(x: Any) -> core.AbstractValue:
-  return core.typeof(x) if NEW_LINE else core.get_aval(x)  # type: ignore[attr-defined]
+  return core.typeof(x) if NEW_LINE else core.get_aval(x)  # type: ignore[attr-defined, unused-ignore]
 
 
 # --- binding a primitive whose first operand is a function -------------------
@@ -197,18 +203,18 @@ def trace_to_jaxpr(fun: Any, in_avals: Sequence[core.AbstractValue]
   """(jaxpr, out avals, consts) of ``fun`` (an ``lu.WrappedFun``)."""
   traced = pe.trace_to_jaxpr_dynamic(fun, list(in_avals))
   if not NEW_LINE:
-    jaxpr, out_avals, consts, attrs = traced  # type: ignore[misc]
+    jaxpr, out_avals, consts, attrs = traced  # type: ignore[misc, unused-ignore]
     if attrs:
       raise NotImplementedError("shard_map bodies may not mutate jax attrs")
     return jaxpr, out_avals, consts
-  jaxpr, out_avals, consts = traced  # type: ignore[misc]
+  jaxpr, out_avals, consts = traced  # type: ignore[misc, unused-ignore]
   return jaxpr, out_avals, consts
 
 
 def to_jaxpr_tracer(trace: pe.DynamicJaxprTrace, x: Any, source_info: Any) -> Any:
   if NEW_LINE:  # 0.10 stages only canonical constants (no raw numpy arrays)
     if not isinstance(x, core.Tracer):
-      x = dtypes.canonicalize_value(x)
+      x = dtypes.canonicalize_value(x)  # type: ignore[attr-defined, unused-ignore]  # other JAX line
     return trace.to_jaxpr_tracer(x, source_info)  # type: ignore[call-arg]
   return trace.to_jaxpr_tracer(x)
 
@@ -221,8 +227,8 @@ def emit_eqn(trace: pe.DynamicJaxprTrace, in_tracers: Sequence[Any],
     return trace.emit_eqn(list(in_tracers), list(out_avals), prim, params,  # type: ignore[attr-defined]
                           effects, source_info)
   outs = [pe.DynamicJaxprTracer(trace, a, source_info) for a in out_avals]
-  eqn = pe.new_jaxpr_eqn([trace.getvar(t) for t in in_tracers],  # type: ignore[attr-defined]
-                         [trace.makevar(t) for t in outs], prim, params,  # type: ignore[attr-defined]
+  eqn = pe.new_jaxpr_eqn([trace.getvar(t) for t in in_tracers],  # type: ignore[attr-defined, unused-ignore]
+                         [trace.makevar(t) for t in outs], prim, params,  # type: ignore[attr-defined, unused-ignore]
                          effects, source_info)
   trace.frame.add_eqn(eqn)
   return outs
@@ -249,7 +255,7 @@ SHARDY_REGION_THREADS_STATE = NEW_LINE
 
 def ir_type(module_ctx: Any, aval: core.AbstractValue) -> Any:
   return (mlir.aval_to_ir_type(module_ctx, aval) if NEW_LINE  # type: ignore[call-arg]
-          else mlir.aval_to_ir_type(aval))  # type: ignore[call-arg]
+          else mlir.aval_to_ir_type(aval))  # type: ignore[call-arg, unused-ignore]
 
 
 def jaxpr_constants(jaxpr: core.Jaxpr) -> list[tuple[Any, core.AbstractValue]]:
@@ -262,7 +268,7 @@ def lower_inline(ctx: Any, module_ctx: Any, jaxpr: core.Jaxpr, tokens: Any,
                  const_lowering: dict | None = None) -> tuple[Sequence[Any], Any]:
   """``jaxpr`` lowered in place (inside the current insertion point)."""
   if NEW_LINE:
-    return mlir.jaxpr_subcomp(
+    return mlir.jaxpr_subcomp(  # type: ignore[call-arg, unused-ignore]  # other JAX line
         module_ctx, jaxpr, ctx.name_stack, tokens, (), *args, dim_var_values=dim_var_values,
         const_lowering=ctx.const_lowering if const_lowering is None else const_lowering,
         outer_traceback=None)
@@ -275,8 +281,8 @@ def lower_call(ctx: Any, name: str, jaxpr: core.Jaxpr, module_ctx: Any,
                arg_names: Sequence[str], result_names: Sequence[str]) -> tuple[Any, Any]:
   """``jaxpr`` lowered as a called function ``name``; (outputs, tokens out)."""
   if NEW_LINE:
-    return mlir.call_lowering(
-        name, pe.close_jaxpr(jaxpr), None, module_ctx, avals_in, avals_out, ctx.tokens_in,
+    return mlir.call_lowering(  # type: ignore[call-arg, unused-ignore]  # other JAX line
+        name, pe.close_jaxpr(jaxpr), None, module_ctx, avals_in, avals_out, ctx.tokens_in,  # type: ignore[arg-type, unused-ignore]  # other JAX line
         *args, dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
         arg_names=list(arg_names), result_names=list(result_names))
   return mlir.call_lowering(
@@ -290,7 +296,7 @@ def build_sdy_shardings(module_ctx: Any, shardings: Sequence[Any]) -> Any:
   if NEW_LINE:
     return sharding_impls.SdyArrayList(tuple(shardings)).build(  # type: ignore[attr-defined]
         module_ctx.sharding_attr_cache)
-  return sharding_impls.SdyArrayShardingList(list(shardings)).build()  # type: ignore[attr-defined]
+  return sharding_impls.SdyArrayShardingList(list(shardings)).build()  # type: ignore[attr-defined, unused-ignore]
 
 
 def region_sharding(mesh: Any, spec: Any, outer_manual: frozenset) -> Any:
@@ -302,7 +308,7 @@ def region_sharding(mesh: Any, spec: Any, outer_manual: frozenset) -> Any:
     if outer_manual:
       abstract = abstract.update_axis_types({a: AxisType.Manual for a in outer_manual})
     return NamedSharding(abstract, spec)
-  return NamedSharding(mesh, spec, _manual_axes=outer_manual)  # type: ignore[call-arg]
+  return NamedSharding(mesh, spec, _manual_axes=outer_manual)  # type: ignore[call-arg, unused-ignore]
 
 
 def gspmd_conversion_axes(manual: frozenset, newly_manual: Sequence[Any]) -> Any:

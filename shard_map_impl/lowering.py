@@ -154,19 +154,19 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
       ctx.set_tokens_out(tokens_out)
     return outs
   consts = jaxpr_constants(jaxpr)
-  const_values = [mlir.ir_constant(c, const_lowering=ctx.const_lowering, aval=a)
+  const_values = [mlir.ir_constant(c, const_lowering=ctx.const_lowering, aval=a)  # type: ignore[attr-defined, call-arg, unused-ignore]  # other JAX line
                   for c, a in consts] if consts else []
   dim_vars = list(ctx.dim_var_values) if threads else []
-  replicated = region.sdy_sharding({}, core.dim_value_aval())
+  replicated = region.sdy_sharding({}, core.dim_value_aval())  # type: ignore[arg-type, unused-ignore]  # other JAX line
   build = lambda shardings: build_sdy_shardings(mc, shardings)
   in_shardings = ([replicated] * (len(dim_vars) + len(tokens))
-                  + [region.sdy_sharding({}, a) for _, a in consts]
-                  + [region.sdy_sharding(n, a)
+                  + [region.sdy_sharding({}, a) for _, a in consts]  # type: ignore[arg-type, unused-ignore]  # other JAX line
+                  + [region.sdy_sharding(n, a)  # type: ignore[arg-type, unused-ignore]  # other JAX line
                      for n, a in zip(in_names, ctx.avals_in, strict=True)])
   out_shardings = ([replicated] * len(tokens)
                    + [region.sdy_sharding(n, a)
                       for n, a in zip(out_names, ctx.avals_out, strict=True)])
-  token_type = [hlo.TokenType.get()] * len(tokens)
+  token_type = [hlo.TokenType.get()] * len(tokens)  # type: ignore[attr-defined, unused-ignore]  # other JAX line
   op = sdy.ManualComputationOp(
       token_type + [ir_type(mc, a) for a in ctx.avals_out],
       [*dim_vars, *tokens, *const_values, *args],
@@ -179,7 +179,7 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
       + [ir_type(mc, a) for _, a in consts] + [ir_type(mc, v.aval) for v in jaxpr.invars])
   env, rep = scope()
   with ir.InsertionPoint(block), env, rep:
-    block_args = list(block.arguments)
+    block_args = list(block.arguments)  # type: ignore[call-overload, unused-ignore]  # other JAX line
     n_dims, n_tok, n_const = len(dim_vars), len(tokens), len(consts)
     dim_args = block_args[:n_dims] if threads else list(ctx.dim_var_values)
     tok_args = block_args[n_dims:n_dims + n_tok]
@@ -190,7 +190,7 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
         ctx, region.body_ctx, jaxpr, mlir.TokenSet(dict(zip(effects, tok_args, strict=True))),
         in_args, dim_var_values=dim_args, const_lowering=lowering if threads else None)
     returned = [*(t for _, t in tokens_out.items()), *outs] if threads else list(outs)
-    sdy.ReturnOp([ir.Value(o) for o in returned])  # type: ignore[arg-type]  # one value each
+    sdy.ReturnOp([ir.Value(o) for o in returned])  # type: ignore[arg-type, unused-ignore]  # one value each
   if threads:
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet(
         dict(zip(effects, op.results[:len(tokens)], strict=True)))))

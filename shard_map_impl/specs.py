@@ -15,7 +15,7 @@ from typing import Any
 from jax._src import core
 from jax._src.mesh import AbstractMesh, Mesh
 
-from shard_map_impl.jax_line import SPECS_NAME_MESH_AXES_ONLY
+from shard_map_impl.jax_line import SPECS_NAME_MESH_AXES_ONLY, spec_entries
 from jax.sharding import PartitionSpec
 from jax.tree_util import tree_leaves
 
@@ -100,7 +100,7 @@ def spec_leaf_problems(mesh: AnyMesh, specs: Specs, auto: frozenset) -> tuple[li
     if not isinstance(leaf, PartitionSpec):
       bad_type.append((path, leaf))
       continue
-    for entry in leaf:
+    for entry in spec_entries(leaf):
       bad_auto.extend((path, a) for a in axis_tuple(entry) if unusable(a))
   return bad_type, bad_auto
 
@@ -110,7 +110,7 @@ def specs_are_valid(mesh: AnyMesh, specs: Specs, auto: frozenset) -> bool:
   for leaf in tree_leaves(specs):
     if not isinstance(leaf, PartitionSpec):
       return False
-    if any(unusable(a) for e in leaf for a in axis_tuple(e)):
+    if any(unusable(a) for e in spec_entries(leaf) for a in axis_tuple(e)):
       return False
   return True
 
