@@ -61,24 +61,30 @@ def _place_inputs(entry: cache.Entry, staged: cache.Program, spread: bool, args:
   return None if moved is None else call.rebuild(moved)
 
 
-def _with_placement(entry: cache.Entry, fun: Callable,
-                    method: Callable[[Any], Callable]) -> Callable:
+class _PlacedCall:
   """``method(jitted)(*args, **kwargs)`` with committed inputs moved onto the program's
   mesh first (jit's avals carry shardings: moving them later would trace again).
 
   When tracing finds nested pmaps, the program's mesh is only known afterwards, and jit
   refuses inputs on other devices: then, and only then, the call runs again with the
   inputs moved (the trace itself succeeded, so the user's function is not re-run).
-  Holds ``fun`` so that ``pmap(f).lower`` keeps working after the wrapper itself is gone
-  (the shared entry only holds ``fun`` weakly).
+
+  Owns ``fun``: the shared entry only holds it weakly, and ``pmap(f).lower`` must keep
+  working after the wrapper itself is gone.
   """
 
-  def run(*args, **kwargs):
+  __slots__ = ("_entry", "_fun", "_method")
+
+  def __init__(self, entry: cache.Entry, fun: Callable, method: Callable[[Any], Callable]):
+    self._entry, self._fun, self._method = entry, fun, method
+
+  def __call__(self, *args, **kwargs):
     if _state.frame is not None:
       raise TypeError("pmap .lower()/.trace() cannot be used inside another pmap's body")
+    entry = self._entry
     spread = _trace_ctx.trace is not _eval_trace and _under_jit()
     staged = entry.program(spread)
-    target = method(staged.jitted)
+    target = self._method(staged.jitted)
     if any(map(_committed, tree_leaves((args, kwargs)))):
       args, kwargs = _place_inputs(entry, staged, spread, args, kwargs, _committed) or (
           args, kwargs)
@@ -90,13 +96,11 @@ def _with_placement(entry: cache.Entry, fun: Callable,
       if placed is None:
         raise
     return target(*placed[0], **placed[1])
-  run.keep_alive = fun  # type: ignore[attr-defined]  # a reference, not read anywhere
-  return run
 
 
 def _ahead_of_time(entry: cache.Entry, fun: Callable, method: str) -> Callable:
   """``.lower`` / ``.trace``: jit's, on host-local arguments in a multi-process job."""
-  local = _with_placement(entry, fun, lambda j: getattr(j, method))
+  local = _PlacedCall(entry, fun, lambda j: getattr(j, method))
 
   def stage(*args, **kwargs):
     if program.local_size_is_global():
@@ -132,7 +136,7 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
   Python. Everything else lands in ``cache_miss`` below.
   """
   entry = cache.entry_for(fun, cfg)
-  call_slow = _with_placement(entry, fun, lambda j: j)
+  call_slow = _PlacedCall(entry, fun, lambda j: j)
   run = fastpath.run if jax_line.LEGACY_PMAP_RUNTIME else jit_dispatch.run
 
   def cache_miss(*args, **kwargs):
