@@ -214,15 +214,10 @@ def newest_line(runner: eq.Runner) -> list[tuple[str, str, str]]:
 def patched_line(runner: eq.Runner) -> list[tuple[str, str, str]]:
   """The jax 0.10.2 table for the examples as written under pmap_compat.patched();
   returns the failed comparisons."""
-  rows, failures, removed = [], [], []
+  rows, failures = [], []
   for case in eq.CASES:
     result = runner.result(case, eq.NEWEST_PATCHED)
     label = case.name + (f" ({case.processes} proc)" if case.processes > 1 else "")
-    api = result.stopped_at_removed_api()
-    if api:  # shown, not counted: a JAX removal outside pmap, which the codemod rewrites
-      removed.append((case.name, eq.NEWEST_PATCHED, result.error or ""))
-      rows.append((label, f"needs {api}", "n/a", "n/a", "n/a"))
-      continue
     verdicts = {v.against: v for v in runner.newest_line(case, eq.NEWEST_PATCHED)}
     bad = [v for v in verdicts.values() if not v.ok]
     failures += [(case.name, f"{v.mode} vs {v.against}", v.message) for v in bad]
@@ -233,9 +228,8 @@ def patched_line(runner: eq.Runner) -> list[tuple[str, str, str]]:
                  "yes" if not bad and result.ok else "NO"))
   print_table(("example", "pmap_compat", "= jax.pmap?", "vs legacy", "ok?"), rows)
   print("('= jax.pmap?': bit for bit against 0.10.2's own jax.pmap where that runs the "
-        f"example; 'vs legacy' as above; 'needs': a function jax {eq.NEWEST_JAX} no longer has, "
-        "which patched() does not restore)")
-  print_reasons(removed + failures)
+        "example; 'vs legacy' as above)")
+  print_reasons(failures)
   return failures
 
 

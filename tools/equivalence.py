@@ -106,11 +106,6 @@ CASES: tuple[Case, ...] = (
 )
 CASES_BY_NAME = {c.name: c for c in CASES}
 
-# Examples that call, besides jax.pmap, a JAX function removed in jax 0.10.0. As written
-# they cannot run there even under pmap_compat.patched(), which rebinds jax.pmap alone;
-# the codemod rewrites the call (the NEWEST_CODEMOD mode).
-REMOVED_ON_NEWEST = {"replicate_loop": "jax.device_put_replicated"}
-
 
 # --------------------------------------------------------------------------- results
 
@@ -129,11 +124,6 @@ class RunResult:
   @property
   def ok(self) -> bool:
     return self.error is None
-
-  def stopped_at_removed_api(self) -> str | None:
-    """The removed JAX function this run failed on, if that is why it failed."""
-    api = REMOVED_ON_NEWEST.get(self.case) if JAX_OF_MODE.get(self.mode) else None
-    return api if api and not self.ok and api in (self.error or "") else None
 
   def recording_dirs(self) -> list[str]:
     if self.processes == 1:
