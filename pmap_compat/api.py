@@ -1,6 +1,7 @@
 """``pmap``: the public entry point, with legacy ``jax.pmap``'s signature and argument checks."""
 from __future__ import annotations
 
+import operator
 from typing import Any
 from collections.abc import Callable, Iterable, Sequence
 
@@ -28,13 +29,31 @@ def pmap(fun: Callable, axis_name: Any = None, *, in_axes: Any = 0, out_axes: An
     raise TypeError(f"Expected a callable value, got {fun}")
   errors.check_axes_spec(in_axes, "in_axes")
   errors.check_axes_spec(out_axes, "out_axes")
-  if axis_size is not None and (type(axis_size) is not int or axis_size < 1):
-    raise TypeError(f"pmap axis_size must be a positive int or None, got {axis_size!r}")
-  static = _ensure_index_tuple(static_broadcasted_argnums)
+  hash(fun)  # legacy's TypeError ("unhashable type: ...") for a callable with __hash__ = None
+  given = _ensure_index_tuple(static_broadcasted_argnums)
   donate = _ensure_index_tuple(donate_argnums)
-  rebase_donate_argnums(donate, static)  # legacy's error when the two intersect
+  rebase_donate_argnums(donate, given)  # legacy's error when the two intersect
   cfg = PmapConfig(
-      axis_name=axis_name, in_axes=in_axes, out_axes=out_axes, static=static, donate=donate,
-      devices=errors.check_devices(devices), backend=backend, axis_size=axis_size,
+      axis_name=axis_name, in_axes=in_axes, out_axes=out_axes, static=_static_positions(given),
+      static_given=given, donate=tuple(sorted(set(donate))),
+      devices=errors.check_devices(devices), backend=backend, axis_size=_index(axis_size),
       strict_replication=bool(check_replicated))
   return make_wrapper(fun, cfg)
+
+
+def _static_positions(given: tuple[int, ...]) -> tuple[int, ...]:
+  """The positions legacy treats as static: each once (jit would pass a repeated one
+  twice), negative ones left out (legacy's split ignores them too)."""
+  return tuple(sorted({i for i in given if i >= 0}))
+
+
+def _index(axis_size: Any) -> int | None:
+  """Any integral value, as legacy (np.int64(8), True). Its sign is checked per call,
+  against the mapped size, where legacy checks it."""
+  if axis_size is None:
+    return None
+  try:
+    return operator.index(axis_size)
+  except TypeError:
+    raise TypeError(f"pmap axis_size must be an integer or None, got {axis_size!r} of type "
+                    f"{type(axis_size).__name__}") from None

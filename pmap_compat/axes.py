@@ -74,7 +74,8 @@ def mapped_size(fun: Callable, args: tuple, kwargs: dict, leaves: Sequence[Any],
   """The size of the mapped axis, with legacy's checks and messages.
 
   ``axes`` must already be normalised. With every axis None, ``axis_size`` gives
-  the size (legacy rejects that case; we support it).
+  the size (legacy rejects that case; we support it). A size of 0 has no device to run
+  on: an error naming the empty argument.
   """
   if not leaves:
     raise errors.no_arguments(args, kwargs)
@@ -82,10 +83,14 @@ def mapped_size(fun: Callable, args: tuple, kwargs: dict, leaves: Sequence[Any],
   if not sizes:
     if axis_size is None:
       raise errors.nothing_mapped()
+    if axis_size < 1:
+      raise errors.axis_size_not_positive(axis_size)
     return axis_size
   if len(sizes) > 1:
     raise errors.inconsistent_sizes(fun, args, kwargs, axes)
   size, = sizes
   if axis_size is not None and axis_size != size:
     raise errors.axis_size_mismatch(axis_size, size)
+  if size == 0:  # legacy aborts the process here
+    raise errors.empty_mapped_axis(fun, args, kwargs, axes)
   return size

@@ -10,7 +10,8 @@ class PmapConfig(NamedTuple):
   axis_name: Any            # None: a deterministic default name (see nesting.default_axis_name)
   in_axes: Any              # as given (a pytree prefix of the positional args)
   out_axes: Any             # as given (a pytree prefix of the output)
-  static: tuple[int, ...]   # static_broadcasted_argnums, non-negative where possible
+  static: tuple[int, ...]   # static positions: static_broadcasted_argnums >= 0, sorted, unique
+  static_given: tuple[int, ...]  # static_broadcasted_argnums as given (legacy's messages)
   donate: tuple[int, ...]   # donate_argnums (positions among all positional args)
   devices: tuple | None
   backend: str | None
@@ -20,6 +21,6 @@ class PmapConfig(NamedTuple):
   def key(self) -> tuple:
     """Cache key: ``in_axes``/``out_axes`` may hold dicts or lists, so freeze them."""
     return (self.axis_name, axes.hashable_axes(self.in_axes), axes.hashable_axes(self.out_axes),
-            self.static, self.donate,
+            self.static, self.static_given, self.donate,
             None if self.devices is None else tuple(d.id for d in self.devices),
             self.backend, self.axis_size, self.strict_replication)

@@ -72,6 +72,12 @@ def axis_size_mismatch(given: int, found: int) -> ValueError:
   return ValueError(f"Specified axis_size {given} doesn't match received axis_size {found}.")
 
 
+def axis_size_not_positive(given: int) -> ValueError:
+  """Every in_axes None (our extension): ``axis_size`` alone gives the mapped size."""
+  return ValueError(f"pmap axis_size must be at least 1 when every in_axes is None, "
+                    f"got axis_size={given}")
+
+
 def devices_mismatch(size: int, devices: Sequence[Any]) -> ValueError:
   names = ", ".join(str(d) for d in devices)
   return ValueError(
@@ -157,12 +163,17 @@ def _type_str(x: Any) -> str:
     return "unknown"
 
 
+def _labelled_leaves(fun: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+  """(label as legacy's messages write it, leaf) for each leaf of ``(args, kwargs)``."""
+  labelled = [(_arg_label(fun, p, len(args)), x)
+              for p, x in tree_flatten_with_path(args)[0]]
+  return labelled + [(f"kwargs{keystr(p)}", x) for p, x in tree_flatten_with_path(kwargs)[0]]
+
+
 def inconsistent_sizes(fun: Callable, args: tuple, kwargs: dict,
                        axes: Sequence[int | None]) -> ValueError:
   """Lists which arguments disagree on the mapped size, like legacy pmap does."""
-  labelled = [(_arg_label(fun, p, len(args)), x)
-              for p, x in tree_flatten_with_path(args)[0]]
-  labelled += [(f"kwargs{keystr(p)}", x) for p, x in tree_flatten_with_path(kwargs)[0]]
+  labelled = _labelled_leaves(fun, args, kwargs)
   sizes = [None if d is None else np.shape(x)[d] for (_, x), d in zip(labelled, axes, strict=True)]
   first_at: dict[int, int] = {}
   for i, s in enumerate(sizes):
@@ -179,6 +190,22 @@ def inconsistent_sizes(fun: Callable, args: tuple, kwargs: dict,
       many = "most" if rank == 0 else "some"
       lines.append(f"  * {many} axes ({count} of them) had size {size}, e.g. {where}")
   return ValueError(lines[0] + "\n" + ";\n".join(lines[1:]))
+
+
+def empty_mapped_axis(fun: Callable, args: tuple, kwargs: dict,
+                      axes: Sequence[int | None]) -> ValueError:
+  """The mapped axis has size 0: names the first argument mapped along an empty axis."""
+  labelled = _labelled_leaves(fun, args, kwargs)
+  label, x, axis = next((label, x, d) for (label, x), d in zip(labelled, axes, strict=True)
+                        if d is not None and np.shape(x)[d] == 0)
+  return ValueError(
+      f"pmap cannot map over an axis of size 0: axis {axis} of {label} of type "
+      f"{_type_str(x)} is empty. Each position along the mapped axis runs on its own "
+      "device, so the mapped axis needs at least one element.")
+
+
+def not_a_jax_type(x: Any) -> TypeError:
+  return TypeError(f"Argument '{x}' of type {type(x)} is not a valid JAX type.")
 
 
 _X64_HINT = ("Perhaps you are calling the compiled executable with a different enable_x64 "

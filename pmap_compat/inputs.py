@@ -35,7 +35,7 @@ from jax._src.interpreters import pxla
 from jax._src.mesh import Mesh
 from jax._src.sharding_impls import GSPMDSharding, NamedSharding
 
-from pmap_compat import blocks, jax_line, outputs
+from pmap_compat import blocks, errors, jax_line, outputs
 from pmap_compat.jax_line import PmapSharding, prng
 
 __all__ = ["Plan", "place", "place_leaves", "shard_arg_fallback"]
@@ -125,7 +125,12 @@ def place(x: Any, target: Any) -> Any:
     if named is not None:
       return outputs.as_pmap_array(place(x, named))
   if not isinstance(x, jax.Array):
-    return _upload(x, target)
+    try:
+      return _upload(x, target)
+    except Exception:  # pylint: disable=broad-except  # jax 0.6 raises a non-TypeError for str
+      if not core.valid_jaxtype(x):  # legacy's error names the argument (object dtype, str)
+        raise errors.not_a_jax_type(x) from None
+      raise
   sharding = x.sharding
   if sharding == target and not isinstance(sharding, PmapSharding):
     return x

@@ -49,7 +49,7 @@ def match_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict) -> Cal
     raise errors.no_devices()
   n = len(args)
   if cfg.static and max(cfg.static) >= n:
-    raise errors.static_args_missing(cfg.static, n)
+    raise errors.static_args_missing(cfg.static_given, n)
   dyn_list, static = arguments.split_static(args, cfg.static)
   dyn = tuple(dyn_list)
   # Matched again when jit traces (after the slow path matched to place inputs): jit
@@ -156,8 +156,7 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
   manual = tuple(axis_sizes)
   found: dict[str, Any] = {}
 
-  def body(*args):  # flat blocks, or their groups (then named like legacy in errors)
-    blocks = body_arguments.flatten(args) if grouped is not None else args
+  def body(*blocks):
     leaves = [b if d is None else lax.squeeze(b, (d,))
               for b, d in zip(blocks, call.in_axes, strict=True)]
     with nesting.outer_body(dict(axis_sizes), (name,)):
@@ -170,20 +169,12 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
     unmapped = [y for y, d in zip(outs, out_axes, strict=True) if d is None]
     flags = [_varies(y, manual) for y in unmapped] if strict else []
     return mapped, unmapped, flags
-  args, kwargs = call.rebuild(call.leaves)
-  grouped = body_arguments.group(fun, args, kwargs, tuple(call.static))
   in_specs = tuple(in_spec(d, name) for d in call.in_axes)
-  body_args = tuple(call.leaves)
-  if grouped is not None:
-    in_specs = body_arguments.regroup(grouped, in_specs)
-    body_args = body_arguments.regroup(grouped, call.leaves)
-  # Tracing errors (e.g. a tracer used as a bool) then say "while tracing the function f
-  # at ... for pmap" and name the user's arguments, as legacy's do.
-  dbg = api_util.debug_info("pmap", body, body_args, {}, sourceinfo=api_util.fun_sourceinfo(fun),
-                            signature=None if grouped is None else grouped.signature)
+  # Tracing errors (e.g. a tracer used as a bool) name the user's function and arguments.
+  dbg = body_arguments.debug_info(fun, body, *call.rebuild(call.leaves), call.static)
   mapped, unmapped, flags = shard_map(body, mesh=mesh, in_specs=in_specs,
                                       out_specs=(P(name), P(), P()), check_rep=False,
-                                      debug_info=dbg)(*body_args)
+                                      debug_info=dbg)(*call.leaves)
   mapped, unmapped = iter(mapped), iter(unmapped)
   outs = [next(unmapped) if d is None else _move_leading_axis(next(mapped), d)
           for d in found["axes"]]
