@@ -53,6 +53,20 @@ class FileResult:
   new_source: bytes | None = None
   diff: str = ""
   internal_error: bool = False
+  io_error: bool = False  # the file could not be read or written
+
+  def not_written(self, reason: str) -> None:
+    """The rewrite did not land: the file is unchanged, so no site in it was converted.
+
+    INFO findings describe the rewrite (or advise on its result) and go; warnings and
+    errors about the original code stay.
+    """
+    self.findings = [f for f in self.findings if f.severity is not Severity.INFO]
+    self.findings.append(Finding(1, 1, Severity.ERROR, f"{reason}; the file is left "
+                                 f"unchanged, {self.sites_converted} sites not converted"))
+    self.changed, self.new_source, self.diff = False, None, ""
+    self.sites_converted = 0
+    self.io_error = True
 
 
 @dataclass
@@ -64,6 +78,7 @@ class Totals:
   errors: int = 0
   warnings: int = 0
   internal_errors: int = 0
+  io_errors: int = 0  # files or directories that could not be read, listed or written
 
   def add(self, result: FileResult) -> None:
     self.files_scanned += 1
@@ -73,9 +88,17 @@ class Totals:
     self.errors += sum(f.severity is Severity.ERROR for f in result.findings)
     self.warnings += sum(f.severity is Severity.WARNING for f in result.findings)
     self.internal_errors += int(result.internal_error)
+    self.io_errors += int(result.io_error)
+
+  def add_notice(self, finding: Finding, failed: bool) -> None:
+    """A finding about a path that was not scanned (a symlink left alone, a temp file)."""
+    self.errors += finding.severity is Severity.ERROR
+    self.warnings += finding.severity is Severity.WARNING
+    self.io_errors += failed
 
   def format(self) -> str:
     reported = self.sites_found - self.sites_converted
     return (f"{self.files_scanned} files scanned, {self.files_changed} changed; "
             f"{self.sites_found} pmap sites found, {self.sites_converted} converted, "
-            f"{reported} reported; {self.errors} errors, {self.warnings} warnings")
+            f"{reported} reported; {self.errors} errors, {self.warnings} warnings"
+            + (f"; {self.io_errors} paths could not be read or written" if self.io_errors else ""))

@@ -3,8 +3,11 @@
 By default a unified diff is printed and nothing is written; ``--in-place`` writes the
 files, ``--check`` exits 1 when anything would change (for CI). The report (stderr, or
 ``--report FILE``) has one ``file:line:col SEVERITY message`` line per finding and the
-totals. Exit status: 0 ok, 1 changes pending under --check, 2 internal error, bad path
-or a foreign file where the support module goes.
+totals. Exit status: 0 ok (ERROR findings about a file's content included), 1 changes
+pending under --check, 2 internal error, bad path or a foreign file where the support
+module goes, 3 a file or directory could not be read, listed or written (each an ERROR
+in the report; every other file was processed). The first that applies, in the order
+2, 3, 1, 0.
 
 A thin layer over ``ConvertPmapCommand`` (which ``python -m libcst.tool codemod`` runs
 too): it adds notebooks, parallel jobs, the report, and the support module the
@@ -18,13 +21,15 @@ import difflib
 import multiprocessing
 import os
 import sys
+import traceback
 from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 
-from codemod import support_module
-from codemod.files import write_atomically
-from codemod.findings import FileResult, Totals
-from codemod.runner import Options, discover, transform_file
+from codemod import files, support_module
+from codemod.findings import FileResult, Finding, Severity, Totals
+from codemod.runner import Options, transform_file, write_result
+
+EXIT_OK, EXIT_CHANGES_PENDING, EXIT_INTERNAL_ERROR, EXIT_UNREADABLE_OR_UNWRITABLE = 0, 1, 2, 3
 
 _PROGRESS_FROM = 100  # files; smaller runs print no progress lines
 
@@ -53,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
   mode.add_argument("--check", action="store_true", help="exit 1 if anything would change")
   mode.add_argument("--in-place", action="store_true", help="rewrite files in place")
   p.add_argument("--report", metavar="FILE", help="write the site report to FILE (default: stderr)")
+  p.add_argument("--follow-symlinks", action="store_true",
+                 help="also convert files and walk directories that symlinks lead to outside "
+                      "the given paths (the link's target is written, never the link); by "
+                      "default such links are reported and left alone")
   p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes")
   p.add_argument("--target", choices=("experimental", "jax"),
                  help="which shard_map API to emit: jax.experimental.shard_map (jax < 0.6.1) "
@@ -75,27 +84,33 @@ def default_support_root(paths: Sequence[str]) -> str:
   return os.path.commonpath(dirs)
 
 
+def _imports_support(result: FileResult, needle: bytes) -> bool:
+  if result.internal_error:
+    return False
+  if result.changed:
+    return needle in (result.new_source or b"")
+  try:
+    with open(result.path, "rb") as f:  # converted by an earlier run
+      return needle in f.read()
+  except OSError:
+    return False  # already reported as unreadable
+
+
 def _support_module_change(args, results: list[FileResult]) -> tuple[str, bytes] | None:
   """(path, text) of the support module when a converted file imports it and the copy
   under the support root is missing or stale; None otherwise."""
-  needle = f"from {args.support_module} import".encode()
-
-  def imports_it(result: FileResult) -> bool:
-    if result.changed:
-      return needle in (result.new_source or b"")
-    try:
-      with open(result.path, "rb") as f:  # converted by an earlier run
-        return needle in f.read()
-    except OSError:
-      return False  # already reported as unreadable
-
-  if not any(imports_it(r) for r in results if not r.internal_error):
+  needle = _support_import(args)
+  if not any(_imports_support(r, needle) for r in results):
     return None
   if support_module.status_at(args.support_root, args.support_module) is (
       support_module.Status.CURRENT):
     return None
   return (support_module.path_for(args.support_root, args.support_module),
           support_module.source().encode("utf-8"))
+
+
+def _support_import(args) -> bytes:
+  return f"from {args.support_module} import".encode()
 
 
 def _run_all(files: list[str], options: Options, jobs: int) -> list[FileResult]:
@@ -122,68 +137,115 @@ def _run_all(files: list[str], options: Options, jobs: int) -> list[FileResult]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  try:
+    return _main(argv)
+  except Exception:  # pylint: disable=broad-except
+    # A bug must not exit 1, which --check uses for "changes pending".
+    traceback.print_exc()
+    print("pmap-to-shmap: internal error", file=sys.stderr)
+    return EXIT_INTERNAL_ERROR
+
+
+def _main(argv: Sequence[str] | None) -> int:
   args = build_parser().parse_args(argv)
   if args.jobs < 1:
     print("pmap-to-shmap: error: --jobs must be at least 1", file=sys.stderr)
-    return 2
+    return EXIT_INTERNAL_ERROR
   missing = [p for p in args.paths if not os.path.exists(p)]
   if missing:
     print(f"pmap-to-shmap: error: no such file or directory: {', '.join(missing)}",
           file=sys.stderr)
-    return 2
+    return EXIT_INTERNAL_ERROR
   args.support_root = args.support_root or default_support_root(args.paths)
   try:
     support_path = support_module.path_for(args.support_root, args.support_module)
   except ValueError as e:
     print(f"pmap-to-shmap: error: {e}", file=sys.stderr)
-    return 2
+    return EXIT_INTERNAL_ERROR
   if (args.strategy == "shard_map" and support_module.status_at(
       args.support_root, args.support_module) is support_module.Status.FOREIGN):
     print(f"pmap-to-shmap: error: "
           f"{support_module.foreign_message(args.support_root, args.support_module)}",
           file=sys.stderr)
-    return 2
+    return EXIT_INTERNAL_ERROR
   options = Options(target=args.target or default_target(), strategy=args.strategy,
                     multihost=args.multihost, support_module=args.support_module)
-  files = [f for f in dict.fromkeys(discover(args.paths))
-           if os.path.abspath(f) != os.path.abspath(support_path)]
-  results = _run_all(files, options, args.jobs)
+  found = files.discover(args.paths, follow_symlinks=args.follow_symlinks)
+  notices = found.notices + files.temp_files(
+      [*found.directories, os.path.dirname(support_path)], remove=args.in_place)
+  sources = [f for f in found.sources if os.path.realpath(f) != os.path.realpath(support_path)]
+  results = _run_all(sources, options, args.jobs)
   support = _support_module_change(args, results)
 
   totals = Totals()
   lines: list[str] = []
+  for notice in notices:
+    totals.add_notice(notice.finding, notice.failed)
+    lines.append(notice.finding.format(notice.path))
+  needle = _support_import(args)
+  old_support = support_module.read(args.support_root, args.support_module)
+  # Written before the files that import it: if it cannot be, they stay unchanged rather
+  # than import a module that is not there.
+  support_failure = _write_support(args) if support is not None and args.in_place else None
   for result in results:
+    if args.in_place:
+      if support_failure is not None and result.changed and _imports_support(result, needle):
+        result.not_written("cannot write the support module it imports")
+      else:
+        write_result(result)
+    elif result.changed and not args.check:
+      sys.stdout.write(result.diff)
     totals.add(result)
     lines.extend(f.format(result.path) for f in result.findings)
-    if not result.changed:
-      continue
-    if args.in_place and result.new_source is not None:
-      write_atomically(result.path, result.new_source)
-    elif not args.check:
-      sys.stdout.write(result.diff)
-  if support is not None:
+  if support_failure is not None:
+    totals.add_notice(support_failure.finding, support_failure.failed)
+    lines.append(support_failure.finding.format(_display_path(support_failure.path)))
+  elif support is not None:
     path, text = support
-    old = support_module.read(args.support_root, args.support_module)
-    verb = "written" if old is None else "updated from an older version"
-    lines.append(f"{_display_path(path)}:1:1 INFO support module {args.support_module} {verb}; the converted "
-                 "files import it")
-    if args.in_place:
-      support_module.write(args.support_root, args.support_module)
-    elif not args.check:
-      sys.stdout.write(_new_file_diff(_display_path(path), old or "", text.decode("utf-8")))
+    verb = "written" if old_support is None else "updated from an older version"
+    lines.append(f"{_display_path(path)}:1:1 INFO support module {args.support_module} "
+                 f"{verb}; the converted files import it")
+    if not args.in_place and not args.check:
+      sys.stdout.write(_new_file_diff(_display_path(path), old_support or "",
+                                      text.decode("utf-8")))
   lines.append(totals.format())
   report = "\n".join(lines) + "\n"
-  if args.report:
-    with open(args.report, "w", encoding="utf-8") as f:
-      f.write(report)
-  else:
-    sys.stderr.write(report)
   sys.stdout.flush()
+  report_written = _write_report(args.report, report)
   if totals.internal_errors:
-    return 2
+    return EXIT_INTERNAL_ERROR
+  if totals.io_errors or not report_written:
+    return EXIT_UNREADABLE_OR_UNWRITABLE
   if args.check and (totals.files_changed or support is not None):
-    return 1
-  return 0
+    return EXIT_CHANGES_PENDING
+  return EXIT_OK
+
+
+def _write_report(path: str | None, report: str) -> bool:
+  """Writes the report to ``path`` (stderr if None); False if it could not (it then goes
+  to stderr, with the reason)."""
+  if path is not None:
+    try:
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(report)
+      return True
+    except OSError as e:
+      sys.stderr.write(f"pmap-to-shmap: error: cannot write the report {path}: "
+                       f"{e.strerror or e}\n")
+  sys.stderr.write(report)
+  return path is None
+
+
+def _write_support(args) -> files.Notice | None:
+  """Writes the support module; the failure, if it could not be written."""
+  try:
+    support_module.write(args.support_root, args.support_module)
+  except OSError as e:
+    path = support_module.path_for(args.support_root, args.support_module)
+    return files.Notice(path, Finding(1, 1, Severity.ERROR, f"cannot write the support "
+                                      f"module {args.support_module}: {e.strerror or e}"),
+                        failed=True)
+  return None
 
 
 def _display_path(path: str) -> str:

@@ -1,7 +1,8 @@
-"""Running the codemod over files: discovery, per-file transform, diffs, atomic writes.
+"""Running the codemod over one file: read, transform, diff; and writing the result back.
 
-``transform_file`` never raises: a file that cannot be parsed becomes an ERROR
-entry and is skipped; a crash inside the transform is an internal error (exit 2).
+``transform_file`` never raises: a file that cannot be read, decoded or parsed becomes
+an ERROR entry and is skipped; a crash inside the transform is an internal error (exit 2).
+``write_result`` turns a failed write into an ERROR for that file (the file unchanged).
 The command is the one ``python -m libcst.tool codemod`` runs; this layer only reads
 files, passes the options, and collects what the command reported to its context.
 The bytes libcst writes back keep the file's encoding and newline style.
@@ -13,16 +14,12 @@ import os
 import re
 import traceback
 from dataclasses import dataclass
-from collections.abc import Iterator, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from codemod import notebook, removed_names, support_module
+from codemod import files, notebook, removed_names, support_module
 from codemod.findings import SITES_KEY, FileResult, Finding, Severity
-
-_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "venv", "build",
-                        "dist"})
 
 
 @dataclass(frozen=True)
@@ -31,19 +28,6 @@ class Options:
   strategy: str = "shard_map"
   multihost: bool = False
   support_module: str = support_module.DEFAULT_NAME
-
-
-def discover(paths: Sequence[str]) -> Iterator[str]:
-  """The .py and .ipynb files under ``paths`` (files named directly are always included)."""
-  for path in paths:
-    if os.path.isfile(path):
-      yield path
-      continue
-    for root, dirs, files in os.walk(path):
-      dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
-      for name in sorted(files):
-        if name.endswith((".py", ".ipynb", ".md")):
-          yield os.path.join(root, name)
 
 
 def make_command(options: Options, context: CodemodContext, source: str | None = None):
@@ -84,7 +68,9 @@ def transform_file(path: str, options: Options) -> FileResult:
     with open(path, "rb") as f:
       raw = f.read()
   except OSError as e:
-    result.findings.append(Finding(1, 1, Severity.ERROR, f"cannot read the file: {e}"))
+    result.findings.append(Finding(1, 1, Severity.ERROR,
+                                   f"cannot read the file, skipped: {e.strerror or e}"))
+    result.io_error = True
     return result
   try:
     if path.endswith(".ipynb"):
@@ -100,6 +86,22 @@ def transform_file(path: str, options: Options) -> FileResult:
     result.findings.append(Finding(1, 1, Severity.ERROR, f"internal error, file skipped: {last}"))
     result.changed, result.new_source, result.diff = False, None, ""
   return result
+
+
+def write_result(result: FileResult) -> None:
+  """Writes a changed file back; a failure leaves it unchanged and is reported for it."""
+  if not result.changed or result.new_source is None:
+    return
+  try:
+    files.write_atomically(result.path, result.new_source)
+  except OSError as e:
+    result.not_written(f"cannot write the file: {e.strerror or e}")
+
+
+def _undecodable(result: FileResult, reason: object) -> None:
+  # Python itself refuses such a file (PEP 263): a property of the file, like a syntax error.
+  result.findings.append(Finding(1, 1, Severity.ERROR, f"cannot decode the file, skipped: "
+                                 f"{reason} (non-UTF-8 text needs a coding declaration)"))
 
 
 def _parse_error(result: FileResult, e: cst.ParserSyntaxError) -> None:
@@ -120,6 +122,9 @@ def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
     module = cst.parse_module(raw)
   except cst.ParserSyntaxError as e:
     _parse_error(result, e)
+    return
+  except (SyntaxError, UnicodeDecodeError, LookupError) as e:  # libcst decodes it first
+    _undecodable(result, e.msg if isinstance(e, SyntaxError) else e)
     return
   text = raw.decode(module.encoding)
   if not _KEYWORDS.search(text) or support_module.is_support_module(text):
@@ -158,7 +163,11 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
 
 def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> None:
   """MyST / jupytext markdown notebooks: their code cells are converted like a notebook's."""
-  text = raw.decode("utf-8")
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    _undecodable(result, e)
+    return
   code = notebook.read_markdown(text)
   if code is None or not _KEYWORDS.search(code.source):
     return  # plain markdown, or no code the codemod handles
