@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
+from jax._src import core
+from jax._src.interpreters import partial_eval as pe
 from jax.tree_util import keystr, tree_flatten_with_path, tree_leaves
 
 
@@ -97,10 +99,39 @@ def nested_devices_mismatch(needed: int, size: int, devices: Sequence[Any]) -> V
       f"(outer axis size: {size}, local devices available to pmap: {names})")
 
 
-def too_many_devices(needed: int, available: int) -> ValueError:
-  return ValueError(
-      f"compiling computation that requires {needed} logical devices, but only "
-      f"{available} XLA devices are available (num_replicas={needed})")
+class TooManyDevices(ValueError):
+  """The mapped size (times nested pmaps') exceeds the devices there are; worded as
+  legacy's top-level pmap words it (``in_jit`` for a pmap staged into a user's jit)."""
+
+  def __init__(self, needed: int, available: int):
+    super().__init__(
+        f"compiling computation that requires {needed} logical devices, but only "
+        f"{available} XLA devices are available (num_replicas={needed})")
+    self.needed, self.available = needed, available
+
+  def in_jit(self) -> ValueError:
+    """Legacy's error for a jit containing this pmap: it names that jit's computation
+    (the outermost one the trace stack shows)."""
+    name = next(reversed(_enclosing_jit_names()), None)
+    if name is None:
+      return self
+    return ValueError(f"compiling computation `{name}` that requires {self.needed} replicas, "
+                      f"but only {self.available} XLA devices are available.")
+
+
+def _enclosing_jit_names() -> list[str]:
+  """The functions whose jaxprs are being staged around this point, innermost first."""
+  names = []
+  trace = core.trace_ctx.trace
+  while trace is not None:
+    if isinstance(trace, pe.DynamicJaxprTrace):
+      names.append(trace.frame.debug_info.func_name)
+    trace = getattr(trace, "parent_trace", None)  # jax 0.6's jit traces have none
+  return names
+
+
+def too_many_devices(needed: int, available: int) -> TooManyDevices:
+  return TooManyDevices(needed, available)
 
 
 def static_args_missing(static: tuple, nargs: int) -> ValueError:

@@ -233,8 +233,8 @@ def needs_sixteen(x):
   return x + 1
 
 
-@pytest.mark.xfail(strict=True, reason="the wrapper does not yet tell the mesh builder the "
-                   "name of the user's jit it is staged into; legacy names that computation")
+@pytest.mark.xfail(strict=True, reason="the wrapper does not yet re-raise errors.TooManyDevices "
+                   "met under a user's jit as err.in_jit(), which names that jit as legacy does")
 @pytest.mark.parametrize("program", [
     lambda pm: jax.jit(pm(needs_sixteen))(np.ones(16)),
     lambda pm: jax.jit(lambda x: pm(needs_sixteen)(x) * 2)(np.ones(16)),
