@@ -1,0 +1,354 @@
+"""Notebooks through the command line: IPython syntax recognised where IPython recognises
+it (and valid Python never taken for it), nbformat 3, malformed notebooks, and each
+cell's line endings and the JSON layout kept, so only the converted cells differ.
+
+The reference for a notebook's conversion is the same code converted as a ``.py`` file;
+the reference for where IPython syntax is, IPython's own transformer (recorded in
+``recorded/ipython_syntax.json``, and compared live where IPython is installed)."""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from codemod import ipython_syntax, pmap_to_shmap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORDED = os.path.join(os.path.dirname(__file__), "recorded", "ipython_syntax.json")
+SITE = "step = jax.pmap(lambda v: v * 2, axis_name='d')\n"
+
+
+def _convert(directory, name: str, data: bytes, *args) -> tuple[int, bytes, str]:
+  """Runs the command line with --in-place on one file; (exit code, the file's bytes,
+  the report)."""
+  directory.mkdir(parents=True, exist_ok=True)
+  path = directory / name
+  path.write_bytes(data)
+  report = directory / "report.txt"
+  code = pmap_to_shmap.main(["--in-place", "--report", str(report), *map(str, args), str(path)])
+  return code, path.read_bytes(), report.read_text()
+
+
+def _findings(report: str, path_part: str) -> list[str]:
+  """The report's finding lines, without the file name and the notebook's cell label."""
+  out = []
+  for line in report.splitlines()[:-1]:
+    if path_part in line and "support module" not in line:
+      out.append(line.split(":", 1)[1].replace("code cell 1: ", "").replace("cell 1: ", ""))
+  return out
+
+
+def _notebook(*sources, **top) -> dict:
+  cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": s} for s in sources]
+  return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5, **top}
+
+
+def _lines(text: str) -> list[str]:
+  return text.splitlines(keepends=True)
+
+
+def _as_py(tmp_path, code: str) -> tuple[str, list[str]]:
+  """``code`` converted as a .py file: (its new text, its findings)."""
+  status, new, report = _convert(tmp_path / "py", "cell.py", code.encode())
+  assert status == 0, report
+  return new.decode(), _findings(report, "cell.py")
+
+
+def _as_cell(tmp_path, code: str) -> tuple[str, list[str]]:
+  """``code`` converted as a one-cell notebook: (the cell's new text, its findings)."""
+  nb = json.dumps(_notebook(_lines(code)), indent=1).encode()
+  status, new, report = _convert(tmp_path / "nb", "cell.ipynb", nb)
+  assert status == 0, report
+  return "".join(json.loads(new)["cells"][0]["source"]), _findings(report, "cell.ipynb")
+
+
+# ----- valid Python is never IPython syntax -----
+
+LOOKALIKES = {
+    "continued_percent_in_brackets": "x = (7\n     % 3)\n",
+    "continued_percent_after_backslash": "y = 7 \\\n  % 2\n",
+    "question_in_a_comment": "# why?\nz = 1  # and this?\n",
+    "lines_inside_a_string": 'doc = """Does it work?\n!maybe\n%s, %d\n"""\n',
+    "docstring_ending_in_a_question": "def g():\n  '''Really?'''\n  return 1\n",
+    "shell_like_dict_key": "d = {'a': 1,\n     '!b': 2,\n}\n",
+}
+
+
+@pytest.mark.parametrize("lookalike", sorted(LOOKALIKES))
+def test_python_that_looks_like_ipython_syntax_converts_as_in_a_py_file(tmp_path, lookalike):
+  # Before: any line starting with % or ! or ending in ? was masked, so these cells were
+  # unparsable (skipped with an ERROR) or lost the pmap on a `# why?` line.
+  code = "import jax\n" + LOOKALIKES[lookalike] + SITE.replace("\n", "  # converted?\n")
+  expected, expected_findings = _as_py(tmp_path, code)
+  assert "jax.pmap" not in expected
+  cell, findings = _as_cell(tmp_path, code)
+  assert cell == expected
+  assert findings == expected_findings
+
+
+def test_ipython_syntax_is_kept_verbatim_and_the_python_around_it_converted(tmp_path):
+  magic_lines = ["%matplotlib inline\n", "files = !ls -l\n", "!echo one \\\n  two\n",
+                 "t = %time 1 + 1\n", "jax.pmap?\n", "??jax.pmap\n", "%load_ext autoreload\n"]
+  # (The imports come first: a statement between imports moves where the codemod adds its
+  # own import, in a .py file too.)
+  python = ["import jax\nimport numpy as np\n", "x = np.ones((8, 2))\n", SITE, "y = step(x)\n",
+            "print(y.shape)\n", "z = (1 +\n     2)\n", "w = -1\n"]
+  cell = "".join(p + m for p, m in zip(python, magic_lines, strict=True))
+  converted, _ = _as_cell(tmp_path, cell)
+  expected, _ = _as_py(tmp_path, "".join(python))
+  for magic in magic_lines:
+    assert converted.count(magic) == 1, magic
+  positions = [converted.index(m) for m in magic_lines]
+  assert positions == sorted(positions)
+  without = converted
+  for magic in magic_lines:
+    without = without.replace(magic, "")
+  assert without == expected
+
+
+def test_magics_inside_blocks_keep_the_block_parsable(tmp_path):
+  # A masked magic must leave a statement behind: an `if` whose body is only a magic
+  # (or an assignment from one) still parses, and the pmap after it is converted.
+  cell = ("import jax\nif True:\n    %time 1\nelse:\n    out = !pwd\n"
+          "for i in range(2):\n    !echo $i\n" + SITE)
+  converted, findings = _as_cell(tmp_path, cell)
+  assert "jax.pmap" not in converted and "ERROR" not in "".join(findings)
+  assert converted.startswith("import jax\n") and cell[cell.index("if True"):].split(SITE)[0] \
+      in converted
+
+
+def test_cell_magics_are_recognised_only_on_the_first_line(tmp_path):
+  python_body = "%%time\nimport jax\n" + SITE
+  opaque = "%%bash\necho jax.pmap(\n"
+  writefile = "%%writefile train.py\nimport jax\n" + SITE
+  nb = _notebook(_lines(python_body), _lines(opaque), _lines(writefile))
+  code, new, report = _convert(tmp_path, "cells.ipynb", json.dumps(nb, indent=1).encode())
+  assert code == 0, report
+  cells = ["".join(c["source"]) for c in json.loads(new)["cells"]]
+  body, _ = _as_py(tmp_path / "body", python_body.split("\n", 1)[1])
+  assert cells[0] == "%%time\n" + body
+  assert cells[1] == opaque and cells[2] == writefile  # not Python: left alone
+  not_first = 'import jax\nx = """\n%%time\n"""\n' + SITE  # in a string, not a cell magic
+  assert _as_cell(tmp_path / "string", not_first) == _as_py(tmp_path / "string", not_first)
+
+
+CORPUS = [
+    "%time f()\n", "x = (1 +\n     % 3)\n", "y = 7 \\\n  % 2\n", "# why?\n", "x = 1  # why?\n",
+    'doc = """Does it?\n!maybe\n%no\n"""\n', "a = !ls\n", "a = %time f()\n", "a =  !ls -l\n",
+    "!!ls\n", "??x\n", "x??\n", "x?\n", "x.y[0]?\n", "%timeit?\n", "%%timeit?\n", "  !ls\n",
+    "if x:\n    %time f()\n    y = 1\n", "if x:\n    !ls\nelse:\n    a = !pwd\n",
+    "!echo a \\\n  b \\\n  c\nz = 1\n", "x = (a\n     ?)\n", "f(1,\n  2)?\n", "a = b?\n",
+    "%matplotlib inline\nimport jax\n", "/f a b\n", "/ f\n", ",f a b\n", ";f a b\n",
+    "x = {'a': 1,\n     '%': 2}\n", "print(1)\n!ls\n%pwd\nx = 2\n", "a = b = %time 1\n",
+    "d[a == b] = !ls\n", "f(x=%time)\n", "x = 5 % 3\n", "s = '%s' % x\n",
+    "!echo \"it's\"\nz?\n", "a = \\\n%time f()\n", "x ?\n", "x = 1\n?\n",
+    "def f():\n    '''why?'''\n    return 1\n", "%%bash\necho hi\n", "\n%%time\nx = 1\n",
+    "l = [\n%x\n]\n", "= !ls\n", "a = %\n", "a = % 3\n", "x = (\n", "!ls -l | grep \"x\n",
+    "%load_ext autoreload\n%autoreload 2\n", "for i in range(3):\n    !echo $i\n",
+    "f'{x!r}'\n", "x != !y\n", "x[1] = !ls\n", "a = !ls\nb = %pwd\nc?\n!!pwd\n",
+    "%%writefile a.py\nimport jax\n", "x = 1 \\\n  ?\n", "print('a')?\n", "%%\n",
+    "if x:\n  y = 1\n%time z\n", "x = '''\n''' ; !ls\n", "(!ls)\n", "a: int = !ls\n",
+    "a += !ls\n", "a, b = %time 1, 2\n", "lambda x=!ls: x\n", "%time \\\n  f()\n",
+]
+
+
+def _spans(found) -> list[list]:
+  return [[m.start, m.stop, m.prefix] for m in found]
+
+
+def _ipython_transformer():
+  """IPython's transformer module, or None where IPython is not installed."""
+  try:
+    from IPython.core import inputtransformer2
+  except ImportError:
+    return None
+  return inputtransformer2
+
+
+def test_own_rules_find_what_ipythons_transformer_finds():
+  """Our rules (used where IPython is not installed) against IPython's transformer on the
+  corpus: as recorded with IPython, and live wherever IPython is installed. Re-record with
+  IPython importable: RECORD_IPYTHON_SYNTAX=1 python -m pytest THIS_FILE -k own_rules."""
+  own = {cell: _spans(ipython_syntax.own_magics(_lines(cell))) for cell in CORPUS}
+  transformer = _ipython_transformer()
+  if os.environ.get("RECORD_IPYTHON_SYNTAX"):
+    assert transformer is not None, "recording needs IPython"
+    import IPython
+    record = {"ipython": IPython.__version__, "python": sys.version.split()[0],
+              "cells": [{"cell": c,
+                         "spans": _spans(ipython_syntax.ipython_magics(_lines(c), transformer)),
+                         "ipython_transform": transformer.TransformerManager().transform_cell(c)}
+                        for c in CORPUS]}
+    os.makedirs(os.path.dirname(RECORDED), exist_ok=True)
+    with open(RECORDED, "w", encoding="utf-8") as f:
+      json.dump(record, f, indent=1)
+      f.write("\n")
+  with open(RECORDED, encoding="utf-8") as f:
+    recorded = {entry["cell"]: entry["spans"] for entry in json.load(f)["cells"]}
+  assert set(recorded) == set(CORPUS), "re-record: the corpus changed"
+  assert own == recorded
+  assert sum(bool(s) for s in own.values()) > len(CORPUS) // 2  # the corpus has syntax to find
+  if transformer is not None:
+    assert own == {cell: _spans(ipython_syntax.ipython_magics(_lines(cell), transformer))
+                   for cell in CORPUS}
+
+
+# ----- nbformat 3, other kernels, malformed notebooks -----
+
+def _v3(*cells, **top) -> dict:
+  return {"metadata": {"name": "old"}, "nbformat": 3, "nbformat_minor": 0,
+          "worksheets": [{"cells": list(cells), "metadata": {}}], **top}
+
+
+def _v3_code(source: list[str], language: str = "python") -> dict:
+  return {"cell_type": "code", "collapsed": False, "input": source, "language": language,
+          "metadata": {}, "outputs": [], "prompt_number": 1}
+
+
+def test_nbformat3_notebook_is_converted_like_the_same_nbformat4_one(tmp_path):
+  # Before: cells under worksheets were never read, so a pmap there passed silently.
+  sources = [["%matplotlib inline\n", "import jax"], ["!nvidia-smi\n", SITE.rstrip("\n")]]
+  heading = {"cell_type": "heading", "level": 1, "metadata": {}, "source": ["jax.pmap"]}
+  other = _v3_code(["step = jax.pmap(f)"], language="julia")
+  v3 = _v3(_v3_code(sources[0]), heading, _v3_code(sources[1]), other)
+  original = json.dumps(v3, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+  code, new, report = _convert(tmp_path / "v3", "old.ipynb", original.encode())
+  assert code == 0, report
+  _, new4, report4 = _convert(tmp_path / "v4", "old.ipynb",
+                              json.dumps(_notebook(*sources), indent=1).encode())
+  converted = json.loads(new)
+  cells = converted["worksheets"][0]["cells"]
+  assert [cells[0]["input"], cells[2]["input"]] == [c["source"] for c in json.loads(new4)["cells"]]
+  assert cells[1] == heading and cells[3] == other  # not Python code: left alone
+  assert converted["nbformat"] == 3 and "cells" not in converted
+  assert json.dumps(converted, indent=1, sort_keys=True, ensure_ascii=False) + "\n" == new.decode()
+  assert _findings(report, "old.ipynb") == _findings(report4, "old.ipynb")
+  assert pmap_to_shmap.main(["--check", str(tmp_path / "v3" / "old.ipynb")]) == 0
+
+
+def test_a_notebook_of_another_language_is_left_alone(tmp_path):
+  julia = _notebook(["using Distributed\n", "pmap(x -> x^2, 1:10)\n"],
+                    metadata={"language_info": {"name": "julia"}})
+  original = json.dumps(julia, indent=1).encode()
+  code, new, report = _convert(tmp_path, "julia.ipynb", original)
+  assert (code, new) == (0, original) and "ERROR" not in report
+
+
+MALFORMED = {
+    "a_json_array": (b"[1, 2]", "the top level is an array, expected an object"),
+    "source_an_int": (json.dumps(_notebook(5)).encode(), "cell 1: 'source' is a number"),
+    "source_a_list_of_ints": (json.dumps(_notebook([1])).encode(), "cell 1: 'source' is an array"),
+    "cells_an_object": (b'{"cells": {}, "nbformat": 4}', "'cells' is an object, expected an array"),
+    "no_cells": (b'{"nbformat": 4}', "no 'cells', expected an array of cells"),
+    "a_cell_a_string": (b'{"cells": ["x"], "nbformat": 4}', "cell 1 is a string, expected an object"),
+    "no_cell_type": (b'{"cells": [{"source": ""}], "nbformat": 4}', "cell 1 has no 'cell_type'"),
+    "worksheets_a_string": (b'{"worksheets": "x", "nbformat": 3}', "'worksheets' is a string"),
+    "v3_input_missing": (json.dumps(_v3({"cell_type": "code"})).encode(),
+                         "worksheet 1, cell 1: no 'input'"),
+    "not_json": (b'{"cells": [', "not JSON (Expecting value"),
+    "not_utf8": (b'{"cells": [], "x": "caf\xe9"}', "not UTF-8"),
+}
+
+
+def test_malformed_notebooks_are_error_findings_and_the_run_goes_on(tmp_path):
+  # Before: a JSON array or an int source was an internal error (exit 2).
+  for name, (data, _) in MALFORMED.items():
+    (tmp_path / f"{name}.ipynb").write_bytes(data)
+  (tmp_path / "good.py").write_text("import jax\n" + SITE)
+  run = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--in-place", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+  assert run.returncode not in (pmap_to_shmap.EXIT_INTERNAL_ERROR,
+                                pmap_to_shmap.EXIT_CHANGES_PENDING), run.stderr
+  assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+  for name, (data, message) in MALFORMED.items():
+    path = tmp_path / f"{name}.ipynb"
+    line = f"{path}:1:1 ERROR not a readable notebook: "
+    assert any(l.startswith(line) and message in l for l in run.stderr.splitlines()), (
+        name, run.stderr)
+    assert path.read_bytes() == data
+  assert "jax.pmap" not in (tmp_path / "good.py").read_text()
+
+
+# ----- line endings and the JSON layout -----
+
+def test_crlf_cells_keep_their_line_endings(tmp_path):
+  # Before: every code cell came back with \n endings, untouched cells included.
+  imports = ["import jax\r\n", "import numpy as np\r\n", "x = np.ones((8, 2))"]  # + new imports
+  site = ["%time 1\r\n", SITE.replace("\n", "\r\n"), "y = step(x)\r\n", "z = 1"]
+  mixed = ["a = 1\r\n", "b = 2\n", "c = 3\r", "d = 4"]
+  untouched = ["w = 1\r\n", "v = [\r\n", "  1]\r\n"]
+  nb = _notebook(imports, site, mixed, untouched)
+  original = json.dumps(nb, indent=1).encode()
+  code, new, report = _convert(tmp_path / "crlf", "nb.ipynb", original)
+  assert code == 0, report
+  cells = [c["source"] for c in json.loads(new)["cells"]]
+  assert cells[2:] == [mixed, untouched]
+  for old, now in zip([imports, site], cells[:2], strict=True):
+    assert now != old and all(l.endswith("\r\n") for l in now[:-1]) and now[-1] == old[-1]
+  lf = _notebook(*[[l.replace("\r\n", "\n") for l in c] for c in (imports, site)])
+  _, new_lf, _ = _convert(tmp_path / "lf", "nb.ipynb", json.dumps(lf, indent=1).encode())
+  assert [[l.replace("\r\n", "\n") for l in c] for c in cells[:2]] == [
+      c["source"] for c in json.loads(new_lf)["cells"]]
+  # In the file itself, only lines of the changed cells' sources differ.
+  changed_lines = [l[2:] for l in difflib.ndiff(original.decode().splitlines(),
+                                                new.decode().splitlines()) if l[:2] in ("- ", "+ ")]
+  assert changed_lines and all(json.loads(l.strip().rstrip(",")) in imports + site + cells[0]
+                               + cells[1] for l in changed_lines), changed_lines
+
+
+@pytest.mark.parametrize("layout", [
+    {"indent": 1}, {"indent": 2, "ensure_ascii": False}, {"indent": "\t"},
+    {"indent": 4, "sort_keys": True}, {"separators": (",", ":")}, {},
+    {"indent": 2, "separators": (", ", ": ")}])
+@pytest.mark.parametrize("crlf,bom,trailing", [(False, False, "\n"), (True, True, "\r\n"),
+                                               (False, False, "")])
+def test_json_layout_is_kept_so_only_the_changed_cell_differs(tmp_path, layout, crlf, bom,
+                                                               trailing):
+  nb = _notebook(["s = 'caf\u00e9 \\u2013 \"q\"'"], ["x = 1"], _lines("import jax\n" + SITE),
+                 metadata={"z": 1, "a": {"k": "\u00e9"}})
+  nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": ["# t\u00edtulo"]})
+  def dump(value) -> bytes:
+    text = json.dumps(value, **layout)
+    text = (text.replace("\n", "\r\n") if crlf else text) + trailing
+    return (b"\xef\xbb\xbf" if bom else b"") + text.encode()
+  original = dump(nb)
+  code, new, report = _convert(tmp_path, "layout.ipynb", original)
+  assert code == 0, report
+  converted = json.loads(new.decode("utf-8-sig"))
+  assert dump(converted) == new
+  assert converted["cells"][1:3] == nb["cells"][1:3]
+  # Only lines of code cells' sources differ (the imports go to the first cell).
+  sources = {l for c in nb["cells"] + converted["cells"] if c["cell_type"] == "code"
+             for l in c["source"]}
+  if layout.get("indent") is not None:
+    changed_lines = [l[2:] for l in difflib.ndiff(original.decode("utf-8-sig").splitlines(),
+                                                  new.decode("utf-8-sig").splitlines())
+                     if l[:2] in ("- ", "+ ")]
+    assert changed_lines and all(json.loads(l.strip().rstrip(",")) in sources
+                                 for l in changed_lines), changed_lines
+
+
+# ----- MyST / jupytext markdown -----
+
+def test_markdown_notebook_keeps_line_endings_and_ipython_syntax(tmp_path):
+  # Before: every code cell came back with \n endings; `% 3` and `# why?` were masked.
+  head = ("---\r\njupytext:\r\n  text_representation:\r\n    format_name: myst\r\n---\r\n"
+          "\r\nProse with jax.pmap(f).\r\n\r\n```{code-cell} ipython3\r\n")
+  first = "%matplotlib inline\nimport jax\nx = (7\n     % 3)  # why?\n" + SITE
+  tail = "```\r\n\r\n```{code-cell} ipython3\r\n!nvidia-smi\r\ny = 2\r\n```\r\n"
+  text = head + first.replace("\n", "\r\n") + tail
+  code, new, report = _convert(tmp_path / "md", "page.md", text.encode())
+  assert code == 0, report
+  new_text = new.decode()
+  assert new_text.startswith(head) and new_text.endswith(tail)  # prose, fences, cell 2
+  cell, findings = _as_cell(tmp_path, first)
+  assert "jax.pmap" not in cell
+  assert new_text[len(head):-len(tail)] == cell.replace("\n", "\r\n")
+  # The same findings as the cell's, at the markdown file's lines.
+  assert [f.split(" ", 1)[1] for f in _findings(report, "page.md")] == [
+      f.split(" ", 1)[1] for f in findings]
