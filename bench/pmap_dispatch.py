@@ -22,10 +22,13 @@ each result outside the timed region); `first call` reports process CPU time (co
 runs on other threads) of tracing, compiling and calling a brand-new function; `matmul`
 reports wall time per call with block_until_ready and is compared as throughput (its
 time is the same XLA executable's in every column, so its target is a noise margin).
-Each round runs every case on every implementation in a shuffled order; the figure is
-the median over rounds of the per-round medians; a ratio is the median over rounds of
-that round's a/b ratio (pairing by round cancels load drifting between rounds), lower is
-better except for matmul throughput (b/a, higher is better).
+Each round runs every case on every implementation. The implementations timed in this
+process alternate call by call, in a freshly shuffled order for every call, so load that
+comes and goes on a busy machine hits each of them alike (the merge worker's block of
+calls takes a shuffled place among them). The figure is the median over rounds of the
+per-round medians; a ratio is the median over rounds of that round's a/b ratio (pairing
+by round cancels load drifting between rounds), lower is better except for matmul
+throughput (b/a, higher is better).
 
   python bench/pmap_dispatch.py            # full run (a few minutes), either venv
   python bench/pmap_dispatch.py --quick    # smoke test (< 30 s): tiny call, pytree and
@@ -256,17 +259,8 @@ class LocalImpl:
     for _ in range(3):
       self._steps[case]()  # warm: compile, fill the C++ caches
 
-  def round(self, case, n):
-    import jax
-    step, clock, times = self._steps[case], _clock(case), []
-    for _ in range(n):
-      t0 = clock()
-      out = step()
-      times.append(clock() - t0)
-      # Untimed: let the devices finish, so no queue builds up (on few cores,
-      # hundreds of in-flight collectives can starve XLA:CPU's thread pool).
-      jax.block_until_ready(out)
-    return statistics.median(times)
+  def step(self, case):
+    return self._steps[case]
 
   def close(self):
     pass
@@ -319,7 +313,7 @@ def _worker(name):
     msg = json.loads(line)
     try:
       value = (impl.prepare(msg["case"]) if msg["op"] == "prepare"
-               else impl.round(msg["case"], msg["n"]))
+               else interleaved_round({name: impl.step(msg["case"])}, msg["case"], msg["n"])[name])
       out.write(json.dumps({"value": value}) + "\n")
     except Exception as e:  # pylint: disable=broad-except
       out.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
@@ -350,8 +344,41 @@ def _fmt(case, seconds):
   return f"{seconds * 1e3:.2f} ms" if case in WALL | PROCESS else f"{seconds * 1e6:.1f} µs"
 
 
+class Broken(Exception):
+  """An implementation failed a case; ``name`` says which."""
+
+  def __init__(self, name, error):
+    super().__init__(f"{type(error).__name__}: {error}")
+    self.name = name
+
+
+def interleaved_round(local, case, n):
+  """n timed calls of each in-process implementation (``local``: name -> step), taken
+  call by call in a freshly shuffled order each time, so load that comes and goes hits
+  every implementation alike. Returns name -> median seconds per call."""
+  import jax
+  clock = _clock(case)
+  steps = list(local.items())
+  times = {name: [] for name in local}
+  for _ in range(n):
+    random.shuffle(steps)
+    for name, step in steps:
+      try:
+        t0 = clock()
+        out = step()
+        times[name].append(clock() - t0)
+        # Untimed: let the devices finish, so no queue builds up (on few cores,
+        # hundreds of in-flight collectives can starve XLA:CPU's thread pool).
+        jax.block_until_ready(out)
+      except Exception as e:  # pylint: disable=broad-except
+        raise Broken(name, e) from e
+  return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def measure(impls, cases: list[str], rounds: int, quick: bool) -> tuple[Results, dict]:
-  """Every case on every implementation, round by round in a shuffled order."""
+  """Every case on every implementation, round by round. In-process implementations are
+  interleaved call by call (``interleaved_round``); a worker process's block of calls
+  takes a shuffled place among them."""
   results: Results = {}
   broken: dict[tuple[str, str], str] = {}
   for case in cases:
@@ -362,16 +389,23 @@ def measure(impls, cases: list[str], rounds: int, quick: bool) -> tuple[Results,
         broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
   for r in range(rounds):
     for case in cases:
-      order = list(impls)
-      random.shuffle(order)
-      for impl in order:
-        if (impl.name, case) in broken:
-          continue
+      n = _calls_per_round(case, quick)
+      live = [i for i in impls if (i.name, case) not in broken]
+      local = {i.name: i.step(case) for i in live if isinstance(i, LocalImpl)}
+      blocks = [None] + [i for i in live if not isinstance(i, LocalImpl)]
+      random.shuffle(blocks)
+      for block in blocks:
         try:
-          results.setdefault((impl.name, case), {})[r] = impl.round(
-              case, _calls_per_round(case, quick))
-        except Exception as e:  # pylint: disable=broad-except
-          broken[(impl.name, case)] = f"{type(e).__name__}: {e}"
+          timed = (interleaved_round(local, case, n) if block is None
+                   else {block.name: block.round(case, n)})
+        except Broken as e:
+          broken[(e.name, case)] = str(e)  # the others are timed again next round
+          continue
+        except Exception as e:  # pylint: disable=broad-except  # a worker's own failure
+          broken[(block.name, case)] = f"{type(e).__name__}: {e}"
+          continue
+        for name, seconds in timed.items():
+          results.setdefault((name, case), {})[r] = seconds
   return results, broken
 
 

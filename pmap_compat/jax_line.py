@@ -48,6 +48,47 @@ else:
   class PmapSharding:  # type: ignore[no-redef]
     """jax 0.10 has no PmapSharding: no value is one, so checks for it are simply False."""
 
+  from jax._src import pjit as _pjit
+  from jax._src import tree_util as _tree_util
+  from jax._src.interpreters import pxla as _pxla
+  from jax._src.lib import _jax  # type: ignore[attr-defined, unused-ignore]  # jax 0.10 only
+
+
+def jit_call_cache(name: str, fun: Any, cache_miss: Any, static_argnums: tuple) -> Any:
+  """jax 0.10: a C++ call cache of jit's own kind in front of ``cache_miss``.
+
+  On a signature it has seen (tree, avals, shardings, static arguments, trace state) it
+  runs the executable jit compiled without entering Python; on anything else it calls
+  ``cache_miss(*args, **kwargs)``, which returns ``(outputs, fastpath_data, rebuild)`` as
+  jit's own cache miss does (see ``served_by_python``). Its entries live in jit's global
+  call cache under ``fun`` (held weakly there, so they go with ``fun``) and a key of ours,
+  apart from the jit objects' own entries; ``jax.clear_caches()`` empties them.
+  """
+  return _jax.pjit(name, fun, cache_miss, static_argnums, (), _CALL_CACHE_KEY,
+                   _tree_util.dispatch_registry, _pxla.cc_shard_arg,
+                   _pjit._get_cpp_global_cache(False))
+
+
+_CALL_CACHE_KEY = "pmap_compat.jit_dispatch"
+
+
+def jit_cache_miss(jitted: Any) -> Any:
+  """jax 0.10: jit's Python cache miss for the jit object ``jitted``: runs the call and
+  returns ``(outputs, fastpath_data, rebuild)``, what ``jit_call_cache`` needs to serve
+  the signature from C++ from then on."""
+  return jitted._cache_miss
+
+
+def jitted_function(jitted: Any) -> Any:
+  """The function a jit object stages (jax 0.10 keeps it as ``_fun``)."""
+  return jitted._fun
+
+
+def served_by_python(outputs: Any) -> tuple[Any, None, bool]:
+  """A cache miss's answer for a call the C++ cache must not serve: this call's results,
+  no fast-path data (so the signature keeps coming back to Python)."""
+  return outputs, None, False
+
 
 def canonicalize_value(x: Any) -> Any:
   """``x`` with its dtype canonicalised as jit's dispatch does (TypeError / ValueError for
@@ -67,4 +108,5 @@ PRNGKeyArray = prng.PRNGKeyArray
 
 __all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH",
            "DeviceAssignmentMismatchError", "PRNGKeyArray", "PmapSharding", "bind_parts",
-           "canonicalize_value", "jit_p", "prng", "sharding_specs"]
+           "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function",
+           "prng", "served_by_python", "sharding_specs"]

@@ -1,17 +1,23 @@
-"""Steady-state dispatch on jax 0.10: straight into jit's C++ fast path.
+"""Steady-state dispatch on jax 0.10: straight into a C++ call cache of jit's kind.
 
 jax 0.10 removed the C++ pmap dispatcher that ``fastpath`` drives on jax 0.6. Here the
-callable ``pmap`` returns hands a plain top-level call to the shared ``jax.jit`` of the
-staged program as it is. On a signature jit has seen, jit's C++ path transfers numpy and
-uncommitted inputs, runs the executable and returns its results: the NamedSharding arrays
-(spec ``P(axis_name)`` over the pmap's mesh) that 0.10.2's own ``jax.pmap`` returns,
-fed back with no copy. Our Python work per call is a few attribute checks.
+callable ``pmap`` returns owns a C++ call cache built like ``jax.jit``'s
+(``jax_line.jit_call_cache``) in front of the shared ``jax.jit`` of the staged program.
+On a signature it has seen (tree, avals, shardings, static arguments, trace state), C++
+transfers numpy and uncommitted inputs, runs the executable and returns its results: the
+NamedSharding arrays (spec ``P(axis_name)`` over the pmap's mesh) that 0.10.2's own
+``jax.pmap`` returns, fed back with no copy. Static arguments are hashed and compared in
+C++ as jit's own. Our Python work per call is one check of ``jax_debug_nans`` /
+``jax_debug_infs``, which that cache cannot see.
 
-Everything else goes to the wrapper's ``cache_miss``: calls inside another pmap's body or
-under a user's trace, strict replication checks, ``jax_debug_nans`` / ``jax_debug_infs``
-checks, multi-process jobs (host-local arguments become global ones and results host-local
+Everything else reaches Python through the cache's miss handler (``_Miss``): a new
+signature runs through jit's own cache miss, which hands the executable to C++ for next
+time. Calls inside another pmap's body or under a user's trace (their tracers or trace
+state never match a cached signature), strict replication checks, NaN / Inf checks,
+multi-process jobs (host-local arguments become global ones and results host-local
 again: ``run``), and inputs committed to devices outside the program's mesh, which jit
-refuses and we move on device first.
+refuses and we move on device first, go to the wrapper's ``cache_miss`` and are never
+served from C++.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from collections.abc import Callable
 from jax._src import config, core, dispatch
 from jax._src import tree_util
 
-from pmap_compat import arguments, errors, inputs, meshes, multihost, nesting
+from pmap_compat import arguments, errors, inputs, jax_line, meshes, multihost, nesting
 from pmap_compat.jax_line import DeviceAssignmentMismatchError
 
 __all__ = ["PmapFunction", "inputs_on_other_devices", "run"]
@@ -53,19 +59,15 @@ def _for_the_slow_path(err: Exception) -> bool:
   return isinstance(err, TypeError) and str(err).startswith("Error interpreting argument")
 
 
-class PmapFunction:
-  """What ``pmap`` returns on jax 0.10: a direct jit call when nothing stands in the way.
+class _Miss:
+  """What the C++ call cache runs for a signature it cannot serve (see module docstring):
+  ``(outputs, fastpath_data, rebuild)``, with fast-path data only for plain top-level
+  calls."""
 
-  ``_cache_size`` / ``_cache_clear()`` are those of jit's call cache, which jax 0.10
-  shares between jit objects of the same function (so between the wrappers of one
-  function here).
-  """
-  # Slots: ``functools.update_wrapper`` copies the wrapped function's ``__dict__`` into
-  # ours, and that function may itself be a PmapFunction (nested pmaps).
-  __slots__ = ("_jitted", "_cache_miss", "_strict", "_direct", "__dict__", "__weakref__")
+  __slots__ = ("_jit_miss", "_cache_miss", "_strict", "_direct")
 
   def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]], strict: bool):
-    self._jitted = jitted
+    self._jit_miss = jax_line.jit_cache_miss(jitted)
     self._cache_miss = cache_miss
     self._strict = strict  # strict replication: every call needs our Python
     # Decided at the first call: pmap may be applied before jax.distributed.initialize,
@@ -76,21 +78,44 @@ class PmapFunction:
     direct = self._direct
     if direct is None:
       direct = self._direct = not self._strict and not multihost.is_multiprocess()
-    if (direct and _state.frame is None and _trace_ctx.trace is _eval_trace
-        and not (_debug_nans.value or _debug_infs.value)):
+    if direct and _state.frame is None and _trace_ctx.trace is _eval_trace:
       try:
-        return self._jitted(*args, **kwargs)
+        return self._jit_miss(*args, **kwargs)
       except (ValueError, TypeError) as err:
         if not _for_the_slow_path(err):
           raise  # e.g. the user's own error while tracing: not run a second time
-    return self._cache_miss(*args, **kwargs)[0]
+    return jax_line.served_by_python(self._cache_miss(*args, **kwargs)[0])
+
+
+class PmapFunction:
+  """What ``pmap`` returns on jax 0.10: a C++ call cache, entered after one check.
+
+  ``_cache_size`` / ``_cache_clear()`` are those of that call cache, which the wrappers of
+  one function with one configuration share (as they share jit's traces).
+  """
+  # Slots: ``functools.update_wrapper`` copies the wrapped function's ``__dict__`` into
+  # ours, and that function may itself be a PmapFunction (nested pmaps).
+  __slots__ = ("_call", "_cache_miss", "__dict__", "__weakref__")
+
+  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]], strict: bool,
+               static_argnums: tuple[int, ...]):
+    self._cache_miss = cache_miss
+    staged = jax_line.jitted_function(jitted)
+    self._call = jax_line.jit_call_cache(
+        getattr(staged, "__name__", "pmap"), staged, _Miss(jitted, cache_miss, strict),
+        static_argnums)
+
+  def __call__(self, *args, **kwargs):
+    if _debug_nans.value or _debug_infs.value:
+      return self._cache_miss(*args, **kwargs)[0]
+    return self._call(*args, **kwargs)
 
   @property
   def _cache_size(self) -> int:
-    return self._jitted._cache_size()
+    return self._call._cache_size()
 
   def _cache_clear(self) -> None:
-    self._jitted._clear_cache()
+    self._call._clear_cache()
 
 
 def run(jitted: Callable, args: tuple, kwargs: dict, plan: inputs.Plan) -> tuple[Any, None]:

@@ -179,7 +179,8 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
     pmapped = fastpath.make_dispatcher(fun, checked_cache_miss, cfg.static)
   else:
     pmapped = jit_dispatch.PmapFunction(entry.top.jitted, checked_cache_miss,
-                                        strict=cfg.strict_replication)
+                                        strict=cfg.strict_replication,
+                                        static_argnums=cfg.static)
   functools.update_wrapper(pmapped, fun)
   pmapped.lower = _ahead_of_time(entry, fun, "lower")
   pmapped.trace = _ahead_of_time(entry, fun, "trace")
