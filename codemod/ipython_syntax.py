@@ -11,6 +11,7 @@ the Python parser and put it back verbatim.
 """
 from __future__ import annotations
 
+import functools
 import io
 import re
 import tokenize
@@ -44,10 +45,16 @@ def cell_magic(lines: list[str]) -> tuple[int, str] | None:
   return first, lines[first][2:].strip().partition(" ")[0]
 
 
+_LINE_ESCAPES = tuple(",;/")  # escapes that are not among % ! ?
+
+
 def magics(lines: list[str]) -> list[Magic]:
   """The spans of IPython syntax in a cell's lines (each ending in ``\\n``), by IPython's
   transformer when it is installed, else by ``own_magics``. A cell magic whose body is
   not Python is one span for the whole cell."""
+  if not any(c in line for line in lines for c in "%!?") and not any(
+      line.lstrip().startswith(_LINE_ESCAPES) for line in lines):
+    return []  # the usual cell: nothing IPython could read as its own (tokenizing is slow)
   find = _ipython_finder() or own_magics
   magic = cell_magic(lines)
   if magic is None:
@@ -69,6 +76,7 @@ def masked(lines: list[str], magic: Magic, value: str, comment: str = "#") -> li
 
 # ----- IPython's own transformer -----
 
+@functools.cache  # a failed import is not retried for every cell
 def _ipython_finder() -> Callable[[list[str]], list[Magic]] | None:
   try:
     from IPython.core import inputtransformer2  # pylint: disable=import-outside-toplevel

@@ -176,7 +176,7 @@ def _python_sources(notebook: Any) -> list[tuple[dict, str]]:
   else:
     found = "no 'cells'" if "cells" not in notebook else f"'cells' is {_kind(notebook['cells'])}"
     raise ValueError(f"{found}, expected an array of cells (or nbformat 3 'worksheets')")
-  python = _language(notebook) in ("python", None)
+  python = _is_python(_language(notebook))
   sources = []
   for where, cell in cells:
     if not isinstance(cell, dict):
@@ -190,9 +190,15 @@ def _python_sources(notebook: Any) -> list[tuple[dict, str]]:
             or isinstance(source, list) and all(isinstance(s, str) for s in source)):
       found = f"no '{key}'" if key not in cell else f"'{key}' is {_kind(source)}"
       raise ValueError(f"{where}: {found}, expected a string or an array of strings")
-    if python and cell.get("language", "python") == "python":
+    if python and _is_python(cell.get("language")):
       sources.append((cell, key))
   return sources
+
+
+def _is_python(language: Any) -> bool:
+  """Whether a kernel or cell language (None: not stated) is Python's."""
+  return language is None or isinstance(language, str) and language.lower().startswith(
+      ("python", "ipython"))
 
 
 def _language(notebook: dict) -> str | None:
@@ -203,7 +209,7 @@ def _language(notebook: dict) -> str | None:
   for section, key in (("language_info", "name"), ("kernelspec", "language")):
     value = metadata.get(section)
     if isinstance(value, dict) and isinstance(value.get(key), str):
-      return value[key].lower()
+      return value[key]
   return None
 
 
@@ -275,7 +281,7 @@ def write_notebook(code: CellCode, new_source: str, raw: bytes) -> bytes | None:
 
 # ----- MyST / jupytext markdown -----
 
-_MYST_OPEN = re.compile(r"^(`{3,}|~{3,})\{code-cell\}")
+_MYST_OPEN = re.compile(r"^(`{3,}|~{3,})\{code-cell\}[ \t]*([^\s`~]*)")  # fence, kernel
 _JUPYTEXT_OPEN = re.compile(r"^(`{3,})(?:python|ipython3?)\s*$")
 
 
@@ -301,7 +307,8 @@ def read_markdown(text: str) -> CellCode | None:
     while myst and start < len(lines) and lines[start].startswith(":"):  # :tag: options
       start += 1
     end = next((k for k in range(start, len(lines)) if lines[k].rstrip() == fence), len(lines))
-    spans.append((start, end))
+    if not myst or _is_python(match.group(2) or None):  # not another kernel's cell
+      spans.append((start, end))
     i = end + 1
   return _cell_code(["".join(lines[a:b]) for a, b in spans], lines=lines, spans=spans,
                     first_lines=[a for a, _ in spans])

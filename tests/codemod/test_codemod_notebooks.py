@@ -352,3 +352,11 @@ def test_markdown_notebook_keeps_line_endings_and_ipython_syntax(tmp_path):
   # The same findings as the cell's, at the markdown file's lines.
   assert [f.split(" ", 1)[1] for f in _findings(report, "page.md")] == [
       f.split(" ", 1)[1] for f in findings]
+
+
+def test_markdown_cells_of_another_kernel_are_left_alone(tmp_path):
+  julia = "```{code-cell} julia\npmap(x -> x^2, 1:10)\n```\n"
+  python = "```{code-cell} python3\nimport jax\n" + SITE + "```\n"
+  code, new, report = _convert(tmp_path / "md", "mixed.md", (julia + "\n" + python).encode())
+  assert code == 0 and "ERROR" not in report, report
+  assert new.decode().startswith(julia + "\n") and "jax.pmap" not in new.decode()
