@@ -171,7 +171,7 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
     return mapped, unmapped, flags
   in_specs = tuple(in_spec(d, name) for d in call.in_axes)
   # Tracing errors (e.g. a tracer used as a bool) name the user's function and arguments.
-  dbg = body_arguments.debug_info(fun, body, *call.rebuild(call.leaves), call.static)
+  dbg = body_arguments.debug_info(fun, *call.rebuild(call.leaves), call.static)
   mapped, unmapped, flags = shard_map(body, mesh=mesh, in_specs=in_specs,
                                       out_specs=(P(name), P(), P()), check_rep=False,
                                       debug_info=dbg)(*call.leaves)
@@ -224,9 +224,12 @@ def run_nested(cfg: PmapConfig, fun: Callable, frame: nesting.Frame, args: tuple
   call = match_args(cfg, fun, args, kwargs)
   name = axis_name_of(cfg, frame.depth, call.size)
   nesting.require_axis(frame, name, call.size)
+  # Traced in a frame of its own: tracing errors name the inner function's arguments.
+  dbg = body_arguments.debug_info(fun, *call.rebuild(call.leaves), call.static)
   return nesting.run_nested(name, call.leaves, call.in_axes,
-                            lambda picked: key_collectives.call_with_key_collectives(
-                                lambda xs: call_fun(fun, call, xs), picked),
+                            lambda picked: body_arguments.traced_as(
+                                dbg, lambda leaves: key_collectives.call_with_key_collectives(
+                                    lambda xs: call_fun(fun, call, xs), leaves), picked),
                             lambda out: out_axes_normalised(cfg, out))
 
 

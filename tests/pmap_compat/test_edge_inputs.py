@@ -73,6 +73,18 @@ def _under_jit(v):
   return _traced_bool(v)
 
 
+def _inner_second(a, b):
+  return _traced_bool(b)
+
+
+def _inner_keyword(a, *, scale):
+  return _traced_bool(scale)
+
+
+def _outer_passing_keyword(pm):
+  return lambda x, y: pm(_inner_keyword, "j")(x, scale=y)
+
+
 def arr(*shape):
   return np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) + 1
 
@@ -91,6 +103,13 @@ TRACING_ERRORS = {
     "varargs_and_kwargs_only": lambda pm: pm(_only_varargs)(ONES, w=ONES),
     "bound_method": lambda pm: pm(Model().apply)(ONES, ONES),
     "inside_a_user_jit": lambda pm: jax.jit(lambda a: pm(_under_jit)(a))(ONES),
+    "nested_inner_second": lambda pm: pm(lambda x, y: pm(_inner_second, "j")(x, y), "i")(
+        np.ones((2, 4)), np.ones((2, 4))),
+    "nested_inner_keyword": lambda pm: pm(_outer_passing_keyword(pm), "i")(
+        np.ones((2, 4)), np.ones((2, 4))),
+    "nested_inner_after_static": lambda pm: pm(
+        lambda x: pm(_after_static, "j", static_broadcasted_argnums=1)(x, 2, x), "i")(
+            np.ones((2, 4))),
 }
 
 

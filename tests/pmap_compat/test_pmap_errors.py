@@ -130,8 +130,6 @@ def test_tracing_error_text_is_legacys(case):
   same_message(lambda pm: pm(fun, **pmap_kwargs)(*args, **kwargs))
 
 
-@pytest.mark.xfail(strict=True, reason="an inner pmap is traced inline in the outer body, so "
-                   "the error names the outer function and its argument")
 def test_tracing_error_text_in_a_nested_pmap_is_legacys():
   inner = lambda v: _traced_bool(v)
   same_message(lambda pm: pm(lambda x: pm(inner, "j")(x), "i")(np.ones((2, 4))))
