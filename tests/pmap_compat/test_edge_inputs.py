@@ -13,6 +13,7 @@ import pytest
 from legacy_messages import same_message
 from pmap_compat import pmap
 from support.compare import compare_with_legacy
+from support.jax_lines import on_legacy_line
 
 
 # The functions of the tracing-error cases come first: legacy's messages name their source
@@ -85,6 +86,14 @@ def _outer_passing_keyword(pm):
   return lambda x, y: pm(_inner_keyword, "j")(x, scale=y)
 
 
+def _float_of_second(x, y):
+  return x * float(y)
+
+
+def _index_with_second(x, y):
+  return x * [1, 2][y.astype(int)]
+
+
 def arr(*shape):
   return np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) + 1
 
@@ -103,6 +112,8 @@ TRACING_ERRORS = {
     "varargs_and_kwargs_only": lambda pm: pm(_only_varargs)(ONES, w=ONES),
     "bound_method": lambda pm: pm(Model().apply)(ONES, ONES),
     "inside_a_user_jit": lambda pm: jax.jit(lambda a: pm(_under_jit)(a))(ONES),
+    "concretization": lambda pm: pm(_float_of_second)(ONES, ONES),
+    "integer_conversion": lambda pm: pm(_index_with_second)(ONES, ONES),
     "nested_inner_second": lambda pm: pm(lambda x, y: pm(_inner_second, "j")(x, y), "i")(
         np.ones((2, 4)), np.ones((2, 4))),
     "nested_inner_keyword": lambda pm: pm(_outer_passing_keyword(pm), "i")(
@@ -180,6 +191,19 @@ def test_repeated_static_argnums_with_in_axes_tuple():
   compare_with_legacy(_static_program((2, 1, 2), in_axes=(0, None, None)), pmap)
 
 
+def test_negative_static_position_maps_the_argument():
+  """A deliberate difference: legacy's Python maps an argument at a negative static
+  position, but its C++ cache hashes it first (an array: "Non-hashable static
+  arguments"). Ours maps it without hashing: legacy's result without the negative entry."""
+  def program(pm):
+    static = -1 if pm is pmap else ()
+    return pm(lambda x, y: x * y, static_broadcasted_argnums=static)(arr(8, 2), arr(8, 2))
+  compare_with_legacy(program, pmap)
+  if on_legacy_line():
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+      jax.pmap(lambda x, y: x * y, static_broadcasted_argnums=-1)(arr(8, 2), arr(8, 2))
+
+
 def test_repeated_static_argnums_missing_argument_message():
   same_message(lambda pm: pm(lambda x, n: x, static_broadcasted_argnums=(1, 1))(arr(8)))
 
@@ -232,6 +256,12 @@ class _Unhashable:
 
 def test_unhashable_callable():
   same_message(lambda pm: pm(_Unhashable())(arr(8)))
+
+
+def test_unhashable_callable_raises_when_applied():
+  """A deliberate difference: legacy raises the same TypeError only at the first call."""
+  with pytest.raises(TypeError, match="unhashable type: '_Unhashable'"):
+    pmap(_Unhashable())
 
 
 OBJECTS = np.array([object()] * 8)
