@@ -82,6 +82,9 @@ def _ipython_finder() -> Callable[[list[str]], list[Magic]] | None:
     from IPython.core import inputtransformer2  # pylint: disable=import-outside-toplevel
   except ImportError:
     return None
+  needed = ("TransformerManager", "TokenTransformBase", "make_tokens_by_line")
+  if not all(hasattr(inputtransformer2, name) for name in needed):
+    return None  # an IPython whose transformer is laid out otherwise: our rules
   return lambda lines: ipython_magics(lines, inputtransformer2)
 
 

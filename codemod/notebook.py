@@ -36,7 +36,7 @@ class CellCode:
   magics: list[str]              # the IPython syntax masked in `source`, by number
   source: str                    # the joined, masked code, with \n line endings
   line_starts: list[int]         # first line of each code cell in `source` (1-based)
-  newline: str = "\n"            # the line ending most cells use
+  newline: str = "\n"            # the most common line ending in the cells
   cell_magics: list[tuple[str, bool] | None] = field(default_factory=list)  # (line, opaque)
   notebook: Any = None           # .ipynb: the parsed JSON
   sources: list[tuple[dict, str]] = field(default_factory=list)  # .ipynb: (cell, source key)
@@ -251,9 +251,9 @@ _NBFORMAT_LAYOUT = _Layout(" ", False, (",", ": "))
 def _json_layout(text: str, notebook: Any) -> _Layout:
   """The json.dumps layout that gives ``text`` (with \\n line endings, without its trailing
   newline) from ``notebook``; nbformat's own if none does."""
-  indent_match = re.search(r"\n([ \t]+)\S", text)
+  indent_match = re.search(r"\n([ \t]*)\S", text)  # "" for json.dumps(indent=0)
   indent = indent_match.group(1) if indent_match else None
-  separators = [(",", ": "), (", ", ": ")] if indent else [(", ", ": "), (",", ":")]
+  separators = [(",", ": "), (", ", ": ")] if indent is not None else [(", ", ": "), (",", ":")]
   for ensure_ascii in (False, True):
     for separator in separators:
       layout = _Layout(indent, ensure_ascii, separator)

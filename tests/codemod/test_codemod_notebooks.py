@@ -303,7 +303,7 @@ def test_crlf_cells_keep_their_line_endings(tmp_path):
 
 @pytest.mark.parametrize("layout", [
     {"indent": 1}, {"indent": 2, "ensure_ascii": False}, {"indent": "\t"},
-    {"indent": 4, "sort_keys": True}, {"separators": (",", ":")}, {},
+    {"indent": 4, "sort_keys": True}, {"separators": (",", ":")}, {}, {"indent": 0},
     {"indent": 2, "separators": (", ", ": ")}])
 @pytest.mark.parametrize("crlf,bom,trailing", [(False, False, "\n"), (True, True, "\r\n"),
                                                (False, False, "")])
