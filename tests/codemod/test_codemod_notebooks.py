@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -22,14 +23,14 @@ RECORDED = os.path.join(os.path.dirname(__file__), "recorded", "ipython_syntax.j
 SITE = "step = jax.pmap(lambda v: v * 2, axis_name='d')\n"
 
 
-def _convert(directory, name: str, data: bytes, *args) -> tuple[int, bytes, str]:
+def _convert(directory: pathlib.Path, name: str, data: bytes) -> tuple[int, bytes, str]:
   """Runs the command line with --in-place on one file; (exit code, the file's bytes,
   the report)."""
   directory.mkdir(parents=True, exist_ok=True)
   path = directory / name
   path.write_bytes(data)
   report = directory / "report.txt"
-  code = pmap_to_shmap.main(["--in-place", "--report", str(report), *map(str, args), str(path)])
+  code = pmap_to_shmap.main(["--in-place", "--report", str(report), str(path)])
   return code, path.read_bytes(), report.read_text()
 
 
@@ -52,14 +53,14 @@ def _lines(text: str) -> list[str]:
   return text.splitlines(keepends=True)
 
 
-def _as_py(tmp_path, code: str) -> tuple[str, list[str]]:
+def _as_py(tmp_path: pathlib.Path, code: str) -> tuple[str, list[str]]:
   """``code`` converted as a .py file: (its new text, its findings)."""
   status, new, report = _convert(tmp_path / "py", "cell.py", code.encode())
   assert status == 0, report
   return new.decode(), _findings(report, "cell.py")
 
 
-def _as_cell(tmp_path, code: str) -> tuple[str, list[str]]:
+def _as_cell(tmp_path: pathlib.Path, code: str) -> tuple[str, list[str]]:
   """``code`` converted as a one-cell notebook: (the cell's new text, its findings)."""
   nb = json.dumps(_notebook(_lines(code)), indent=1).encode()
   status, new, report = _convert(tmp_path / "nb", "cell.ipynb", nb)
@@ -113,13 +114,21 @@ def test_ipython_syntax_is_kept_verbatim_and_the_python_around_it_converted(tmp_
 
 def test_magics_inside_blocks_keep_the_block_parsable(tmp_path):
   # A masked magic must leave a statement behind: an `if` whose body is only a magic
-  # (or an assignment from one) still parses, and the pmap after it is converted.
-  cell = ("import jax\nif True:\n    %time 1\nelse:\n    out = !pwd\n"
-          "for i in range(2):\n    !echo $i\n" + SITE)
+  # (or an assignment from one) still parses, and the pmap after it is converted as in
+  # a .py file with plain statements in the magics' places.
+  stand_ins = {"    %time 1\n": "    pass\n", "    out = !pwd\n": "    out = None\n",
+               "    !echo $i\n": "    i += 0\n"}
+  magics = list(stand_ins)
+  cell = (f"import jax\nif True:\n{magics[0]}else:\n{magics[1]}for i in range(2):\n{magics[2]}"
+          + SITE)
   converted, findings = _as_cell(tmp_path, cell)
-  assert "jax.pmap" not in converted and "ERROR" not in "".join(findings)
-  assert converted.startswith("import jax\n") and cell[cell.index("if True"):].split(SITE)[0] \
-      in converted
+  plain = cell
+  for magic, stand_in in stand_ins.items():
+    assert converted.count(magic) == 1, magic
+    converted, plain = converted.replace(magic, stand_in), plain.replace(magic, stand_in)
+  expected, expected_findings = _as_py(tmp_path, plain)
+  assert converted == expected and findings == expected_findings
+  assert "jax.pmap" not in converted
 
 
 def test_cell_magics_are_recognised_only_on_the_first_line(tmp_path):
