@@ -163,6 +163,8 @@ CORPUS = [
     "%%writefile a.py\nimport jax\n", "x = 1 \\\n  ?\n", "print('a')?\n", "%%\n",
     "if x:\n  y = 1\n%time z\n", "x = '''\n''' ; !ls\n", "(!ls)\n", "a: int = !ls\n",
     "a += !ls\n", "a, b = %time 1, 2\n", "lambda x=!ls: x\n", "%time \\\n  f()\n",
+    'x = f"{a=}"\n', 'f"{a}?"\n', 'f"""\n!x\n%y\n"""\n', 'a = f"{b!r}" ; c?\n',
+    'x = f"{a}" \\\n  % 3\n', 'f"{a:{b}}?"\n', 'y = f"{1:%}"\n',
 ]
 
 
