@@ -15,6 +15,7 @@ require_supported_jax()
 
 from shard_map_impl.primitive import shard_map_p, register_trace_rule  # noqa: E402
 from shard_map_impl.api import shard_map  # noqa: E402
+from shard_map_impl.smap import smap  # noqa: E402
 
 # Rule modules register themselves on import (order does not matter).
 for _name in ("staging", "lowering", "eager", "replication", "checker_rules",
@@ -22,4 +23,4 @@ for _name in ("staging", "lowering", "eager", "replication", "checker_rules",
               "dce", "rewrite_rules", "discharge"):
   _importlib.import_module(f"shard_map_impl.{_name}")
 
-__all__ = ["shard_map", "shard_map_p", "register_trace_rule"]
+__all__ = ["shard_map", "smap", "shard_map_p", "register_trace_rule"]

@@ -80,7 +80,8 @@ _UNSET: Any = object()
 _LEGACY_POSITIONAL = ("mesh", "in_specs", "out_specs", "check_rep", "auto")
 
 
-def _infers(in_specs: Any) -> bool:
+def infers(in_specs: Any) -> bool:
+  """Whether ``in_specs`` asks for inference from the arguments (``Infer``)."""
   return in_specs is Infer or in_specs is INFER_SENTINEL
 
 
@@ -188,7 +189,7 @@ class _Request:
     else:
       auto = errors.checked_arguments(f, mesh, frozenset(self.auto or ()))
     manual = errors.manual_names(mesh, auto, self.axis_names)
-    if _infers(self.in_specs):
+    if infers(self.in_specs):
       errors.check_inferable(mesh, manual)
     else:
       _validate_specs("in", mesh, self.in_specs, auto, manual)
@@ -224,8 +225,9 @@ def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callab
         f"shard_map debug_info names {len(debug_info.arg_names)} arguments "
         f"{debug_info.arg_names} but the call passes {len(args_flat)} flattened arguments; "
         "build it from this call's arguments.")
-  if _infers(in_specs):
+  if infers(in_specs):
     specs_flat = [inferred_spec(mesh, auto, x) for x in args_flat]
+    errors.check_partial_sum_specs("in", mesh, errors.manual_names(mesh, auto), specs_flat)
     in_specs = tree_unflatten(in_tree, specs_flat)
   else:
     try:
@@ -242,6 +244,7 @@ def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callab
   fun, dyn_args = api_util.argnums_partial(fun, tuple(dyn), args_flat, False)
   fun = debug_names.with_result_paths(fun, out_tree)
   _check_args(f, mesh, in_tree, in_specs, dyn, dyn_specs, dyn_args)
+  errors.check_inputs_match_specs(mesh, errors.manual_names(mesh, auto), dyn_specs, dyn_args)
   in_names = tuple(canonicalize_spec(s) for s in dyn_specs)
   out_names = _OutNames(mesh, out_specs, out_tree, auto)
 

@@ -21,12 +21,12 @@ from jax._src import source_info_util
 from jax._src.interpreters import batching
 from jax.sharding import PartitionSpec
 
-from shard_map_impl.jax_line import (explicit_vmap_axes, ragged_batch_dims,
+from shard_map_impl.jax_line import (explicit_vmap_axes, ragged_batch_dims, spec_entries,
                                      without_explicit_mesh_axes)
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
 from shard_map_impl.specs import (AnyMesh, AxisNames, OutNamesThunk, canonicalize_spec,
-                                  names_to_pspec, spec_axes)
+                                  names_to_pspec, partial_sums, spec_axes, with_partial_sums)
 
 
 def batched_names(names: AxisNames, dim, spmd_axes: Any) -> AxisNames:
@@ -37,10 +37,10 @@ def batched_names(names: AxisNames, dim, spmd_axes: Any) -> AxisNames:
   """
   if dim is None:
     return names
-  parts = list(names_to_pspec(names))
+  parts = list(spec_entries(names_to_pspec(names)))
   parts += [None] * (dim - len(parts))
   parts.insert(dim, tuple(spmd_axes) if spmd_axes is not None else None)
-  return canonicalize_spec(PartitionSpec(*parts))
+  return with_partial_sums(canonicalize_spec(PartitionSpec(*parts)), partial_sums(names))
 
 
 def _reject_vmapped_axes_in(kind: str, all_names: Sequence[AxisNames], spmd_axes: Any,

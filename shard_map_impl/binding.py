@@ -14,10 +14,11 @@ from typing import Any
 from jax._src import core
 from jax._src import linear_util as lu
 
-from shard_map_impl.jax_line import varying_axes_typed, vma_of
+from shard_map_impl.jax_line import (cast_to_unreduced, implicit_casts, partial_sums_of,
+                                     varying_axes_typed, vma_of)
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.rewrite import efficient_transpose_rewrite
-from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, spec_axes
+from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, partial_sums, spec_axes
 
 
 def _pvary_outputs_to_specs(fun: lu.WrappedFun,
@@ -25,10 +26,15 @@ def _pvary_outputs_to_specs(fun: lu.WrappedFun,
   @lu.transformation2
   def mark(f: Callable, *args: Any):
     outs = f(*args)
+    if not implicit_casts():
+      return outs
     marked = []
     for x, names in zip(outs, out_names(), strict=True):
       missing = tuple(sorted(spec_axes(names) - vma_of(core.typeof(x)), key=str))
-      marked.append(core.pvary(x, missing) if missing else x)
+      x = core.pvary(x, missing) if missing else x
+      # out_specs declaring a partial sum turn a varying value into one.
+      unreduced = partial_sums(names)[0] - partial_sums_of(core.typeof(x))[0]
+      marked.append(cast_to_unreduced(x, tuple(unreduced)) if unreduced else x)
     return marked
   return mark(fun)
 

@@ -35,15 +35,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import (EAGER_INLINES_CALLS, EAGER_PARTIAL_AUTO, check_flag_value, debug_print_p,
-                                     eager_default_mesh,
-                                     get_aval, jax_eager_trace_type, trace_to_jaxpr, vma_of,
-                                     with_vma)
+from shard_map_impl.jax_line import (EAGER_INLINES_CALLS, EAGER_PARTIAL_AUTO, check_flag_value,
+                                     debug_print_p, eager_default_mesh, get_aval,
+                                     jax_eager_trace_type, partial_sums_of, trace_to_jaxpr,
+                                     with_manual_type, with_spec_partial_sums)
 from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
-from shard_map_impl.specs import (AnyMesh, AxisNames, OutNamesThunk, canonicalize_spec,
-                                  names_to_pspec)
+from shard_map_impl.specs import (NO_SUMS, AnyMesh, AxisNames, OutNamesThunk, canonicalize_spec,
+                                  names_to_pspec, partial_sums)
 from shard_map_impl.staging import output_rank_failures
 
 
@@ -91,6 +91,8 @@ def _converter(kind: str, mesh: AnyMesh, auto: frozenset, spec: PartitionSpec,
     convert = _flat_program(_stack_block, mesh, auto, (spec,), (stacked,), check)
     return jax.jit(lambda x: convert(x)[0])
   convert = _flat_program(_unstack_block, mesh, auto, (stacked,), (spec,), check)
+  if auto:  # as JAX: the compiler places a partially manual result
+    return jax.jit(lambda x: convert(x)[0])
   return jax.jit(lambda x: convert(x)[0], out_shardings=NamedSharding(mesh, spec))
 
 
@@ -171,23 +173,27 @@ class EagerTracer(core.Tracer):
   varies along (``trace.stack_axes(rep)``): with varying-axes types on that
   is just its vma, otherwise every manual axis.
   """
-  __slots__ = ("stacked", "rep")
+  __slots__ = ("stacked", "rep", "sums")
   _trace: EagerTrace
 
-  def __init__(self, trace: EagerTrace, rep: frozenset | None, stacked: Any):
+  def __init__(self, trace: EagerTrace, rep: frozenset | None, stacked: Any,
+               sums: tuple[frozenset, frozenset] = NO_SUMS):
     self._trace = trace
     self.rep = rep
     self.stacked = stacked
+    self.sums = sums  # (unreduced, reduced) axes: part of the type and the stacked sharding
 
   @property
   def aval(self):
     trace = self._trace
     glob = get_aval(self.stacked)
     local = core.mapped_aval(glob.shape[0], 0, glob)
-    vma = (replication.rep_to_vma(trace.mesh, trace.auto, self.rep)
-           if vma_enabled(trace.check) and check_flag_value() else frozenset())
-    return with_vma(local, vma, sharding=NamedSharding(manual_mesh(trace.mesh, trace.auto),
-                                                       PartitionSpec(*[None] * local.ndim)))
+    typed = vma_enabled(trace.check) and check_flag_value()
+    vma = (replication.rep_to_vma(trace.mesh, trace.auto, self.rep) - frozenset().union(*self.sums)
+           if typed else frozenset())
+    return with_manual_type(local, vma, self.sums if typed else NO_SUMS,
+                            sharding=NamedSharding(manual_mesh(trace.mesh, trace.auto),
+                                                   PartitionSpec(*[None] * local.ndim)))
 
   def to_concrete_value(self):
     if self.rep is not None and self.rep >= frozenset(self._trace.mesh.axis_names):
@@ -204,7 +210,7 @@ class EagerTracer(core.Tracer):
     lines = []
     for coords, dev in np.ndenumerate(mesh.devices):
       at = dict(zip(mesh.axis_names, coords, strict=True))
-      block = blocks[_block_index(trace, self.rep, at)]
+      block = blocks[_block_index(trace, self.rep, self.sums, at)]
       lines.append(f"On {dev} at mesh coordinates {names} = {coords}:\n{block}\n")
     return "\n".join(lines)
 
@@ -221,22 +227,27 @@ class EagerTrace(core.Trace):
     self.typed = vma_enabled(check)  # fixed at entry, like JAX
     self.inner_check = self.typed
 
-  def stack_axes(self, rep: frozenset | None) -> tuple:
+  def stack_axes(self, rep: frozenset | None, sums: tuple[frozenset, frozenset] = NO_SUMS
+                 ) -> tuple:
     manual = manual_axes_of(self.mesh, self.auto)
     if not self.typed:
       return manual
-    return tuple(a for a in manual if rep is None or a not in rep)
+    partial = frozenset().union(*sums)
+    return tuple(a for a in manual if (rep is None or a not in rep) and a not in partial)
 
-  def stack_spec(self, rep: frozenset | None) -> PartitionSpec:
-    return PartitionSpec(self.stack_axes(rep))
+  def stack_spec(self, rep: frozenset | None, sums: tuple[frozenset, frozenset] = NO_SUMS
+                 ) -> PartitionSpec:
+    """Sharding of a stacked value: blocks split over its varying axes; a partial
+    sum's axes stay unreduced/reduced (each device's block is its partial value)."""
+    return with_spec_partial_sums(PartitionSpec(self.stack_axes(rep, sums)), *sums)
 
   def constant_rep(self):
     return frozenset(self.mesh.axis_names) if self.typed else None
 
-  def lift(self, value: Any) -> tuple[Any, Any]:
-    """(stacked value, rep) for a tracer of ours or a constant."""
+  def lift(self, value: Any) -> tuple[Any, Any, tuple[frozenset, frozenset]]:
+    """(stacked value, rep, partial sums) for a tracer of ours or a constant."""
     if isinstance(value, EagerTracer) and value._trace is self:
-      return value.stacked, value.rep
+      return value.stacked, value.rep, value.sums
     if isinstance(value, core.Tracer):
       raise TypeError(f"shard_map body received a tracer from another "
                       f"transformation: {value}")
@@ -244,45 +255,47 @@ class EagerTrace(core.Trace):
     with _outside(self.context_mesh):
       stacked = _converter("stack", self.mesh, self.auto, PartitionSpec(),
                            self.stack_spec(rep), self.inner_check)(value)
-    return stacked, rep
+    return stacked, rep, NO_SUMS
 
   def stage_value(self, value: Any) -> EagerTracer:
     """A constant lifted into the body (0.10 asks traces for this directly)."""
-    stacked, rep = self.lift(value)
-    return EagerTracer(self, rep, stacked)
+    stacked, rep, sums = self.lift(value)
+    return EagerTracer(self, rep, stacked, sums)
 
   def _out_reps(self, prim: core.Primitive, tracers: Sequence[Any],
                 in_reps: Sequence[frozenset | None], params: dict[str, Any]):
+    """(reps, partial sums) of the outputs; sums are None where untyped."""
     if not self.check:
-      return _UNCHECKED
+      return _UNCHECKED, None
     if self.typed:
       avals, _ = prim.abstract_eval(*(core.typeof(t) for t in tracers), **params)
       avals = avals if prim.multiple_results else [avals]
-      return [replication.vma_to_rep(self.mesh, self.auto, vma_of(a)) for a in avals]
+      return typed_kinds(self, avals)
     rule = replication.rep_rules.get(prim)
     if rule is None:
       raise replication.missing_rule(prim)
-    return rule(self.mesh, *in_reps, **params)
+    return rule(self.mesh, *in_reps, **params), None
 
   def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params: dict[str, Any]):
-    pairs = [self.lift(t) for t in tracers]
-    stacked = [s for s, _ in pairs]
-    in_reps = [r for _, r in pairs]
-    reps = self._out_reps(prim, tracers, in_reps, params)
+    lifted = [self.lift(t) for t in tracers]
+    stacked = [s for s, _, _ in lifted]
+    in_reps = [r for _, r, _ in lifted]
+    reps, sums = self._out_reps(prim, tracers, in_reps, params)
     eager_rule = _eager_rules.get(prim)
     if eager_rule is not None:
       outs = eager_rule(self, stacked, in_reps, **params)
     else:
-      in_specs = tuple(self.stack_spec(r) for r in in_reps)
+      in_specs = tuple(self.stack_spec(r, s) for _, r, s in lifted)
       out_specs: list[PartitionSpec] | PartitionSpec
       if self.typed:  # blocks stacked over exactly the outputs' vma
-        out_specs = [self.stack_spec(r) for r in reps]
+        out_specs = [self.stack_spec(r, s) for r, s in zip(reps, sums, strict=True)]
       else:
         out_specs = self.stack_spec(None)
       outs = _apply(self, _PrimApplier(prim, params), stacked, in_specs, out_specs)
     if not self.typed:
       reps = _broadcast_reps(prim, reps, len(outs))
-    results = [EagerTracer(self, r, o) for r, o in zip(reps, outs, strict=True)]
+    results = [EagerTracer(self, r, o, s)
+               for r, o, s in zip(reps, outs, sums or [NO_SUMS] * len(outs), strict=True)]
     return results if prim.multiple_results else results[0]
 
   def process_custom_jvp_call(self, prim: core.Primitive, fun: lu.WrappedFun, jvp: lu.WrappedFun,
@@ -357,10 +370,11 @@ def _debug_print_eager(trace: EagerTrace, stacked: Sequence[Any], reps: Sequence
   return []
 
 
-def _block_index(trace: EagerTrace, rep: frozenset | None, at: dict) -> int:
+def _block_index(trace: EagerTrace, rep: frozenset | None, sums: tuple[frozenset, frozenset],
+                 at: dict) -> int:
   """Row-major position of a device's block among a value's varying axes."""
   flat = 0
-  for a in trace.stack_axes(rep):
+  for a in trace.stack_axes(rep, sums):
     flat = flat * trace.mesh.shape[a] + at[a]
   return flat
 
@@ -389,20 +403,27 @@ def _run_staged(trace: EagerTrace, staged: lu.WrappedFun, tracers: Sequence[Any]
   """Stage ``staged`` (a nested shard_map) once on per-device avals, then run it on
   every device's blocks like a primitive; replication follows from its types."""
   jaxpr, out_avals, consts = trace_to_jaxpr(staged, [core.typeof(t) for t in tracers])
-  pairs = [trace.lift(t) for t in tracers]
-  in_reps = [r for _, r in pairs]
+  lifted = [trace.lift(t) for t in tracers]
+  in_reps = [r for _, r, _ in lifted]
+  sums = [NO_SUMS] * len(out_avals)
   if not trace.check:
     reps: list[frozenset] = [frozenset()] * len(out_avals)
   elif trace.typed:
-    reps = [replication.vma_to_rep(trace.mesh, trace.auto, vma_of(a)) for a in out_avals]
+    reps, sums = typed_kinds(trace, out_avals)
   else:
     reps = replication.jaxpr_replication(trace.mesh, jaxpr, in_reps)
-  in_specs = tuple(trace.stack_spec(r) for r in in_reps)
-  out_specs = ([trace.stack_spec(r) for r in reps] if trace.typed
+  in_specs = tuple(trace.stack_spec(r, s) for _, r, s in lifted)
+  out_specs = ([trace.stack_spec(r, s) for r, s in zip(reps, sums, strict=True)] if trace.typed
                else trace.stack_spec(None))
   outs = _apply(trace, _JaxprApplier(core.ClosedJaxpr(jaxpr, consts)),
-                [s for s, _ in pairs], in_specs, out_specs)
-  return [EagerTracer(trace, r, o) for r, o in zip(reps, outs, strict=True)]
+                [s for s, _, _ in lifted], in_specs, out_specs)
+  return [EagerTracer(trace, r, o, s) for r, o, s in zip(reps, outs, sums, strict=True)]
+
+
+def typed_kinds(trace: EagerTrace, avals: Sequence[core.AbstractValue]) -> tuple[list, list]:
+  """(reps, partial sums) of typed per-device values: a partial sum is not replicated."""
+  return ([replication.aval_to_rep(trace.mesh, trace.auto, a) for a in avals],
+          [partial_sums_of(a) for a in avals])
 
 
 @register_trace_rule(EagerTrace)
@@ -478,25 +499,28 @@ def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Se
   context = get_abstract_mesh()
   etrace = EagerTrace(mesh, auto, check_rep, context)
   in_reps = [replication.in_names_to_rep(mesh, n) for n in in_names]
+  in_sums = [partial_sums(n) if etrace.typed else NO_SUMS for n in in_names]
   with _outside(context):
-    stacked = [_converter("stack", mesh, auto, names_to_pspec(n), etrace.stack_spec(r),
+    stacked = [_converter("stack", mesh, auto, names_to_pspec(n), etrace.stack_spec(r, u),
                           etrace.inner_check)(x)
-               for n, r, x in zip(in_names, in_reps, args, strict=True)]
-  tracers = [EagerTracer(etrace, r, s) for r, s in zip(in_reps, stacked, strict=True)]
+               for n, r, u, x in zip(in_names, in_reps, in_sums, args, strict=True)]
+  tracers = [EagerTracer(etrace, r, s, u)
+             for r, s, u in zip(in_reps, stacked, in_sums, strict=True)]
   with core.set_current_trace(etrace), body_context(mesh, auto, check_rep):
     outs = fun.call_wrapped(*tracers)
     out_pairs = [etrace.lift(o) for o in outs]
   out_names = tuple(out_names_thunk())
-  local_avals = [core.mapped_aval(s.shape[0], 0, get_aval(s)) for s, _ in out_pairs]
+  local_avals = [core.mapped_aval(s.shape[0], 0, get_aval(s)) for s, _, _ in out_pairs]
   fails = output_rank_failures(out_names, local_avals)
   if any(f is not None for f in fails):
     raise errors.OutputRankError(fails)
   if check_rep:
-    fails = [None if replication.rep_is_sufficient(mesh, auto, r, n) else r
-             for (_, r), n in zip(out_pairs, out_names, strict=True)]
+    fails = [None if replication.rep_is_sufficient(mesh, auto, r, n)
+             else errors.Unproven(r, frozenset().union(*u))
+             for (_, r, u), n in zip(out_pairs, out_names, strict=True)]
     if any(f is not None for f in fails):
       raise errors.OutputReplicationError(fails)
   with _outside(context):
-    return [_converter("unstack", mesh, auto, names_to_pspec(n), etrace.stack_spec(r),
+    return [_converter("unstack", mesh, auto, names_to_pspec(n), etrace.stack_spec(r, u),
                        etrace.inner_check)(s)
-            for n, (s, r) in zip(out_names, out_pairs, strict=True)]
+            for n, (s, r, u) in zip(out_names, out_pairs, strict=True)]

@@ -9,14 +9,15 @@ below with one entry per flat output (``None`` where that output is fine);
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 from collections.abc import Callable, Sequence
 
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import PyTreeDef, tree_leaves, tree_structure, tree_unflatten
 
-from shard_map_impl.jax_line import CHECK_ARG, WORDING_0_10, vmapped_mesh_axes
-from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, unmentioned_axes
+from shard_map_impl.jax_line import (CHECK_ARG, INPUTS_MUST_MATCH_EXPLICIT_SPECS, WORDING_0_10,
+                                     vmapped_mesh_axes, without_size_one_axes)
+from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, spec_axes, unmentioned_axes
 
 P_HINT = "where `P = jax.sharding.PartitionSpec`"
 
@@ -28,8 +29,16 @@ class OutputRankError(Exception):
     self.failures = list(failures)
 
 
+class Unproven(NamedTuple):
+  """An output's failed replication check: the axes it is known equal along, and
+  those it is a partial sum over (unreduced/reduced: neither equal nor varying)."""
+  rep: frozenset
+  partial: frozenset
+
+
 class OutputReplicationError(Exception):
-  """An output is not provably replicated over axes its out_specs omits."""
+  """An output is not provably replicated over axes its out_specs omits
+  (one ``Unproven`` per failing flat output)."""
   def __init__(self, failures: Sequence[Any]):
     super().__init__(failures)
     self.failures = list(failures)
@@ -154,8 +163,7 @@ def check_inferable(mesh: AnyMesh, manual: frozenset) -> None:
 def check_partial_sum_specs(kind: str, mesh: AnyMesh, manual: frozenset, specs: Any) -> None:
   """Unreduced/reduced spec axes: jax.shard_map's own errors, else ours.
 
-  jax.shard_map takes them only when fully manual over Explicit axes; where it
-  would accept them ours still refuses (partial-sum types are not staged).
+  jax.shard_map takes them only when fully manual over Explicit axes.
   """
   from jax._src.mesh import AxisType
   for spec in tree_leaves(specs):
@@ -174,9 +182,28 @@ def check_partial_sum_specs(kind: str, mesh: AnyMesh, manual: frozenset, specs: 
         raise ValueError(
             f"{label} in {kind}_specs {spec} can only be used when the mesh passed to "
             f"shard_map contains axis names all of type `Explicit`. Got mesh {mesh}")
-    raise NotImplementedError(
-        f"shard_map_impl.shard_map does not support unreduced/reduced axes in {kind}_specs "
-        f"(got {spec}); use jax.shard_map for partial-sum types.")
+
+
+def check_inputs_match_specs(mesh: AnyMesh, manual: frozenset, specs: Sequence[Any],
+                             args: Sequence[Any]) -> None:
+  """Fully manual over Explicit axes, jax.shard_map (0.10) reshards nothing: each
+  argument must already be sharded as its in_spec says."""
+  from jax._src import core
+  from jax._src.mesh import AxisType
+  every = frozenset(mesh.axis_names) - vmapped_mesh_axes()
+  if (not INPUTS_MUST_MATCH_EXPLICIT_SPECS or manual != every
+      or not all(mesh._name_to_type[a] == AxisType.Explicit for a in manual)):
+    return
+  for spec, x in zip(specs, args, strict=True):
+    aval = core.typeof(x)
+    want = without_size_one_axes(spec._normalized_spec_for_aval(aval.ndim), mesh)
+    if aval.sharding.spec != want:
+      raise ValueError(
+          f"in_specs passed to shard_map: {want} does not match the specs of the input: "
+          f"{aval.sharding.spec} for arg: {aval}. `in_specs` is an optional argument so you "
+          "can omit specifying it and shard_map will infer the in_specs from the arguments."
+          " If you want to reshard your inputs, you can use `jax.reshard` on the arguments "
+          "and then pass those args to shard_map.")
 
 
 def bad_spec_leaves(kind: str, mesh: AnyMesh | None, bad_type: list, bad_auto: list,
@@ -276,18 +303,23 @@ def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree: PyTreeD
   """Outputs whose inferred replication misses axes out_specs leave out."""
   name = _fun_name(f)
   lines = []
-  for spath, spec, _, rep in failing_entries(tree, specs, failures):
-    need = [a for a in unmentioned_axes(mesh, canonicalize_spec(spec)) if a not in auto]
+  for spath, spec, _, (rep, partial) in failing_entries(tree, specs, failures):
+    names = canonicalize_spec(spec)
+    unmentioned = unmentioned_axes(mesh, names)
+    need = [a for a in unmentioned if a not in auto]
     got = [a for a in mesh.axis_names if a in rep]
     missing = [a for a in need if a not in rep]
+    if WORDING_0_10:  # 0.10 picks its wording counting auto axes too
+      need = unmentioned
     if len(need) > 1 and WORDING_0_10:  # 0.10's wording: in varying axes
-      varying = [a for a in mesh.axis_names if a not in rep and a not in auto]
+      varying = [a for a in mesh.axis_names if a not in rep | auto | partial]
+      split = [a for a in mesh.axis_names if a in spec_axes(names) and a not in auto]
       lines.append(
           f"out_specs{keystr(spath)} is {spec} which implies that the "
           f"corresponding output value is only varying across mesh axes "
-          f"{{{','.join(map(str, [a for a in mesh.axis_names if a not in need and a not in auto]))}}} "
-          f"and not {{{','.join(map(str, missing))}}}, but it was inferred to be possibly "
-          f"varying over {{{','.join(map(str, varying))}}}")
+          f"{{{','.join(map(str, split))}}} "
+          f"and not {{{','.join(map(str, [a for a in need if a in varying]))}}}, but it was "
+          f"inferred to be possibly varying over {{{','.join(map(str, varying))}}}")
     elif len(need) > 1:
       lines.append(
           f"out_specs{keystr(spath)} is {spec} which implies that the "

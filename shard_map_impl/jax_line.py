@@ -58,6 +58,21 @@ custom_vjp_prims: tuple[core.Primitive, ...] = tuple(
 
 # The check flag's public name, as error messages spell it.
 CHECK_ARG = "check_vma" if NEW_LINE else "check_rep"
+# 0.10: a fully manual shard_map over Explicit axes takes inputs only as in_specs
+# shard them (0.6 reshards them).
+INPUTS_MUST_MATCH_EXPLICIT_SPECS = NEW_LINE
+
+
+def without_size_one_axes(spec: Any, mesh: Any) -> Any:
+  """``spec`` as 0.10 types it: size-1 mesh axes dropped where its config says so."""
+  if NEW_LINE and config.remove_size_one_mesh_axis_from_type.value:  # type: ignore[attr-defined, unused-ignore]
+    from jax._src.named_sharding import remove_size_one_mesh_axis  # type: ignore[attr-defined, unused-ignore]
+    return remove_size_one_mesh_axis(spec, mesh)
+  return spec
+
+
+# A residual replicated along every axis: spec P() on 0.10, {0: ()} on 0.6.
+RESIDUAL_SPEC_OMITS_UNSPLIT_DIM = NEW_LINE
 # Error messages in 0.10's vocabulary (manual / varying axes, `jax.shard_map`).
 WORDING_0_10 = NEW_LINE
 # 0.10 rejects spec entries naming axes outside the mesh up front.
@@ -74,8 +89,8 @@ IN_SPECS_NONE_MEANS_UNMAPPED = NEW_LINE
 BODY_RESULTS_BY_FLAT_INDEX = NEW_LINE
 # 0.10 rejects a mesh argument that differs from the context mesh (jax.set_mesh).
 CONTEXT_MESH_MUST_MATCH = NEW_LINE
-# jax.sharding.Infer (0.10): the in_specs default asking for inference.
-INFER_SENTINEL: Any = getattr(jax.sharding, "Infer", object())
+# JAX's Infer (0.10): the in_specs default asking for inference.
+INFER_SENTINEL: Any = getattr(_jax_shard_map, "Infer", object())
 
 # --- the replication / varying-manual-axes check flag ------------------------
 
@@ -83,6 +98,56 @@ def spec_entries(spec: Any) -> tuple:
   """A PartitionSpec's per-dimension entries (0.10 refuses ``*spec`` once it has
   unreduced/reduced axes; 0.6's has no ``partitions``)."""
   return spec.partitions if NEW_LINE else tuple(spec)
+
+
+# --- unreduced/reduced axes (0.10's partial-sum types; 0.6 has none) ----------
+
+NO_AXES: frozenset = frozenset()
+
+
+def spec_partial_sums(spec: Any) -> tuple[frozenset, frozenset]:
+  """A PartitionSpec's (unreduced, reduced) axes (always empty on 0.6)."""
+  return (frozenset(getattr(spec, "unreduced", NO_AXES)),
+          frozenset(getattr(spec, "reduced", NO_AXES)))
+
+
+def with_spec_partial_sums(spec: Any, unreduced: frozenset, reduced: frozenset) -> Any:
+  """``spec`` with its unreduced/reduced axes replaced (0.6 only takes none)."""
+  if spec_partial_sums(spec) == (unreduced, reduced):
+    return spec
+  assert NEW_LINE, "jax 0.6 PartitionSpecs have no unreduced/reduced axes"
+  return spec.update(unreduced=unreduced, reduced=reduced)
+
+
+def partial_sums_of(aval: Any) -> tuple[frozenset, frozenset]:
+  """A per-device value's (unreduced, reduced) manual axes (0.10's aval type)."""
+  mat = getattr(aval, "mat", None)
+  if mat is None:
+    return NO_AXES, NO_AXES
+  return frozenset(mat.unreduced), frozenset(mat.reduced)
+
+
+def cast_to_unreduced(x: Any, axes: tuple) -> Any:
+  """Mark ``x`` (varying over ``axes``) as an unreduced partial sum over them."""
+  from jax._src.lax import parallel as lax_parallel
+  return lax_parallel.vary_unreduced_cast(x, axes)  # type: ignore[attr-defined, unused-ignore]  # other JAX line
+
+
+def implicit_casts() -> bool:
+  """Whether shard_map casts outputs to what out_specs declare (0.10's jax_auto_pcast)."""
+  return config.auto_pcast.value if NEW_LINE else True  # type: ignore[attr-defined, unused-ignore]
+
+
+def cotangent_aval(aval: Any) -> Any:
+  """The aval of a cotangent of a value typed ``aval`` (0.10 swaps its unreduced and
+  reduced axes: a reduced value's cotangent is an unreduced partial sum)."""
+  return aval.to_ct_aval() if NEW_LINE else aval.to_tangent_aval()
+
+
+def undefined_primal_aval(aval: Any) -> Any:
+  """What ``ad.UndefinedPrimal`` holds for an input typed ``aval`` (0.10: its cotangent's
+  type, which backward_pass checks the accumulated cotangent against)."""
+  return aval.to_ct_aval() if NEW_LINE else aval
 
 
 def check_flag(check: bool) -> contextlib.AbstractContextManager:
@@ -124,6 +189,19 @@ def with_vma(aval: core.ShapedArray, vma: frozenset, **updates: Any) -> core.Sha
     mat = aval.mat.update(varying=frozenset(vma))  # type: ignore[attr-defined]
     return aval.update(manual_axis_type=mat, **updates)
   return aval.update(vma=frozenset(vma), **updates)
+
+
+def with_manual_type(aval: core.ShapedArray, vma: frozenset,
+                     partial_sums: tuple[frozenset, frozenset], **updates: Any
+                     ) -> core.ShapedArray:
+  """``with_vma`` that also sets the (unreduced, reduced) axes (none on 0.6)."""
+  if not NEW_LINE:
+    assert not any(partial_sums), "jax 0.6 avals have no unreduced/reduced axes"
+    return with_vma(aval, vma, **updates)
+  unreduced, reduced = partial_sums
+  mat = core.ManualAxisType(varying=frozenset(vma), unreduced=unreduced,  # type: ignore[attr-defined, unused-ignore]  # other JAX line
+                            reduced=reduced)
+  return aval.update(manual_axis_type=mat, **updates)
 
 
 def call_shard_handler(handler: Callable, mesh: Any, auto: frozenset, check: bool,

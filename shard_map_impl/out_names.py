@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shard_map_impl.specs import AxisNames, OutNamesThunk
+from shard_map_impl.specs import AxisNames, OutNamesThunk, partial_sums
 
 
 class ConstThunk:
@@ -27,7 +27,7 @@ class ConstThunk:
     return self.value
 
   def _key(self):
-    return tuple(tuple(sorted(d.items())) for d in self.value)
+    return tuple((tuple(sorted(d.items())), partial_sums(d)) for d in self.value)
 
   def __hash__(self) -> int:
     return hash(self._key())

@@ -19,9 +19,12 @@ from jax._src import util
 from jax._src.mesh import AbstractMesh, AxisType, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shard_map_impl.jax_line import (SHARD_KEEPS_OUTER_VMA, call_shard_handler, call_unshard_handler, check_flag,
-                                     varying_axes_typed, vma_of, with_vma)
-from shard_map_impl.specs import AnyMesh, AxisNames, axis_tuple, names_to_pspec, spec_axes
+from shard_map_impl.jax_line import (SHARD_KEEPS_OUTER_VMA, call_shard_handler,
+                                     call_unshard_handler, check_flag, partial_sums_of, spec_entries,
+                                     spec_partial_sums, varying_axes_typed, vma_of,
+                                     with_manual_type, with_spec_partial_sums)
+from shard_map_impl.specs import (NO_SUMS, AnyMesh, AxisNames, axis_tuple, names_to_pspec,
+                                  partial_sums, spec_axes)
 
 def vma_enabled(check_rep: bool) -> bool:
   """Whether per-device avals carry varying-axes types for this shard_map."""
@@ -92,13 +95,35 @@ def shard_aval(mesh: AnyMesh, auto: frozenset, check_rep: bool, names: AxisNames
     if handler is None:
       raise NotImplementedError(f"shard_map: unsupported input type {aval}")
     return call_shard_handler(handler, mesh, auto, check_rep, names, names_to_pspec(names), aval)
+  sums = partial_sums(names)
+  if sums != spec_partial_sums(aval.sharding.spec):
+    raise partial_sums_mismatch("in", names, aval)
   shape = tuple(d // mapped_size(mesh, names.get(i, ()))
                 for i, d in enumerate(aval.shape))
-  sharding = NamedSharding(manual_mesh(mesh, auto), aval.sharding.spec)
+  body_mesh = manual_mesh(mesh, auto)
+  # A partial sum over manual axes is the body value's type, not its sharding.
+  sharding = NamedSharding(body_mesh, with_spec_partial_sums(
+      aval.sharding.spec, *(frozenset(a for a in axes if a not in body_mesh.manual_axes)
+                            for axes in sums)))
   vma = spec_axes(names) if vma_enabled(check_rep) else frozenset()
   if SHARD_KEEPS_OUTER_VMA:  # 0.10: still varying over an enclosing body's axes
     vma = vma | vma_of(aval)
-  return with_vma(aval, frozenset(vma), shape=shape, sharding=sharding)
+  return with_manual_type(aval, frozenset(vma), sums if vma_enabled(check_rep) else NO_SUMS,
+                          shape=shape, sharding=sharding)
+
+
+def partial_sums_mismatch(kind: str, names: AxisNames, aval: core.ShapedArray) -> ValueError:
+  """A spec's unreduced/reduced axes differ from the value's (jax.shard_map's wording)."""
+  spec = names_to_pspec(names)
+  value = spec_partial_sums(aval.sharding.spec) if kind == "in" else partial_sums_of(aval)
+  label = "unreduced" if partial_sums(names)[0] != value[0] else "reduced"
+  if kind == "in":
+    return ValueError(
+        f"in_specs containing {label} {spec} passed to shard_map should be equal to the "
+        f"{label} present on the in_aval {aval.str_short(True)}")
+  return ValueError(
+      f"out_specs passed to shard_map should be equal to the {label} present on the "
+      f"out_aval. Got out_specs={spec} and out_aval={aval.str_short(True)}")
 
 
 def _merge_dim(outer, inner):
@@ -116,12 +141,17 @@ def unshard_aval(mesh: AnyMesh, check_rep: bool, names: AxisNames,
     if handler is None:
       raise NotImplementedError(f"shard_map: unsupported output type {aval}")
     return call_unshard_handler(handler, mesh, check_rep, names, names_to_pspec(names), aval)
+  sums = partial_sums(names)
+  if vma_enabled(check_rep) and sums != partial_sums_of(aval):
+    raise partial_sums_mismatch("out", names, aval)
   shape = tuple(d * mapped_size(mesh, names.get(i, ()))
                 for i, d in enumerate(aval.shape))
   outer = names_to_pspec(names)._normalized_spec_for_aval(aval.ndim)
   if aval.ndim:
     inner = aval.sharding.spec._normalized_spec_for_aval(aval.ndim)
-    spec = PartitionSpec(*(_merge_dim(o, i) for o, i in zip(outer, inner, strict=True)))
+    spec = with_spec_partial_sums(
+        PartitionSpec(*(_merge_dim(o, i) for o, i in zip(spec_entries(outer), spec_entries(inner),
+                                                          strict=True))), *sums)
   else:
     spec = outer
   context = get_abstract_mesh()
@@ -131,4 +161,6 @@ def unshard_aval(mesh: AnyMesh, check_rep: bool, names: AxisNames,
     vma = frozenset(a for a in vma_of(aval) if a in still_manual)
   else:
     vma = frozenset()
-  return with_vma(aval, vma, shape=shape, sharding=NamedSharding(out_mesh, spec))
+  # The partial sum is now the result's sharding (its spec), no longer its type.
+  return with_manual_type(aval, vma, NO_SUMS, shape=shape,
+                          sharding=NamedSharding(out_mesh, spec))

@@ -29,7 +29,7 @@ from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import eqn_params
 from shard_map_impl.jax_line import (custom_vjp_prims, jax_shard_map_p, jit_p, mesh_cast_prims,
-                                     prng, vma_of)
+                                     partial_sums_of, prng, vma_of)
 from shard_map_impl.per_device import manual_axes_of, vma_enabled
 from shard_map_impl.specs import (AnyMesh, AxisNames, axis_tuple, spec_axes,
                                  unmentioned_axes)
@@ -43,12 +43,19 @@ rep_rules: dict[core.Primitive, RepRule] = {}
 # --- conversions --------------------------------------------------------------
 
 def in_names_to_rep(mesh: AnyMesh, names: AxisNames) -> frozenset:
-  """An input is replicated along every mesh axis its spec does not split."""
-  return frozenset(mesh.axis_names) - spec_axes(names)
+  """An input is replicated along every mesh axis its spec does not mention."""
+  return frozenset(unmentioned_axes(mesh, names))
 
 
 def vma_to_rep(mesh: AnyMesh, auto: frozenset, vma: Iterable) -> frozenset:
   return frozenset(manual_axes_of(mesh, auto)) - frozenset(vma)
+
+
+def aval_to_rep(mesh: AnyMesh, auto: frozenset, aval: core.AbstractValue) -> frozenset:
+  """A typed value is replicated along manual axes it neither varies along nor
+  is a partial sum (unreduced/reduced) over."""
+  unreduced, reduced = partial_sums_of(aval)
+  return vma_to_rep(mesh, auto, vma_of(aval) | unreduced | reduced)
 
 
 def rep_to_vma(mesh: AnyMesh, auto: frozenset, rep: Rep) -> frozenset:
@@ -70,8 +77,7 @@ def output_replication(mesh: AnyMesh, auto: frozenset, check_rep: bool,
                        jaxpr: core.Jaxpr, in_names: Sequence[AxisNames]) -> list:
   """Reps of a (const-hoisted) body's outputs, in whichever mode is active."""
   if vma_enabled(check_rep):
-    return [vma_to_rep(mesh, auto, vma_of(v.aval))
-            for v in jaxpr.outvars]
+    return [aval_to_rep(mesh, auto, v.aval) for v in jaxpr.outvars]
   return jaxpr_replication(mesh, jaxpr, [in_names_to_rep(mesh, n) for n in in_names])
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from jax._src import core
 from jax._src.mesh import AbstractMesh, Mesh
 
-from shard_map_impl.jax_line import SPECS_NAME_MESH_AXES_ONLY, spec_entries
+from shard_map_impl.jax_line import (NO_AXES, SPECS_NAME_MESH_AXES_ONLY, spec_entries,
+                                     spec_partial_sums, with_spec_partial_sums)
 from jax.sharding import PartitionSpec
 from jax.tree_util import tree_leaves
 
@@ -45,7 +46,7 @@ def canonicalize_spec(spec: PartitionSpec | AxisNames) -> AxisNames:
   if not isinstance(spec, PartitionSpec):
     return spec  # already canonical
   names = _SpecNames()
-  for dim, entry in enumerate(spec):
+  for dim, entry in enumerate(spec_entries(spec)):
     if entry is None:
       continue
     names[dim] = axis_tuple(entry)
@@ -71,9 +72,35 @@ def spec_axes(names: AxisNames) -> frozenset:
   return frozenset(a for axes in names.values() for a in axes)
 
 
+# (unreduced, reduced) axes of a spec or value: none.
+NO_SUMS: tuple[frozenset, frozenset] = (NO_AXES, NO_AXES)
+
+
+def partial_sums(names: AxisNames) -> tuple[frozenset, frozenset]:
+  """The (unreduced, reduced) axes of the spec ``names`` was read from (0.10)."""
+  if isinstance(names, _SpecNames):
+    return spec_partial_sums(names.spec)
+  return NO_SUMS
+
+
+def with_partial_sums(names: AxisNames, sums: tuple[frozenset, frozenset]) -> AxisNames:
+  """``names`` describing a spec whose (unreduced, reduced) axes are ``sums``."""
+  if partial_sums(names) == sums:
+    return names
+  return canonicalize_spec(with_spec_partial_sums(names_to_pspec(names), *sums))
+
+
+def cotangent_names(names: AxisNames) -> AxisNames:
+  """The spec of a cotangent: unreduced and reduced axes swap places."""
+  unreduced, reduced = partial_sums(names)
+  return with_partial_sums(names, (reduced, unreduced))
+
+
 def unmentioned_axes(mesh: AnyMesh, names: AxisNames) -> list:
-  """Mesh axes (in mesh order) a spec does not mention, i.e. replicated ones."""
-  used = spec_axes(names)
+  """Mesh axes (in mesh order) a spec does not mention, i.e. replicated ones
+  (a partial sum's axes are mentioned: unreduced/reduced promise no replication)."""
+  unreduced, reduced = partial_sums(names)
+  used = spec_axes(names) | unreduced | reduced
   return [a for a in mesh.axis_names if a not in used]
 
 
@@ -120,7 +147,7 @@ def inferred_spec(mesh: AnyMesh, auto: frozenset, x: Any) -> PartitionSpec:
   del mesh
   spec = core.typeof(x).sharding.spec
   entries: list[Any] = []
-  for entry in spec:
+  for entry in spec_entries(spec):
     if entry is None:
       entries.append(None)
       continue
@@ -133,7 +160,7 @@ def inferred_spec(mesh: AnyMesh, auto: frozenset, x: Any) -> PartitionSpec:
       entries.append(tuple(names) or None)
     else:
       entries.append(names[0] if names else None)
-  return PartitionSpec(*entries)
+  return with_spec_partial_sums(PartitionSpec(*entries), *spec_partial_sums(spec))
 
 
 def rank_failures(specs_flat: Sequence[PartitionSpec], avals: Sequence) -> list:

@@ -24,9 +24,10 @@ from jax._src import core
 from jax._src import linear_util as lu
 from jax._src.mesh import get_abstract_mesh
 
-from shard_map_impl.jax_line import trace_to_jaxpr, varying_axes_typed, vma_of
+from shard_map_impl.jax_line import (RESIDUAL_SPEC_OMITS_UNSPLIT_DIM, partial_sums_of,
+                                     trace_to_jaxpr, varying_axes_typed, vma_of)
 from shard_map_impl.per_device import body_context, vma_enabled
-from shard_map_impl.specs import AnyMesh, AxisNames
+from shard_map_impl.specs import NO_SUMS, AnyMesh, AxisNames, with_partial_sums
 
 
 def newly_manual_axes(mesh: AnyMesh, auto: frozenset) -> tuple:
@@ -48,11 +49,17 @@ def newly_manual_axes(mesh: AnyMesh, auto: frozenset) -> tuple:
 
 def residual_names(mesh: AnyMesh, check_rep: bool, fresh_axes: tuple,
                    aval: core.AbstractValue) -> AxisNames:
-  """Spec of a non-forwarded residual with per-device type ``aval``."""
+  """Spec of a non-forwarded residual with per-device type ``aval`` (a partial sum
+  stays one: its unreduced/reduced axes are part of its spec)."""
+  sums = NO_SUMS
   if vma_enabled(check_rep):
     vma = vma_of(aval)
-    return {0: tuple(a for a in mesh.axis_names if a in vma)}
-  return {0: fresh_axes}
+    axes = tuple(a for a in mesh.axis_names if a in vma)
+    sums = partial_sums_of(aval)
+  else:
+    axes = fresh_axes
+  names: AxisNames = {0: axes} if axes or not RESIDUAL_SPEC_OMITS_UNSPLIT_DIM else {}
+  return with_partial_sums(names, sums)
 
 
 def is_scalar(aval: core.AbstractValue) -> bool:

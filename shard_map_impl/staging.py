@@ -18,7 +18,8 @@ from jax._src.interpreters import partial_eval as pe
 
 from shard_map_impl import debug_names, eqn_params, errors
 from shard_map_impl.device_witness import WITNESS_PARAM
-from shard_map_impl.jax_line import body_effects, check_flag, emit_eqn, to_jaxpr_tracer, trace_to_jaxpr
+from shard_map_impl.jax_line import (body_effects, check_flag, emit_eqn, partial_sums_of,
+                                     to_jaxpr_tracer, trace_to_jaxpr)
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval, axis_env
 from shard_map_impl.primitive import register_trace_rule, shard_map_p
 from shard_map_impl import replication
@@ -59,8 +60,9 @@ def check_outputs(mesh: AnyMesh, auto: frozenset, check_rep: bool,
   if not check_rep:
     return
   reps = replication.output_replication(mesh, auto, check_rep, jaxpr, in_names)
-  fails = [None if replication.rep_is_sufficient(mesh, auto, r, n) else r
-           for r, n in zip(reps, out_names, strict=True)]
+  fails = [None if replication.rep_is_sufficient(mesh, auto, r, n)
+           else errors.Unproven(r, frozenset().union(*partial_sums_of(a)))
+           for r, n, a in zip(reps, out_names, out_avals, strict=True)]
   if any(f is not None for f in fails):
     raise errors.OutputReplicationError(fails)
 

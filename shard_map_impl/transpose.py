@@ -35,20 +35,22 @@ from jax._src.interpreters import partial_eval as pe
 from shard_map_impl import debug_names as dn
 from shard_map_impl import eqn_params
 from shard_map_impl.eqn_params import newly_manual
-from shard_map_impl.jax_line import BACKWARD_PASS_EVALUATES_NONLINEAR, name_derived_body
+from shard_map_impl.jax_line import (BACKWARD_PASS_EVALUATES_NONLINEAR, cotangent_aval,
+                                     name_derived_body, undefined_primal_aval)
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
-from shard_map_impl.specs import AnyMesh, AxisNames, spec_axes
+from shard_map_impl.specs import AnyMesh, AxisNames, cotangent_names, partial_sums, spec_axes
 
 
 def _replicated_axes(mesh: AnyMesh, names: AxisNames, auto: frozenset) -> tuple:
-  """Axes this shard_map makes manual that a spec leaves unmentioned (mesh order).
+  """Axes this shard_map makes manual that a cotangent's spec leaves unmentioned
+  (mesh order); an unreduced cotangent is not replicated along its unreduced axes.
 
   Auto axes, axes already manual outside and vmap-spmd axes are not counted.
   """
   spmd = set(core.get_axis_env().spmd_axis_names)
   manual = newly_manual(mesh, auto)
-  used = spec_axes(names) | spmd
+  used = spec_axes(names) | partial_sums(names)[0] | spmd
   return tuple(a for a in mesh.axis_names if a in manual and a not in used)
 
 
@@ -73,7 +75,7 @@ class _TransposeBody:
     n_ct = sum(self.ct_given)
     given_cts, res_args = args[:n_ct], args[n_ct:]
     given_iter = iter(given_cts)
-    cts = [next(given_iter) if g else ad.Zero(v.aval.to_tangent_aval())
+    cts = [next(given_iter) if g else ad.Zero(cotangent_aval(v.aval))
            for v, g in zip(self.jaxpr.outvars, self.ct_given, strict=True)]
     in_cts = self._linear_cotangents(res_args, cts)
     reduce_iter = iter(self.reduce_in)
@@ -89,7 +91,7 @@ class _TransposeBody:
   def _linear_cotangents(self, res_args: Sequence[Any], cts: Sequence[Any]) -> list:
     if BACKWARD_PASS_EVALUATES_NONLINEAR:
       res_iter = iter(res_args)
-      primals = [ad.UndefinedPrimal(v.aval) if lin else next(res_iter)
+      primals = [ad.UndefinedPrimal(undefined_primal_aval(v.aval)) if lin else next(res_iter)
                  for v, lin in zip(self.jaxpr.invars, self.linear, strict=True)]
       all_cts = ad.backward_pass(self.jaxpr, False, (), primals, cts)
       return [ct for ct, lin in zip(all_cts, self.linear, strict=True) if lin]
@@ -114,17 +116,20 @@ def transpose_rule(out_cts: Sequence[Any], *args: Any, **params: Any) -> list:
   check_rep, rewrite, auto = p.check, p.rewrite, p.auto
   linear = [ad.is_undefined_primal(x) for x in args]
   ct_given = [type(ct) is not ad.Zero for ct in out_cts]
+  # Cotangents travel under their primals' specs with partial sums swapped.
+  in_ct_names = tuple(map(cotangent_names, in_names))
+  out_ct_names = tuple(map(cotangent_names, out_names))
   given = []
-  for ct, names, g in zip(out_cts, out_names, ct_given, strict=True):
+  for ct, names, g in zip(out_cts, out_ct_names, ct_given, strict=True):
     if g:
       scale = 1 if rewrite else prod(mesh.shape[a] for a in _replicated_axes(mesh, names, auto))
       given.append(_divide_for_replication(ct, scale))
-  linear_names = [n for n, lin in zip(in_names, linear, strict=True) if lin]
+  linear_names = [n for n, lin in zip(in_ct_names, linear, strict=True) if lin]
   reduce_in = [() if rewrite else _replicated_axes(mesh, n, auto) for n in linear_names]
   body = _TransposeBody(jaxpr, linear, ct_given, reduce_in)
   res_args = [x for x, lin in zip(args, linear, strict=True) if not lin]
   res_names = [n for n, lin in zip(in_names, linear, strict=True) if not lin]
-  ct_names = [n for n, g in zip(out_names, ct_given, strict=True) if g]
+  ct_names = [n for n, g in zip(out_ct_names, ct_given, strict=True) if g]
 
   def out_names_thunk():
     return tuple(n for n, nz in zip(linear_names, body.nonzero_out, strict=True) if nz)

@@ -171,14 +171,6 @@ def test_out_specs_is_required():
     shard_map_impl.shard_map(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"))
 
 
-@pytest.mark.jax010_only(reason="PartitionSpec has unreduced axes from 0.10")
-def test_unreduced_specs_are_rejected_by_name():
-  mesh = _explicit_mesh()
-  with pytest.raises(NotImplementedError, match="out_specs"):
-    shard_map_impl.shard_map(lambda a: a, mesh=mesh, in_specs=P("x"),
-                             out_specs=P(None, unreduced={"y"}))
-
-
 def _nested_program(outer, inner):
   """Outer manual over x; inside, the context mesh's y made manual too."""
   def body(v):

@@ -1,7 +1,18 @@
 """Unreduced/reduced axes in specs (jax 0.10's partial-sum types), differentially
-against ``jax.shard_map`` on 0.10.2: where JAX rejects such specs (partially
-manual, or axes not Explicit) ours raises the same exception with the same
-message; where JAX accepts them ours refuses by name (not staged yet)."""
+against ``jax.shard_map`` on 0.10.2.
+
+Where JAX rejects such specs (partially manual, axes not Explicit, a spec that
+disagrees with its value) ours raises the same exception with the same message.
+Where JAX accepts them (fully manual over Explicit axes) each program is run by
+both under jit (Shardy and GSPMD) and eagerly, and everything observable must
+agree: values bit for bit, output avals and shardings, the printed jaxpr and
+the lowered StableHLO -- or, where JAX fails, the same error.  The programs are
+the ones JAX's own ``test_unreduced_*`` / ``test_reduced_*`` cases exercise:
+partial sums leaving a body and resharded outside, ``psum``/``psum_scatter`` of
+an unreduced input, reduced inputs differentiated (their cotangents are
+unreduced: the transpose swaps the two), nested jit, explicit ``pcast``s, and
+the transformations (jvp, linearize, vmap, remat, DCE).
+"""
 from __future__ import annotations
 
 import os
@@ -14,13 +25,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 import jax
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax._src import config, core
+from jax._src.interpreters import partial_eval as pe
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import shard_map_impl
+from differential import assert_same_observations, observe
 
 pytestmark = pytest.mark.jax010_only(reason="PartitionSpec has unreduced axes from 0.10")
 
+lax = jax.lax
 X = np.arange(32.0, dtype=np.float32).reshape(8, 4)
+W = np.arange(16.0, dtype=np.float32).reshape(4, 4) / 7
 
 
 def _mesh(*types: AxisType) -> jax.sharding.Mesh:
@@ -30,6 +46,8 @@ def _mesh(*types: AxisType) -> jax.sharding.Mesh:
 EXPLICIT = (AxisType.Explicit, AxisType.Explicit)
 AUTO = (AxisType.Auto, AxisType.Auto)
 MIXED = (AxisType.Explicit, AxisType.Auto)
+
+# --- where JAX rejects the specs ----------------------------------------------
 
 def _rejected() -> dict[str, tuple]:
   """(axis types, axis_names, in_specs, out_specs): each one JAX rejects.  Built per
@@ -78,12 +96,224 @@ def test_rejection_agrees_with_jax(case):
   assert str(got) == str(want)
 
 
-@pytest.mark.parametrize("kind", ["in", "out"])
-def test_accepted_by_jax_refused_by_name(kind):
-  """Fully manual over Explicit axes: JAX stages it; ours says it does not."""
+# --- where JAX accepts them: programs run by both -------------------------------
+
+Program = Callable[[Callable, jax.sharding.Mesh], tuple[Callable, tuple]]
+
+
+def _put(mesh: jax.sharding.Mesh, a: np.ndarray, spec: P) -> jax.Array:
+  return jax.device_put(a, NamedSharding(mesh, spec))
+
+
+def _partial_matmul(sm: Callable, mesh: jax.sharding.Mesh) -> Callable:
+  """x @ w contracted over the devices' x blocks: an unreduced partial sum over x."""
+  return sm(lambda a, b: a @ b, mesh=mesh, in_specs=(P(None, "x"), P("x", None)),
+            out_specs=P(unreduced={"x"}))
+
+
+def _matmul_args(mesh: jax.sharding.Mesh) -> tuple:
+  return _put(mesh, X, P(None, "x")), _put(mesh, W, P("x", None))
+
+
+def _reduced_weight_matmul(sm: Callable, mesh: jax.sharding.Mesh) -> Callable:
+  """Rows of x times a weight passed reduced over x (its cotangent is unreduced)."""
+  return sm(lambda w, x: x @ w, mesh=mesh, in_specs=(P(reduced={"x"}), P("x")),
+            out_specs=P("x"))
+
+
+def _local_sum(sm: Callable, mesh: jax.sharding.Mesh, body: Callable | None = None,
+               **kw: Any) -> Callable:
+  return sm(body or (lambda a: a.sum(0, keepdims=True)), mesh=mesh, in_specs=P("x", None),
+            out_specs=P(None, None, unreduced={"x"}), **kw)
+
+
+def _out_unreduced_resharded(sm, mesh):
+  f = _local_sum(sm, mesh)
+  return (lambda a: jax.reshard(f(a), P())), (_put(mesh, X, P("x", None)),)
+
+
+def _out_unreduced_returned(sm, mesh):
+  return _local_sum(sm, mesh), (_put(mesh, X, P("x", None)),)
+
+
+def _matmul_unreduced_resharded(sm, mesh):
+  f = _partial_matmul(sm, mesh)
+  return (lambda a, b: jax.reshard(f(a, b), P())), _matmul_args(mesh)
+
+
+def _psum_of_unreduced_input(sm, mesh):
+  f = _partial_matmul(sm, mesh)
+  g = sm(lambda c: lax.psum(c, "x"), mesh=mesh, in_specs=P(unreduced={"x"}), out_specs=P())
+  return (lambda a, b: g(f(a, b))), _matmul_args(mesh)
+
+
+def _psum_scatter_of_unreduced_input(sm, mesh):
+  f = _partial_matmul(sm, mesh)
+  g = sm(lambda c: lax.psum_scatter(c, "x", tiled=True), mesh=mesh,
+         in_specs=P(unreduced={"x"}), out_specs=P("x"))
+  return (lambda a, b: g(f(a, b))), _matmul_args(mesh)
+
+
+def _unreduced_input_inferred(sm, mesh):
+  f = _partial_matmul(sm, mesh)
+  g = sm(lambda c: lax.psum(c, "x"), mesh=mesh, out_specs=P())  # in_specs from c's type
+  return (lambda a, b: g(f(a, b))), _matmul_args(mesh)
+
+
+def _reduced_input(sm, mesh):
+  f = _reduced_weight_matmul(sm, mesh)
+  return (lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x)), (_put(mesh, W, P()),
+                                                                 _put(mesh, X, P("x")))
+
+
+def _grad_of_reduced_input(sm, mesh):
+  f = _reduced_weight_matmul(sm, mesh)
+  loss = lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x).sum()
+  return jax.grad(loss), (_put(mesh, W, P()), _put(mesh, X, P("x")))
+
+
+def _remat_grad_of_reduced_input(sm, mesh):
+  f = _reduced_weight_matmul(sm, mesh)
+  loss = jax.checkpoint(lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x).sum())
+  return jax.grad(loss), (_put(mesh, W, P()), _put(mesh, X, P("x")))
+
+
+def _grad_of_unreduced_output(sm, mesh):
+  f = _partial_matmul(sm, mesh)
+  return (jax.grad(lambda a, b: jax.reshard(f(a, b), P()).sum(), argnums=(0, 1)),
+          _matmul_args(mesh))
+
+
+def _grad_through_psum_of_unreduced(sm, mesh):
+  f = _partial_matmul(sm, mesh)
+  g = sm(lambda c: lax.psum(c, "x") * 2, mesh=mesh, in_specs=P(unreduced={"x"}),
+         out_specs=P())
+  return jax.grad(lambda a, b: g(f(a, b)).sum(), argnums=(0, 1)), _matmul_args(mesh)
+
+
+def _jvp_of_unreduced_output(sm, mesh):
+  f = _partial_matmul(sm, mesh)
+  h = lambda a, b: jax.reshard(f(a, b), P())
+  args = _matmul_args(mesh)
+  return (lambda a, b: jax.jvp(h, (a, b), (a, b))), args
+
+
+def _linearize_reduced_input(sm, mesh):
+  f = _reduced_weight_matmul(sm, mesh)
+  h = lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x)
+  def run(w, x):
+    out, lin = jax.linearize(h, w, x)
+    return out, lin(w, x)
+  return run, (_put(mesh, W, P()), _put(mesh, X, P("x")))
+
+
+def _nested_jit_body(sm, mesh):
+  f = _local_sum(sm, mesh, jax.jit(lambda a: a.sum(0, keepdims=True)))
+  return (lambda a: jax.reshard(f(a), P())), (_put(mesh, X, P("x", None)),)
+
+
+def _explicit_pcast_to_unreduced(sm, mesh):
+  f = _local_sum(sm, mesh, lambda a: lax.pcast(a.sum(0, keepdims=True), "x", to="unreduced"))
+  return (lambda a: jax.reshard(f(a), P())), (_put(mesh, X, P("x", None)),)
+
+
+def _reduced_output(sm, mesh):
+  f = sm(lambda w: lax.pcast(w, "x", to="reduced"), mesh=mesh, in_specs=P(),
+         out_specs=P(reduced={"x"}))
+  return (lambda w: jax.reshard(f(w), P())), (_put(mesh, W, P()),)
+
+
+def _unchecked_unreduced_output(sm, mesh):
+  f = _local_sum(sm, mesh, check_vma=False)
+  return (lambda a: jax.reshard(f(a), P())), (_put(mesh, X, P("x", None)),)
+
+
+def _vmap_of_unreduced_output(sm, mesh):
+  f = _local_sum(sm, mesh)
+  return (jax.vmap(lambda a: jax.reshard(f(a), P()), in_axes=2),
+          (_put(mesh, X.reshape(8, 2, 2), P("x", None)),))
+
+
+def _out_spec_without_the_partial_sum(sm, mesh):
+  f = sm(lambda a: lax.pcast(a.sum(0, keepdims=True), "x", to="unreduced"), mesh=mesh,
+         in_specs=P("x", None), out_specs=P(None, None))
+  return f, (_put(mesh, X, P("x", None)),)
+
+
+def _in_spec_not_the_inputs(sm, mesh):
+  f = sm(lambda a: a, mesh=mesh, in_specs=P(unreduced={"x"}), out_specs=P(unreduced={"x"}))
+  return f, (_put(mesh, X, P()),)
+
+
+def _in_spec_not_the_inputs_sharding(sm, mesh):
+  """Fully manual over Explicit axes nothing is resharded on the way in."""
+  f = sm(lambda a: a * 2, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+  return f, (_put(mesh, X, P()),)
+
+
+PROGRAMS: dict[str, Program] = {
+    "out_unreduced_resharded": _out_unreduced_resharded,
+    "out_unreduced_returned": _out_unreduced_returned,
+    "matmul_unreduced_resharded": _matmul_unreduced_resharded,
+    "psum_of_unreduced_input": _psum_of_unreduced_input,
+    "psum_scatter_of_unreduced_input": _psum_scatter_of_unreduced_input,
+    "unreduced_input_inferred": _unreduced_input_inferred,
+    "reduced_input": _reduced_input,
+    "grad_of_reduced_input": _grad_of_reduced_input,
+    "remat_grad_of_reduced_input": _remat_grad_of_reduced_input,
+    "grad_of_unreduced_output": _grad_of_unreduced_output,
+    "grad_through_psum_of_unreduced": _grad_through_psum_of_unreduced,
+    "jvp_of_unreduced_output": _jvp_of_unreduced_output,
+    "linearize_reduced_input": _linearize_reduced_input,
+    "nested_jit_body": _nested_jit_body,
+    "explicit_pcast_to_unreduced": _explicit_pcast_to_unreduced,
+    "reduced_output": _reduced_output,
+    "unchecked_unreduced_output": _unchecked_unreduced_output,
+    "vmap_of_unreduced_output": _vmap_of_unreduced_output,
+    "out_spec_without_the_partial_sum": _out_spec_without_the_partial_sum,
+    "in_spec_not_the_inputs": _in_spec_not_the_inputs,
+    "in_spec_not_the_inputs_sharding": _in_spec_not_the_inputs_sharding,
+}
+
+
+def _observe(name: str, sm: Callable, mode: str) -> dict[str, Any]:
   mesh = _mesh(*EXPLICIT)
-  in_specs, out_specs = ((P(None, reduced={"x"}), P()) if kind == "in"
-                         else (P("x"), P(None, unreduced={"y"})))
-  jax.shard_map(lambda a: a, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-  with pytest.raises(NotImplementedError, match=f"unreduced/reduced axes in {kind}_specs"):
-    shard_map_impl.shard_map(lambda a: a, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+  with config.use_shardy_partitioner(mode != "gspmd"), jax.set_mesh(mesh):
+    return observe(lambda: PROGRAMS[name](sm, mesh), jit=mode != "eager")
+
+
+@pytest.mark.parametrize("mode", ["shardy", "gspmd", "eager"])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_program_agrees_with_jax(name, mode):
+  want = _observe(name, jax.shard_map, mode)
+  got = _observe(name, shard_map_impl.shard_map, mode)
+  assert_same_observations(want, got, eager=mode == "eager")
+
+
+# Programs JAX refuses to trace (the differential test above compares the errors).
+REFUSED_BY_JAX = {"vmap_of_unreduced_output", "in_spec_not_the_inputs",
+                  "in_spec_not_the_inputs_sharding", "out_spec_without_the_partial_sum"}
+
+
+@pytest.mark.parametrize("name", [n for n in PROGRAMS if n not in REFUSED_BY_JAX])
+def test_staged_program_typechecks(name):
+  """core.check_jaxpr accepts our equations (partial sums in binders and specs)."""
+  mesh = _mesh(*EXPLICIT)
+  with jax.set_mesh(mesh):
+    fn, args = PROGRAMS[name](shard_map_impl.shard_map, mesh)
+    closed = jax.make_jaxpr(fn)(*args)
+    core.check_jaxpr(closed.jaxpr)
+
+
+def test_dce_keeps_the_partial_sum_specs():
+  """Dropping an unused output keeps the other outputs' unreduced specs (as JAX's DCE)."""
+  mesh = _mesh(*EXPLICIT)
+  texts = {}
+  for label, sm in (("jax", jax.shard_map), ("ours", shard_map_impl.shard_map)):
+    f = sm(lambda a, b: (a @ b, (a @ b) * 2), mesh=mesh, in_specs=(P(None, "x"), P("x", None)),
+           out_specs=(P(unreduced={"x"}), P(unreduced={"x"})))
+    with jax.set_mesh(mesh):
+      closed = jax.make_jaxpr(f)(*_matmul_args(mesh))
+    pruned, used_inputs = pe.dce_jaxpr(closed.jaxpr, [False, True])
+    texts[label] = (str(pruned), used_inputs)
+  assert texts["ours"] == texts["jax"]
