@@ -21,6 +21,8 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import partial_eval as pe
 from jax.tree_util import tree_structure, tree_unflatten
 
+from pmap_compat import errors
+
 
 def _leaves(*leaves: Any) -> None:
   """Stands for the body when its DebugInfo is built (not called)."""
@@ -45,5 +47,6 @@ def traced_as(dbg: core.DebugInfo, invoke: Callable[[list], Any], leaves: list) 
     return invoke(list(xs))
   wrapped, out_tree = api_util.flatten_fun_nokwargs(lu.wrap_init(flat, debug_info=dbg),
                                                     tree_structure(tuple(leaves)))
+  errors.check_jax_types(leaves)
   jaxpr, _, consts, *_ = pe.trace_to_jaxpr_dynamic(wrapped, [jax.typeof(x) for x in leaves])
   return tree_unflatten(out_tree(), core.eval_jaxpr(jaxpr, consts, *leaves))

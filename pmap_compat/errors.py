@@ -239,6 +239,14 @@ def not_a_jax_type(x: Any) -> TypeError:
   return TypeError(f"Argument '{x}' of type {type(x)} is not a valid JAX type.")
 
 
+def check_jax_types(leaves: Sequence[Any]) -> None:
+  """Legacy's error for the first argument leaf that is no JAX value (an object-dtype
+  array, a string); called once something else has refused the leaves."""
+  for x in leaves:
+    if not isinstance(x, core.Tracer) and not core.valid_jaxtype(x):
+      raise not_a_jax_type(x)
+
+
 _X64_HINT = ("Perhaps you are calling the compiled executable with a different enable_x64 "
              "mode than when it was AOT compiled? ")
 

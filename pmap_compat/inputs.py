@@ -128,8 +128,7 @@ def place(x: Any, target: Any) -> Any:
     try:
       return _upload(x, target)
     except Exception:  # pylint: disable=broad-except  # jax 0.6 raises a non-TypeError for str
-      if not core.valid_jaxtype(x):  # legacy's error names the argument (object dtype, str)
-        raise errors.not_a_jax_type(x) from None
+      errors.check_jax_types([x])  # legacy's error names the argument (object dtype, str)
       raise
   sharding = x.sharding
   if sharding == target and not isinstance(sharding, PmapSharding):

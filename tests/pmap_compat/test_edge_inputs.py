@@ -4,6 +4,7 @@ message); off jax 0.6.0 legacy's recorded outcome is the reference."""
 
 import collections
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -295,3 +296,26 @@ def test_jit_of_pmap_needing_too_many_devices_names_the_computation(program):
 def test_pmap_needing_too_many_devices():
   same_message(lambda pm: pm(needs_sixteen)(np.ones(16)))
   same_message(lambda pm: jax.grad(lambda x: pm(needs_sixteen)(x).sum())(np.ones(16)))
+
+
+# Invalid argument types met off the top-level path.
+
+def test_invalid_argument_of_a_nested_pmap_is_named():
+  same_message(lambda pm: pm(lambda a: pm(lambda x, s: x, in_axes=(0, None))(a, "abc"))(
+      np.ones((2, 4))))
+
+
+def _strict(pm):
+  return functools.partial(pm, check_replicated=True) if pm is pmap else pm
+
+
+@pytest.mark.xfail(strict=True, reason="the wrapper's slow path (under a trace, strict "
+                   "replication) does not yet turn jit's 'Error interpreting argument' into "
+                   "errors.check_jax_types on the call's leaves, legacy's wording")
+@pytest.mark.parametrize("program", [
+    lambda pm: jax.jit(lambda a: pm(lambda x, y: x)(a, OBJECTS))(ONES),
+    lambda pm: jax.grad(lambda a: pm(lambda x, y: x)(a, OBJECTS).sum())(ONES),
+    lambda pm: _strict(pm)(lambda x, y: x)(ONES, OBJECTS),
+], ids=["under_jit", "under_grad", "check_replicated"])
+def test_object_dtype_argument_off_the_top_level_path_is_named(program):
+  same_message(program)
