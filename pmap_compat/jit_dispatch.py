@@ -24,13 +24,17 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable
 
-from jax._src import config, core, dispatch
+import jax
+import numpy as np
+from jax._src import config, core, dispatch, dtypes
 from jax._src import tree_util
+from jax._src.array import ArrayImpl
+from jax.sharding import Mesh, NamedSharding
 
 from pmap_compat import arguments, errors, inputs, jax_line, meshes, multihost, nesting
 from pmap_compat.jax_line import DeviceAssignmentMismatchError
 
-__all__ = ["PmapFunction", "inputs_on_other_devices", "run"]
+__all__ = ["PmapFunction", "inputs_on_other_devices", "onto_devices_keeping_aval", "run"]
 
 _trace_ctx = core.trace_ctx
 _eval_trace = core.eval_trace
@@ -116,6 +120,33 @@ class PmapFunction:
 
   def _cache_clear(self) -> None:
     self._call._clear_cache()
+
+
+def onto_devices_keeping_aval(x: Any, target: NamedSharding) -> Any:
+  """A committed input for a program whose inputs ``target`` describes, with ``x``'s own
+  aval wherever that can be done on device: jax 0.10's jit keys its traces on the
+  abstract mesh an aval carries (a host value's and a one-device array's: none), so a
+  program traced for ``x`` as it came is not traced again.
+
+  A one-device array is handed over uncommitted, the same buffer (jit slices it on its
+  device). An array over the program's devices in another order keeps its mesh's axes,
+  now over the program's device order (shards permuted on device; jit reshards it
+  inside the program). Anything else is placed on ``target`` (``inputs.place``).
+  """
+  if type(x) is ArrayImpl and not dtypes.issubdtype(x.dtype, dtypes.extended):
+    sharding = x.sharding
+    if len(sharding.device_set) == 1:
+      return ArrayImpl(x.aval, sharding, x._arrays, committed=False)
+    devices = list(target._device_assignment)
+    if isinstance(sharding, NamedSharding) and sharding.device_set == set(devices):
+      if list(sharding._device_assignment) == devices:
+        return x
+      mesh = sharding.mesh
+      reordered = Mesh(np.array(devices, dtype=object).reshape(mesh.devices.shape),
+                       mesh.axis_names, axis_types=mesh.axis_types)
+      return jax.device_put(x, NamedSharding(reordered, sharding.spec,
+                                             memory_kind=sharding.memory_kind))
+  return inputs.place(x, target)
 
 
 def run(jitted: Callable, args: tuple, kwargs: dict, plan: inputs.Plan) -> tuple[Any, None]:

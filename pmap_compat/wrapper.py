@@ -47,23 +47,38 @@ def _committed(x: Any) -> bool:
   return isinstance(x, jax.Array) and not isinstance(x, core.Tracer) and x.committed
 
 
+# How a committed input reaches the program's devices before jit sees it. jax 0.6: placed on
+# the program's mesh. jax 0.10's jit keys its traces on the abstract mesh an input's aval
+# carries, so there it keeps its aval wherever that can be done on device (a call after
+# the trace that found the mesh is then not traced again).
+_move_committed = (inputs.place if jax_line.LEGACY_PMAP_RUNTIME
+                   else jit_dispatch.onto_devices_keeping_aval)
+
+
 def _place_inputs(entry: cache.Entry, staged: cache.Program, spread: bool, args: tuple,
-                  kwargs: dict, select: Callable[[Any], bool] | None = None
-                  ) -> tuple[tuple, dict] | None:
-  """The call with its dynamic leaves (``select``ed ones only, when given) on the
-  program's mesh; None when nothing moved or the mesh is not known before tracing."""
+                  kwargs: dict, committed_only: bool) -> tuple[tuple, dict] | None:
+  """The call with its committed dynamic leaves (all of them unless ``committed_only``)
+  on the program's devices; None when nothing moved or the mesh is not known before
+  tracing."""
   try:
     call, mesh, shardings = program.input_shardings(entry.cfg, entry.fun_ref(), args, kwargs,
                                                     spread, staged.meshes)
-    moved = None if mesh is None else inputs.place_leaves(call.leaves, shardings, select)
+    if mesh is None:
+      return None
+    moved = [_move_committed(x, s) if _committed(x) else x
+             for x, s in zip(call.leaves, shardings, strict=True)]
+    if not committed_only:
+      moved = inputs.place_leaves(moved, shardings) or moved
   except Exception:  # pylint: disable=broad-except
     return None  # the inputs themselves are the problem: jit's own error says it best
-  return None if moved is None else call.rebuild(moved)
+  if all(m is x for m, x in zip(moved, call.leaves, strict=True)):
+    return None
+  return call.rebuild(moved)
 
 
 class _PlacedCall:
   """``method(jitted)(*args, **kwargs)`` with committed inputs moved onto the program's
-  mesh first (jit's avals carry shardings: moving them later would trace again).
+  devices first (``_move_committed``).
 
   When tracing finds nested pmaps, the program's mesh is only known afterwards, and jit
   refuses inputs on other devices: then, and only then, the call runs again with the
@@ -86,13 +101,15 @@ class _PlacedCall:
     staged = entry.program(spread)
     target = self._method(staged.jitted)
     if any(map(_committed, tree_leaves((args, kwargs)))):
-      args, kwargs = _place_inputs(entry, staged, spread, args, kwargs, _committed) or (
-          args, kwargs)
+      args, kwargs = _place_inputs(entry, staged, spread, args, kwargs, True) or (args, kwargs)
     try:
       return target(*args, **kwargs)
     except ValueError as err:
-      placed = _place_inputs(entry, staged, spread, args, kwargs) if (
-          jit_dispatch.inputs_on_other_devices(err)) else None
+      if not jit_dispatch.inputs_on_other_devices(err):
+        raise
+      # Tracing has just chosen the program's mesh (nested pmaps): move the inputs there.
+      placed = (_place_inputs(entry, staged, spread, args, kwargs, True)
+                or _place_inputs(entry, staged, spread, args, kwargs, False))
       if placed is None:
         raise
     return target(*placed[0], **placed[1])

@@ -167,3 +167,38 @@ def test_shadowed_axis_name_raises_clearly():
   # Legacy lets the inner 'i' shadow the outer one; one mesh cannot, so we refuse loudly.
   with pytest.raises(ValueError, match="reuses the axis name 'i'"):
     pmap(pmap(lambda x: lax.psum(x, "i"), "i"), "i")(arr(2, 2))
+
+
+def _on_one_device(x):
+  return jax.device_put(x, jax.devices()[5])
+
+
+def _over_reversed_grid(x):
+  grid = jax.sharding.Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("a", "b"))
+  return jax.device_put(x, jax.sharding.NamedSharding(grid, jax.sharding.PartitionSpec("a", "b")))
+
+
+COMMITTED = {"one_device": _on_one_device, "reversed_grid": _over_reversed_grid}
+
+
+@pytest.mark.parametrize("layout", sorted(COMMITTED))
+def test_committed_inputs_elsewhere_trace_once_and_stay_on_device(layout):
+  # The nested program's mesh is only known once traced; inputs committed elsewhere are
+  # then moved device to device, and the program is not traced a second time for them.
+  def program(pm, x):
+    traces = []
+
+    def body(v):
+      traces.append(1)
+      return lax.psum(v, ("i", "j")) + v * lax.axis_index("i")
+    f = pm(pm(body, "i"), "j")
+    return f(x), f(x), len(traces)
+
+  place = COMMITTED[layout]
+  legacy = compare_with_legacy(lambda pm: program(pm, place(arr(2, 4, 3)))[:2], pmap)
+  assert legacy.error is None
+  on_host = program(pmap, arr(2, 4, 3))[2]
+  x = place(arr(2, 4, 3))
+  with jax.transfer_guard_device_to_host("disallow"):
+    *_, traces = program(pmap, x)
+  assert traces == on_host

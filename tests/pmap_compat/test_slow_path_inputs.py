@@ -9,7 +9,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pmap_compat import pmap
 from support.compare import compare_with_legacy
-from support.jax_lines import on_legacy_line
 
 
 def data(*shape):
@@ -64,17 +63,7 @@ def test_strict_call_moves_inputs_and_traces_once(make):
   compare_with_legacy(program, pmap)
 
 
-# jax 0.10's jit keys its traces on the inputs' meshes: inputs committed to devices outside
-# the nested program's mesh are traced once as they come (jit then refuses them), and
-# again once moved.
-_TRACED_AGAIN_ON_JAX010 = {"other_device", "reversed_mesh"}
-
-
-@pytest.mark.parametrize("make", [
-    pytest.param(m, marks=pytest.mark.xfail(
-        not on_legacy_line(), strict=True,
-        reason="jax 0.10: nested pmap traced again for inputs on other devices"))
-    if m in _TRACED_AGAIN_ON_JAX010 else m for m in sorted(INPUTS)])
+@pytest.mark.parametrize("make", sorted(INPUTS))
 def test_nested_call_moves_inputs_without_extra_traces(make):
   # Nested pmaps are found by tracing (then traced again over the full mesh), so the
   # count is compared with the same call on host data rather than with legacy's.
