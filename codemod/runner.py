@@ -166,8 +166,9 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    _undecodable(result, e)
-    return
+    if b"code-cell" in raw or b"jupytext" in raw:  # a notebook we cannot read
+      _undecodable(result, e)
+    return  # other markdown is none of the codemod's business
   code = notebook.read_markdown(text)
   if code is None or not _KEYWORDS.search(code.source):
     return  # plain markdown, or no code the codemod handles

@@ -177,7 +177,8 @@ def test_undecodable_file_is_an_error_and_a_declared_encoding_round_trips(tmp_pa
   (tree / "c_cookie.py").write_bytes(declared.encode("latin-1"))
   (tree / "d_page.md").write_bytes("```{code-cell} ipython3\n# caf\xe9\ng = jax.pmap(f)\n```\n"
                                     .encode("latin-1"))
-  (tree / "e_site.py").write_text(SITE)
+  (tree / "e_notes.md").write_bytes("Plain notes, caf\xe9.\n".encode("latin-1"))
+  (tree / "f_site.py").write_text(SITE)
   r = _cli("--in-place", tree)
   assert r.returncode == 0, r.stderr  # a file's content, like a syntax error: not exit 2
   assert "a_no_cookie.py:1:1 ERROR cannot decode the file, skipped" in r.stderr
@@ -187,8 +188,9 @@ def test_undecodable_file_is_an_error_and_a_declared_encoding_round_trips(tmp_pa
   assert (tree / "a_no_cookie.py").read_bytes() == latin.encode("latin-1")
   raw = (tree / "c_cookie.py").read_bytes()
   assert raw.startswith(b"# -*- coding: latin-1 -*-\n# caf\xe9\n") and b"jax.jit(" in raw
-  assert "jax.pmap" not in (tree / "e_site.py").read_text()
-  assert "5 files scanned, 2 changed; 2 pmap sites found, 2 converted" in r.stderr
+  assert "e_notes.md" not in r.stderr  # plain markdown is not the codemod's business
+  assert "jax.pmap" not in (tree / "f_site.py").read_text()
+  assert "6 files scanned, 2 changed; 2 pmap sites found, 2 converted" in r.stderr
 
 
 # ----- symlinks -----
