@@ -245,6 +245,73 @@ def _in_spec_not_the_inputs(sm, mesh):
   return f, (_put(mesh, X, P()),)
 
 
+def _reduced_times_varying(sm, mesh):
+  """A reduced weight used with a varying value: the cast to varying is implicit."""
+  f = sm(lambda w, x: x * w[0], mesh=mesh, in_specs=(P(reduced={"x"}), P("x")),
+         out_specs=P("x"))
+  loss = lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x).sum()
+  return jax.value_and_grad(loss), (_put(mesh, W, P()), _put(mesh, X, P("x")))
+
+
+def _unreduced_and_reduced_in_one_spec(sm, mesh):
+  """Unreduced over x and reduced over y at once, resharded outside."""
+  f = sm(lambda a: lax.pcast(lax.pcast(a.sum(0, keepdims=True), "x", to="unreduced"), "y",
+                             to="reduced"),
+         mesh=mesh, in_specs=P("x"), out_specs=P(None, None, unreduced={"x"}, reduced={"y"}))
+  return (lambda a: jax.reshard(f(a), P())), (_put(mesh, X, P("x")),)
+
+
+def _unreduced_sharded_over_y(sm, mesh):
+  """A partial sum over x whose columns are split over y."""
+  f = sm(lambda a, b: a @ b, mesh=mesh, in_specs=(P(None, "x"), P("x", "y")),
+         out_specs=P(None, "y", unreduced={"x"}))
+  g = sm(lambda c: lax.psum(c, "x"), mesh=mesh, in_specs=P(None, "y", unreduced={"x"}),
+         out_specs=P(None, "y"))
+  return (lambda a, b: g(f(a, b))), (_put(mesh, X, P(None, "x")), _put(mesh, W, P("x", "y")))
+
+
+def _scan_over_unreduced_carry(sm, mesh):
+  """Partial sums accumulated in a scan carry, summed at the end."""
+  def body(a):
+    init = lax.pcast(jax.numpy.zeros((4,), a.dtype), "x", to="varying")
+    total, _ = lax.scan(lambda c, r: (c + r, None), init, a)
+    return lax.psum(lax.pcast(total, "x", to="unreduced"), "x")
+  f = sm(body, mesh=mesh, in_specs=P("x"), out_specs=P())
+  return jax.grad(lambda a: f(a).sum()), (_put(mesh, X, P("x")),)
+
+
+def _remat_inside_body(sm, mesh):
+  f = sm(jax.checkpoint(lambda w, x: jax.numpy.sin(x @ w)), mesh=mesh,
+         in_specs=(P(reduced={"x"}), P("x")), out_specs=P("x"))
+  loss = lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x).sum()
+  return jax.grad(loss), (_put(mesh, W, P()), _put(mesh, X, P("x")))
+
+
+def _reduced_input_unchecked(sm, mesh):
+  f = sm(lambda w, x: x @ w, mesh=mesh, in_specs=(P(reduced={"x"}), P("x")),
+         out_specs=P("x"), check_vma=False)
+  return (lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x)), (_put(mesh, W, P()),
+                                                                 _put(mesh, X, P("x")))
+
+
+def _jvp_of_reduced_input(sm, mesh):
+  f = _reduced_weight_matmul(sm, mesh)
+  h = lambda w, x: f(jax.reshard(w, P(reduced={"x"})), x)
+  return (lambda w, x: jax.jvp(h, (w, x), (w * 3, x))), (_put(mesh, W, P()),
+                                                         _put(mesh, X, P("x")))
+
+
+def _vjp_of_unreduced_input(sm, mesh):
+  """The cotangent of an unreduced input is reduced."""
+  g = sm(lambda c: lax.psum(c, "x") * 2, mesh=mesh, in_specs=P(unreduced={"x"}),
+         out_specs=P())
+  f = _partial_matmul(sm, mesh)
+  def run(a, b):
+    out, pullback = jax.vjp(g, f(a, b))
+    return out, jax.reshard(pullback(out)[0], P())
+  return run, _matmul_args(mesh)
+
+
 def _in_spec_not_the_inputs_sharding(sm, mesh):
   """Fully manual over Explicit axes nothing is resharded on the way in."""
   f = sm(lambda a: a * 2, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
@@ -273,6 +340,14 @@ PROGRAMS: dict[str, Program] = {
     "out_spec_without_the_partial_sum": _out_spec_without_the_partial_sum,
     "in_spec_not_the_inputs": _in_spec_not_the_inputs,
     "in_spec_not_the_inputs_sharding": _in_spec_not_the_inputs_sharding,
+    "reduced_times_varying": _reduced_times_varying,
+    "unreduced_and_reduced_in_one_spec": _unreduced_and_reduced_in_one_spec,
+    "unreduced_sharded_over_y": _unreduced_sharded_over_y,
+    "scan_over_unreduced_carry": _scan_over_unreduced_carry,
+    "remat_inside_body": _remat_inside_body,
+    "reduced_input_unchecked": _reduced_input_unchecked,
+    "jvp_of_reduced_input": _jvp_of_reduced_input,
+    "vjp_of_unreduced_input": _vjp_of_unreduced_input,
 }
 
 
