@@ -119,6 +119,9 @@ def discover(paths: Sequence[str], follow_symlinks: bool = False) -> Discovery:
             path, Severity.WARNING, f"symlink to {real}, outside the given paths: left alone "
             "(--follow-symlinks converts the file it points to)"))
         continue
+    if not os.path.isfile(real):  # reading a FIFO or device would block or never end
+      found.notices.append(_notice(path, Severity.WARNING, "not a regular file, skipped"))
+      continue
     if real not in chosen or (os.path.islink(chosen[real]) and not os.path.islink(path)):
       chosen[real] = path
   found.sources = [p for p in dict.fromkeys(candidates) if chosen.get(os.path.realpath(p)) == p]

@@ -256,12 +256,15 @@ def test_a_file_reached_through_links_inside_the_tree_is_converted_once(tmp_path
   assert f"{tree / 'pkg' / 'site.py'}:8:5 INFO pmap converted" in r.stderr
 
 
-def test_broken_symlink_is_reported(tmp_path):
+def test_broken_symlink_and_fifo_are_reported_not_read(tmp_path):
   (tmp_path / "gone.py").symlink_to(tmp_path / "missing.py")
+  os.mkfifo(tmp_path / "pipe.py")  # opening it would block the run
   (tmp_path / "site.py").write_text(SITE)
-  r = _cli("--check", tmp_path)
+  r = _cli("--check", tmp_path, timeout=60)
   assert r.returncode == 1, r.stderr
   assert "gone.py:1:1 WARNING broken symlink" in r.stderr
+  assert "pipe.py:1:1 WARNING not a regular file, skipped" in r.stderr
+  assert "1 files scanned, 1 changed" in r.stderr
 
 
 # ----- temporary files of an interrupted run -----
