@@ -312,6 +312,16 @@ def _vjp_of_unreduced_input(sm, mesh):
   return run, _matmul_args(mesh)
 
 
+def _all_gather_to_reduced_grad(sm, mesh):
+  """FSDP: weights gathered as a reduced value; their cotangent is an unreduced partial
+  sum, psum-scattered back to the weights' shards by the transpose."""
+  def body(w, x):
+    return x @ lax.all_gather(w, "x", tiled=True, to="reduced")
+  f = sm(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x"))
+  return jax.value_and_grad(lambda w, x: f(w, x).sum()), (_put(mesh, W, P("x")),
+                                                          _put(mesh, X, P("x")))
+
+
 def _in_spec_not_the_inputs_sharding(sm, mesh):
   """Fully manual over Explicit axes nothing is resharded on the way in."""
   f = sm(lambda a: a * 2, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
@@ -348,6 +358,7 @@ PROGRAMS: dict[str, Program] = {
     "reduced_input_unchecked": _reduced_input_unchecked,
     "jvp_of_reduced_input": _jvp_of_reduced_input,
     "vjp_of_unreduced_input": _vjp_of_unreduced_input,
+    "all_gather_to_reduced_grad": _all_gather_to_reduced_grad,
 }
 
 
