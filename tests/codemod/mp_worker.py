@@ -1,32 +1,29 @@
-"""One process of the 2-process job test_codemod_multiprocess.py launches.
+"""One process of the 2-process job test_codemod_multiprocess.py launches through
+support.multiprocess_jobs (which describes the job in the environment).
 
-usage: mp_worker.py PROCESS_ID PORT PROGRAMS_DIR RESULT_JSON
+usage: mp_worker.py PROGRAMS_DIR
 
 Joins a jax.distributed job over 127.0.0.1 (gloo CPU collectives, 4 CPU devices per
 process), imports every module in PROGRAMS_DIR (the directory is on sys.path, so the
 converted ones find the support module the codemod wrote there) in sorted order, and
-calls its ``run()``. Both processes run the same programs in the same order, so their
-collectives line up. Writes {module: {"value": nested list, "dtype": str} | {"error":
-text}} to RESULT_JSON, this process's own file.
+calls its ``run()``, which waits for its results (np.asarray) before the next one starts.
+Both processes run the same programs in the same order, so their collectives line up.
+Its results are {module: {"value": nested list, "dtype": str} | {"error": text}}.
 """
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 
-PID, PORT, PROGRAMS, RESULT = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import multiprocess_jobs  # noqa: E402
+
+ME = multiprocess_jobs.join()
+PROGRAMS = sys.argv[1]
 sys.path.insert(0, PROGRAMS)
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{PORT}", num_processes=2,
-                           process_id=PID, initialization_timeout=60)
 
 results = {}
 for name in sorted(f[:-3] for f in os.listdir(PROGRAMS)
@@ -36,5 +33,5 @@ for name in sorted(f[:-3] for f in os.listdir(PROGRAMS)
     results[name] = {"value": value.tolist(), "dtype": str(value.dtype)}
   except Exception as e:  # the test reads the message: it must name the fix
     results[name] = {"error": f"{type(e).__name__}: {e}"}
-with open(RESULT, "w", encoding="utf-8") as f:
-  json.dump(results, f)
+multiprocess_jobs.write_results(ME, results)
+multiprocess_jobs.leave()

@@ -4,18 +4,13 @@ per process) runs a pmap program as written under legacy jax.pmap, as converted 
 error naming --multihost (never reduce over one host's devices only); with it, each
 process passes and gets back host-local arrays and the result equals legacy's bit for
 bit. Bounded: the job is killed after TIMEOUT seconds."""
-import contextlib
-import json
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
 from codemod import support_module
 from codemod_testing import rewrite
+from support.multiprocess_jobs import run_job
 
 WORKER = os.path.join(os.path.dirname(__file__), "mp_worker.py")
 TIMEOUT = 150
@@ -37,22 +32,6 @@ def run():
 '''
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _finish(procs: list, deadline: float) -> None:
-  """Lets the processes run until the deadline, then kills any still running."""
-  for p in procs:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-      p.wait(timeout=max(1, deadline - time.monotonic()))
-  for p in [p for p in procs if p.poll() is None]:
-    p.kill()
-    p.wait()
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
   programs = tmp_path_factory.mktemp("programs")
@@ -61,23 +40,11 @@ def job(tmp_path_factory):
   (programs / "converted_multihost.py").write_text(
       rewrite(PROGRAM, target="experimental", multihost=True)[0])
   support_module.write(str(programs), support_module.DEFAULT_NAME)
-  port = _free_port()
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(WORKER)))
-  results = [programs / f"result{pid}.json" for pid in range(2)]
-  logs = [programs / f"worker{pid}.log" for pid in range(2)]
-  procs = []
-  for pid, (result, log) in enumerate(zip(results, logs, strict=True)):
-    with open(log, "w") as out:
-      procs.append(subprocess.Popen(
-          [sys.executable, WORKER, str(pid), str(port), str(programs), str(result)],
-          stdout=out, stderr=subprocess.STDOUT, env=env))
-  _finish(procs, time.monotonic() + TIMEOUT)
-  text = "\n".join(f"--- process {pid} (rc={p.returncode}) ---\n{log.read_text()[-3000:]}"
-                   for pid, (p, log) in enumerate(zip(procs, logs, strict=True)))
-  found = [json.loads(r.read_text()) if r.exists() else None for r in results]
-  assert all(f is not None for f in found), text
-  return found
+  outcome = run_job(WORKER, str(tmp_path_factory.mktemp("job")), args=[str(programs)],
+                    timeout=TIMEOUT)
+  assert outcome.clean and None not in outcome.results, (
+      f"exit codes {outcome.returncodes}, timed out: {outcome.timed_out}\n{outcome.logs}")
+  return outcome.results
 
 
 @pytest.mark.multiprocess

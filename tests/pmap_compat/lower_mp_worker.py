@@ -1,31 +1,23 @@
-"""One process of the 2-process ``.lower()`` job (launched by test_pmap_lower_multiprocess.py).
-
-usage: lower_mp_worker.py PROCESS_ID NUM_PROCESSES PORT RESULT_JSON
+"""One process of the 2-process ``.lower()`` job (launched by test_pmap_lower_multiprocess.py
+through support.multiprocess_jobs, which describes the job in the environment).
 
 Runs each program under legacy ``jax.pmap`` and under ``pmap_compat.pmap`` with this
-process's host-local slice and writes {program: "ok" | error} to RESULT_JSON. On jax 0.10,
+process's host-local slice and writes {program: "ok" | error} as its results. On jax 0.10,
 whose own jax.pmap cannot call a compiled program with host-local arguments, the
 reference is the same computation called directly under 0.10.2's jax.pmap.
 """
 import functools
-import json
 import os
 import sys
 import traceback
 
-PID, NPROC, PORT, RESULT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-LOCAL = 4
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL}"
-os.environ["JAX_PLATFORMS"] = "cpu"
-_TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path[:0] = [os.path.dirname(_TESTS), _TESTS]  # the repo root first (pmap_compat package)
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+from support import multiprocess_jobs  # noqa: E402
+
+ME = multiprocess_jobs.join()
+PID, LOCAL = ME.process_id, ME.local_devices
 
 import jax  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{PORT}", num_processes=NPROC,
-                           process_id=PID, initialization_timeout=60)
-
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
@@ -87,9 +79,8 @@ def main():
       results[prog.__name__] = "ok"
     except Exception:  # pylint: disable=broad-except
       results[prog.__name__] = traceback.format_exc()[-2000:]
-  with open(RESULT, "w") as f:
-    json.dump(results, f)
-  jax.distributed.shutdown()
+  multiprocess_jobs.write_results(ME, results)
+  multiprocess_jobs.leave()
 
 
 if __name__ == "__main__":

@@ -5,80 +5,76 @@ span both processes; out_axes=None, in_axes=None, typed keys, donation, static a
 chaining our own outputs, mixing with legacy pmap and pmap under jit are compared
 against legacy ``jax.pmap`` run the same way (see mp/worker.py). Bounded: the job
 is killed after TIMEOUT seconds and the test fails with both processes' logs.
-"""
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
 
+The harness (support.multiprocess_jobs) is tested here too: a process of another job is
+refused, and two jobs running at once each compute over their own processes only.
+"""
+import os
+
+import numpy as np
 import pytest
 
-WORKER = os.path.join(os.path.dirname(__file__), "mp", "worker.py")
-NPROC, LOCAL = 2, 4
+from support.multiprocess_jobs import FOREIGN_JOB, run_job
+
+MP = os.path.join(os.path.dirname(__file__), "mp")
+WORKER = os.path.join(MP, "worker.py")
+PROBE = os.path.join(MP, "probe_worker.py")
+NPROC = 2
 TIMEOUT = 150
 EXPECTED = ["p_psum_and_index", "p_collectives", "p_broadcast_in_and_out",
-            "p_pytree_and_kwargs", "p_chained_outputs", "p_static_argument", "p_donation",
-            "p_typed_keys", "p_legacy_outputs_in", "p_outputs_into_legacy", "p_under_jit",
-            "global_under_jit"]
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _run_job(tmp_path):
-  port = _free_port()
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  procs, logs, results = [], [], []
-  for pid in range(NPROC):
-    log = open(tmp_path / f"worker{pid}.log", "w+")
-    result = tmp_path / f"result{pid}.json"
-    procs.append(subprocess.Popen(
-        [sys.executable, WORKER, str(pid), str(NPROC), str(port), str(result), str(LOCAL)],
-        stdout=log, stderr=subprocess.STDOUT, env=env))
-    logs.append(log)
-    results.append(result)
-  deadline = time.monotonic() + TIMEOUT
-  timed_out = False
-  for p in procs:
-    try:
-      p.wait(timeout=max(1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      timed_out = True
-  for p in procs:  # never leave a process behind, whatever happened
-    if p.poll() is None:
-      p.kill()
-      p.wait()
-  text = []
-  for pid, log in enumerate(logs):
-    log.seek(0)
-    tail = "".join(l for l in log.readlines() if not l.startswith(("W0", "I0")))[-4000:]
-    text.append(f"--- process {pid} (rc={procs[pid].returncode}) ---\n{tail}")
-    log.close()
-  found = [json.loads(r.read_text()) if r.exists() else {} for r in results]
-  return found, timed_out, [p.returncode for p in procs], "\n".join(text)
+            "p_pytree_and_kwargs", "p_chained_outputs", "p_back_to_back_calls",
+            "p_static_argument", "p_donation", "p_typed_keys", "p_legacy_outputs_in",
+            "p_outputs_into_legacy", "p_under_jit", "global_under_jit"]
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-  return _run_job(tmp_path_factory.mktemp("mp"))
+  return run_job(WORKER, str(tmp_path_factory.mktemp("mp")), num_processes=NPROC,
+                 timeout=TIMEOUT)
 
 
 @pytest.mark.multiprocess
 def test_job_finishes_cleanly(job):
-  found, timed_out, codes, logs = job
-  assert not timed_out, f"the 2-process job did not finish in {TIMEOUT} s\n{logs}"
-  assert codes == [0] * NPROC, f"worker exit codes {codes}\n{logs}"
+  assert not job.timed_out, f"the 2-process job did not finish in {TIMEOUT} s\n{job.logs}"
+  assert job.returncodes == [0] * NPROC, f"worker exit codes {job.returncodes}\n{job.logs}"
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("program", EXPECTED)
 def test_program_matches_legacy_on_every_process(job, program):
-  found, _, _, logs = job
-  for pid, results in enumerate(found):
-    assert program in results, f"process {pid} never reported {program}\n{logs}"
+  for pid, results in enumerate(job.results):
+    assert results is not None, f"process {pid} wrote no results\n{job.logs}"
+    assert program in results, f"process {pid} never reported {program}\n{job.logs}"
     assert results[program] == "ok", f"process {pid}, {program}: {results[program]}"
+
+
+@pytest.mark.multiprocess
+def test_a_process_of_another_job_is_refused(tmp_path):
+  # Process 1 carries another job's token, as if it had reached this job's coordinator.
+  outcome = run_job(PROBE, str(tmp_path), num_processes=NPROC, args=["0"],
+                    tokens=["job-a", "job-b"], timeout=TIMEOUT, init_timeout=30)
+  assert not outcome.timed_out, outcome.logs
+  assert all(code != 0 for code in outcome.returncodes), outcome.logs
+  assert outcome.results == [None] * NPROC, outcome.logs
+  assert outcome.logs.count(FOREIGN_JOB) == NPROC, outcome.logs
+
+
+@pytest.mark.multiprocess
+def test_concurrent_jobs_each_reduce_over_their_own_processes(tmp_path):
+  import concurrent.futures  # pylint: disable=import-outside-toplevel
+  offsets = [0, 500]  # the jobs' slices differ, so a collective mixing them would show
+  dirs = [tmp_path / f"job{i}" for i in range(len(offsets))]
+  for d in dirs:
+    d.mkdir()
+  with concurrent.futures.ThreadPoolExecutor(len(offsets)) as pool:
+    outcomes = list(pool.map(
+        lambda d, o: run_job(PROBE, str(d), num_processes=NPROC, args=[str(o)],
+                             timeout=TIMEOUT), dirs, offsets))
+  for outcome in outcomes:
+    assert outcome.clean, f"exit codes {outcome.returncodes}\n{outcome.logs}"
+    slices = [np.asarray(r["slice"]) for r in outcome.results]
+    own_total = sum(s.sum(0) for s in slices)  # what a psum over this job alone gives
+    for pid, r in enumerate(outcome.results):
+      assert r["ours"] == r["reference"], (pid, r)
+      np.testing.assert_array_equal(np.asarray(r["reference"]),
+                                    np.broadcast_to(own_total, slices[pid].shape))

@@ -1,35 +1,29 @@
-"""One process of a multi-process pmap job (launched by test_multiprocess.py).
-
-usage: worker.py PROCESS_ID NUM_PROCESSES PORT RESULT_JSON [LOCAL_DEVICES]
+"""One process of a multi-process pmap job (launched by test_multiprocess.py through
+support.multiprocess_jobs, which describes the job in the environment).
 
 Joins a jax.distributed job over 127.0.0.1 (gloo CPU collectives), then runs every
 program in PROGRAMS twice, under legacy ``jax.pmap`` and under ``pmap_compat.pmap``,
 each process passing its own host-local slice, and compares the results leaf by leaf
 (values, dtypes, shapes and the host-local output shardings). Both processes run the
-same programs in the same order, so their collectives line up. Writes
-{program: "ok" | error text} to RESULT_JSON.
+same programs in the same order, so their collectives line up. Every call waits for its
+results before the next one starts (``one_program_in_flight``): XLA's gloo collectives
+mix up independent programs in flight together, under either pmap. Writes
+{program: "ok" | error text} to this process's result file.
 """
 from __future__ import annotations
 
-import json
+import functools
 import os
 import sys
 import traceback
 
-PID, NPROC, PORT, RESULT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-LOCAL = int(sys.argv[5]) if len(sys.argv) > 5 else 4
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL}"
-os.environ["JAX_PLATFORMS"] = "cpu"
-_TESTS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-# The repository root first: tests/pmap_compat must not shadow the pmap_compat package.
-sys.path[:0] = [os.path.dirname(_TESTS), _TESTS]
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from support import multiprocess_jobs  # noqa: E402
+
+ME = multiprocess_jobs.join()
+PID, NPROC, LOCAL = ME.process_id, ME.num_processes, ME.local_devices
 
 import jax  # noqa: E402
-
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{PORT}", num_processes=NPROC,
-                           process_id=PID, initialization_timeout=60)
-
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
@@ -79,6 +73,13 @@ def p_chained_outputs(pm):
   return outs, x[0], np.asarray(x), again
 
 
+def p_back_to_back_calls(pm):
+  # Independent calls one after another, each with collectives across both processes:
+  # with two of them in flight at once gloo mixed their messages up (wrong values, hangs).
+  f = pm(lambda x: lax.psum(x, "i") + x, "i")
+  return [f(local(LOCAL, 2) + k) for k in range(8)]
+
+
 def p_static_argument(pm):
   f = pm(lambda x, k: lax.psum(x, "i") * k, "i", static_broadcasted_argnums=1)
   return f(local(LOCAL), 3), f(local(LOCAL), 5)
@@ -121,7 +122,7 @@ def global_under_jit_matches_top_level_legacy() -> str:
   what legacy computes at top level from the host-local slices."""
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
   fun = lambda x: (lax.psum(x, "i"), lax.all_gather(x, "i").sum(0) + lax.axis_index("i"))
-  expected = jax.pmap(fun, "i")(local(LOCAL, 2))
+  expected = jax.block_until_ready(jax.pmap(fun, "i")(local(LOCAL, 2)))  # one in flight
   mesh = Mesh(np.array(jax.devices()), ("g",))
   glob = jax.make_array_from_process_local_data(NamedSharding(mesh, P("g")), local(LOCAL, 2))
   outs = jax.jit(pmap_compat.pmap(fun, "i"))(glob)
@@ -133,7 +134,7 @@ def global_under_jit_matches_top_level_legacy() -> str:
 
 
 PROGRAMS = [p_psum_and_index, p_collectives, p_broadcast_in_and_out, p_pytree_and_kwargs,
-            p_chained_outputs, p_static_argument, p_donation, p_typed_keys,
+            p_chained_outputs, p_back_to_back_calls, p_static_argument, p_donation, p_typed_keys,
             p_legacy_outputs_in, p_outputs_into_legacy, p_under_jit]
 
 
@@ -142,8 +143,8 @@ def _shardings(tree):
 
 
 def check(program) -> str:
-  legacy = run_program(program, jax.pmap)
-  ours = run_program(program, pmap_compat.pmap)
+  legacy = run_program(program, multiprocess_jobs.one_program_in_flight(jax.pmap))
+  ours = run_program(program, multiprocess_jobs.one_program_in_flight(pmap_compat.pmap))
   if program is p_under_jit and isinstance(ours.error, NotImplementedError):
     # A loud refusal is what the contract allows here (legacy raises it too); jax 0.10's
     # own jax.pmap returns, reducing over this process's devices only.
@@ -173,20 +174,15 @@ def check(program) -> str:
 
 def main() -> None:
   results = {}
-  for program in PROGRAMS:
+  checks = [(p.__name__, functools.partial(check, p)) for p in PROGRAMS]
+  checks.append(("global_under_jit", global_under_jit_matches_top_level_legacy))
+  for name, run in checks:
     try:
-      results[program.__name__] = check(program)
+      results[name] = run()
     except Exception as e:  # pylint: disable=broad-except
-      results[program.__name__] = "".join(traceback.format_exception(e))[-3000:]
-    with open(RESULT, "w") as f:  # after every program: partial results survive a hang
-      json.dump(results, f)
-  try:
-    results["global_under_jit"] = global_under_jit_matches_top_level_legacy()
-  except Exception as e:  # pylint: disable=broad-except
-    results["global_under_jit"] = "".join(traceback.format_exception(e))[-3000:]
-  with open(RESULT, "w") as f:
-    json.dump(results, f)
-  jax.distributed.shutdown()
+      results[name] = "".join(traceback.format_exception(e))[-3000:]
+    multiprocess_jobs.write_results(ME, results)  # after each: partial results survive a hang
+  multiprocess_jobs.leave()
 
 
 if __name__ == "__main__":
