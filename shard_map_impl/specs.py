@@ -2,7 +2,11 @@
 
 A ``PartitionSpec`` is canonicalised to ``AxisNames``: a dict from array
 dimension to the tuple of mesh axis names that dimension is split over
-(dimensions not split are absent).  Validation here covers the specs alone
+(dimensions not split are absent).  On 0.10 a spec may also name unreduced
+and reduced axes (a partial sum, or a value whose cotangent is one); those
+travel with the names (``partial_sums`` / ``with_partial_sums``) from the
+user's spec through every rule to the staged equation, swapping places in a
+cotangent's spec (``cotangent_names``).  Validation here covers the specs alone
 (type, ``auto`` axes) and specs against argument shapes (rank, divisibility);
 the messages themselves are built in ``errors``.
 """
@@ -35,7 +39,7 @@ class _SpecNames(dict):
 
   A dict like any other (equality, printing); ``names_to_pspec`` gives the
   spec back as the user wrote it (``P('x', None)`` stays so), which is how
-  JAX's own equations print their specs.
+  JAX's own equations print their specs, unreduced/reduced axes included.
   """
   __slots__ = ("spec",)
   spec: PartitionSpec

@@ -403,3 +403,30 @@ def test_dce_keeps_the_partial_sum_specs():
     pruned, used_inputs = pe.dce_jaxpr(closed.jaxpr, [False, True])
     texts[label] = (str(pruned), used_inputs)
   assert texts["ours"] == texts["jax"]
+
+
+@pytest.mark.parametrize("side", ["in", "out"])
+def test_typecheck_rejects_specs_that_drop_the_partial_sum(side):
+  """An equation whose spec disagrees with its operand's/result's partial sum fails
+  core.check_jaxpr as JAX's own equation does: an operand with JAX's error, a result
+  with the same exception type (ours says which output and what it was inferred)."""
+  mesh = _mesh(*EXPLICIT)
+  raised = []
+  for sm in (jax.shard_map, shard_map_impl.shard_map):
+    with jax.set_mesh(mesh):
+      f = _partial_matmul(sm, mesh)
+      g = sm(lambda c: lax.psum(c, "x"), mesh=mesh, in_specs=P(unreduced={"x"}), out_specs=P())
+      closed = jax.make_jaxpr(f if side == "out" else g)(
+          *(_matmul_args(mesh) if side == "out" else (f(*_matmul_args(mesh)),)))
+      eqn, = closed.jaxpr.eqns
+      key = f"{side}_specs"
+      bad = eqn.replace(params=dict(eqn.params, **{key: (P(),)}))
+      with pytest.raises(Exception) as info:
+        core.check_jaxpr(closed.jaxpr.replace(eqns=[bad]))
+    raised.append((type(info.value), str(info.value)))
+  (want_type, want), (got_type, got) = raised
+  assert got_type is want_type
+  if side == "in":
+    assert got == want
+  else:
+    assert "shard_map output 0 is not provably replicated as out_names" in got
