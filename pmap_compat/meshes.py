@@ -33,6 +33,23 @@ def backend_devices(backend: str | None, devices: tuple | None) -> tuple:
   return tuple(jax.local_devices(backend=backend))
 
 
+def may_spread(leaves: Sequence[Any], backend: str | None) -> bool:
+  """May a pmap traced under a user's jit with these input leaves spread over every device?
+
+  Not when an input already lives on a mesh of fewer devices: a jit computation runs on
+  one set of devices, and on jax 0.10 an input's aval names the mesh it sits on (an
+  earlier pmap's result over its k devices, say). Then the pmap keeps to its own first k
+  devices, as outside jit. (jax 0.6's avals name no mesh: spreading stays allowed.)
+  """
+  pool = len(backend_devices(backend, None))
+  for x in leaves:
+    sharding = getattr(getattr(x, "aval", None), "sharding", None)  # arrays and tracers
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None and not mesh.empty and mesh.size < pool:
+      return False
+  return True
+
+
 def build_mesh(axes: Sequence[tuple[Any, int]], backend: str | None, devices: tuple | None,
                spread: bool) -> Mesh:
   """A mesh with one axis per (name, size) in ``axes`` (outermost pmap first)."""

@@ -20,7 +20,8 @@ from jax.tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_le
                            tree_unflatten)
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import aot, cache, errors, inputs, jax_line, jit_dispatch, nesting, outputs
+from pmap_compat import aot, cache, errors, inputs, jax_line, jit_dispatch, meshes, nesting
+from pmap_compat import outputs
 from pmap_compat import program
 from pmap_compat.config import PmapConfig
 
@@ -97,7 +98,8 @@ class _PlacedCall:
     if _state.frame is not None:
       raise TypeError("pmap .lower()/.trace() cannot be used inside another pmap's body")
     entry = self._entry
-    spread = _trace_ctx.trace is not _eval_trace and _under_jit()
+    spread = (_trace_ctx.trace is not _eval_trace and _under_jit()
+              and meshes.may_spread(tree_leaves((args, kwargs)), entry.cfg.backend))
     staged = entry.program(spread)
     target = self._method(staged.jitted)
     if any(map(_committed, tree_leaves((args, kwargs)))):

@@ -103,8 +103,10 @@ def test_grad_through_out_axes_none():
 
 
 @pytest.mark.xfail(not on_legacy_line(), strict=True, raises=ValueError, reason=(
-    "jax 0.10's jit describes every output on one mesh, and a size-4 pmap's result, "
-    "spread over 8 devices, has no such description (IndivisibleError)"))
+    "jax 0.10.2's jit names every GSPMD output sharding on one mesh (its first argument's "
+    "or first inner sharding's), so returning a size-8 and a size-4 result (4x2 mesh) "
+    "raises IndivisibleError; jit of two jax.shard_maps on such meshes fails the same way. "
+    "Sizes mixed inside the jit work: test_pmap_sizes_under_jit.py"))
 def test_pmap_of_different_sizes_inside_one_jit():
   # Legacy fails with an internal AssertionError; reference: the same program with vmap.
   def program(pm):
@@ -123,12 +125,11 @@ def test_pmap_under_jit_stays_sharded():
   compare_with_legacy(lambda pm: jax.jit(lambda x: pm(lambda v: v * 2, "i")(x) + 1)(arr(8, 3)), pmap)
 
 
-@pytest.mark.xfail(not on_legacy_line(), strict=True, raises=AssertionError, reason=(
-    "jax 0.10: our results are committed NamedSharding arrays (as 0.10.2's jax.pmap's), "
-    "which a user's jit cannot move onto the 8 devices a pmap under jit spreads over"))
 def test_pmap_of_size_4_under_jit_with_our_own_4_device_output():
-  # Our outputs are PmapSharding arrays, which jit treats as movable (not committed), so they
-  # feed a size-4 pmap that spans all 8 devices under jit.
+  # jax 0.6: our outputs are PmapSharding arrays, which jit treats as movable (not
+  # committed), so they feed a size-4 pmap that spans all 8 devices under jit. jax 0.10:
+  # they are committed to their 4 devices, which their aval names, so the pmap under jit
+  # keeps to those 4 devices.
   f = pmap(lambda x: x + 1, "i")
   x4 = f(arr(4, 2))
   compare_with_legacy(lambda pm: jax.jit(pm(lambda x: x * 3, "i"))(
