@@ -1,9 +1,14 @@
 """``warm_calls``: which of pmap_compat's Python functions run in steady-state calls."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 from collections.abc import Callable
+
+import pmap_compat
+
+_PACKAGE = os.path.dirname(os.path.abspath(pmap_compat.__file__)) + os.sep
 
 
 def warm_calls(f: Callable[[Any], Any], x: Any, times: int = 3) -> tuple[Any, list[str]]:
@@ -16,7 +21,7 @@ def warm_calls(f: Callable[[Any], Any], x: Any, times: int = 3) -> tuple[Any, li
   ours: list[str] = []
 
   def profile(frame, event, _):
-    if event == "call" and "pmap_compat" in frame.f_code.co_filename:
+    if event == "call" and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
       ours.append(frame.f_code.co_name)
   sys.setprofile(profile)
   try:

@@ -62,8 +62,29 @@ def test_results_feed_the_next_call_without_a_transfer(source):
 
 def test_steady_state_calls_go_straight_to_jit():
   x, ours = warm_calls(pmap(lambda x: x * 2 + 1, "i"), arr(8, 3))
-  # Per call: the wrapper's __call__ (a few checks), then jit's C++ path; nothing staged,
-  # placed or converted by us.
+  # Per call: the wrapper's __call__ (one check), then the C++ call cache; nothing
+  # staged, placed or converted by us.
   assert ours == ["__call__"] * 3, ours
   g = jax.pmap(lambda v: v * 2 + 1, "i")
   assert_trees_equal(g(g(g(g(arr(8, 3))))), x)
+
+
+STEADY = {
+    "static_int": (lambda pm: pm(lambda x, n: x * n, "i", static_broadcasted_argnums=(1,)),
+                   lambda f, x: f(x, 3)),
+    "numpy_input": (lambda pm: pm(lambda x: x + 1, "i"), lambda f, x: f(arr(8, 3)) + x),
+    "kwargs": (lambda pm: pm(lambda x, y: x - y, "i"), lambda f, x: f(x, y=x)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STEADY))
+def test_static_numpy_and_keyword_calls_stay_in_cpp(case):
+  make, call = STEADY[case]
+  f, g = make(pmap), make(jax.pmap)
+  x, ours = warm_calls(lambda v: call(f, v), arr(8, 3))
+  # Static arguments are hashed, numpy inputs transferred and keywords matched in C++.
+  assert ours == ["__call__"] * 3, ours
+  expected = arr(8, 3)
+  for _ in range(4):
+    expected = call(g, expected)
+  assert_trees_equal(expected, x)
