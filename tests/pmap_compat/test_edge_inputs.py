@@ -29,8 +29,8 @@ Pair = collections.namedtuple("Pair", "a b")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DataPair:
-  a: jax.Array
-  b: jax.Array
+  a: np.ndarray
+  b: np.ndarray
 
 
 class KeyedPair:
