@@ -5,7 +5,9 @@ Each body value is held as one global "stacked" array of shape
 ``(n, *local_shape)`` whose leading dimension is split over the mesh axes the
 value varies along, so every device holds its own block: with varying-axes
 types on those are the value's vma axes (a replicated value is stored once),
-otherwise all manual axes.  Every primitive is applied by a small jitted
+otherwise all manual axes; a partial sum (0.10's unreduced/reduced types)
+keeps those axes in the stacked array's sharding, each device's block being
+its part.  Every primitive is applied by a small jitted
 shard_map of ours that unstacks the blocks, binds the primitive per device and
 restacks, with specs (and vma types) taken from the operands' and results'
 replication.  Replication types travel with values, so outputs are checked
@@ -270,7 +272,7 @@ class EagerTrace(core.Trace):
     if self.typed:
       avals, _ = prim.abstract_eval(*(core.typeof(t) for t in tracers), **params)
       avals = avals if prim.multiple_results else [avals]
-      return typed_kinds(self, avals)
+      return _typed_kinds(self, avals)
     rule = replication.rep_rules.get(prim)
     if rule is None:
       raise replication.missing_rule(prim)
@@ -409,7 +411,7 @@ def _run_staged(trace: EagerTrace, staged: lu.WrappedFun, tracers: Sequence[Any]
   if not trace.check:
     reps: list[frozenset] = [frozenset()] * len(out_avals)
   elif trace.typed:
-    reps, sums = typed_kinds(trace, out_avals)
+    reps, sums = _typed_kinds(trace, out_avals)
   else:
     reps = replication.jaxpr_replication(trace.mesh, jaxpr, in_reps)
   in_specs = tuple(trace.stack_spec(r, s) for _, r, s in lifted)
@@ -420,7 +422,7 @@ def _run_staged(trace: EagerTrace, staged: lu.WrappedFun, tracers: Sequence[Any]
   return [EagerTracer(trace, r, o, s) for r, o, s in zip(reps, outs, sums, strict=True)]
 
 
-def typed_kinds(trace: EagerTrace, avals: Sequence[core.AbstractValue]) -> tuple[list, list]:
+def _typed_kinds(trace: EagerTrace, avals: Sequence[core.AbstractValue]) -> tuple[list, list]:
   """(reps, partial sums) of typed per-device values: a partial sum is not replicated."""
   return ([replication.aval_to_rep(trace.mesh, trace.auto, a) for a in avals],
           [partial_sums_of(a) for a in avals])
