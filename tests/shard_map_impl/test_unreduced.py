@@ -322,6 +322,32 @@ def _all_gather_to_reduced_grad(sm, mesh):
                                                           _put(mesh, X, P("x")))
 
 
+def _vmap_over_reduced_input(sm, mesh):
+  """vmap of a shard_map whose input is reduced: the batched spec keeps the partial sum."""
+  f = sm(lambda w, x: x @ w, mesh=mesh, in_specs=(P(reduced={"x"}), P("x")),
+         out_specs=P("x"))
+  ws = np.stack([W, W * 2])
+  def run(ws, x):
+    return jax.vmap(f, in_axes=(0, None))(jax.reshard(ws, P(reduced={"x"})), x)
+  return run, (_put(mesh, ws, P()), _put(mesh, X, P("x")))
+
+
+def _vmap_beside_a_reduced_input(sm, mesh):
+  """vmap over the varying input only: the reduced one enters every instance as is."""
+  f = sm(lambda w, x: x @ w, mesh=mesh, in_specs=(P(reduced={"x"}), P("x")),
+         out_specs=P("x"))
+  xs = np.stack([X, X + 1])
+  def run(w, xs):
+    return jax.vmap(f, in_axes=(None, 0))(jax.reshard(w, P(reduced={"x"})), xs)
+  return run, (_put(mesh, W, P()), _put(mesh, xs, P(None, "x")))
+
+
+def _vmap_of_psum_of_unreduced(sm, mesh):
+  g = sm(lambda c: lax.psum(c, "x"), mesh=mesh, in_specs=P(unreduced={"x"}), out_specs=P())
+  f = _partial_matmul(sm, mesh)
+  return (lambda a, b: jax.vmap(g)(f(a, b))), _matmul_args(mesh)
+
+
 def _in_spec_not_the_inputs_sharding(sm, mesh):
   """Fully manual over Explicit axes nothing is resharded on the way in."""
   f = sm(lambda a: a * 2, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
@@ -359,6 +385,9 @@ PROGRAMS: dict[str, Program] = {
     "jvp_of_reduced_input": _jvp_of_reduced_input,
     "vjp_of_unreduced_input": _vjp_of_unreduced_input,
     "all_gather_to_reduced_grad": _all_gather_to_reduced_grad,
+    "vmap_over_reduced_input": _vmap_over_reduced_input,
+    "vmap_of_psum_of_unreduced": _vmap_of_psum_of_unreduced,
+    "vmap_beside_a_reduced_input": _vmap_beside_a_reduced_input,
 }
 
 
@@ -377,7 +406,8 @@ def test_program_agrees_with_jax(name, mode):
 
 
 # Programs JAX refuses to trace (the differential test above compares the errors).
-REFUSED_BY_JAX = {"vmap_of_unreduced_output", "in_spec_not_the_inputs",
+REFUSED_BY_JAX = {"vmap_of_unreduced_output", "vmap_over_reduced_input",
+                  "vmap_of_psum_of_unreduced", "in_spec_not_the_inputs",
                   "in_spec_not_the_inputs_sharding", "out_spec_without_the_partial_sum"}
 
 
