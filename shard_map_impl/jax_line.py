@@ -183,25 +183,18 @@ def vma_of(aval: Any) -> frozenset:
   return frozenset(getattr(aval, "vma", frozenset()))
 
 
-def with_vma(aval: core.ShapedArray, vma: frozenset, **updates: Any) -> core.ShapedArray:
-  """``aval.update(**updates)`` with its varying manual axes set to ``vma``."""
-  if NEW_LINE:
-    mat = aval.mat.update(varying=frozenset(vma))  # type: ignore[attr-defined]
-    return aval.update(manual_axis_type=mat, **updates)
-  return aval.update(vma=frozenset(vma), **updates)
-
-
 def with_manual_type(aval: core.ShapedArray, vma: frozenset,
                      partial_sums: tuple[frozenset, frozenset], **updates: Any
                      ) -> core.ShapedArray:
-  """``with_vma`` that also sets the (unreduced, reduced) axes (none on 0.6)."""
-  if not NEW_LINE:
-    assert not any(partial_sums), "jax 0.6 avals have no unreduced/reduced axes"
-    return with_vma(aval, vma, **updates)
-  unreduced, reduced = partial_sums
-  mat = core.ManualAxisType(varying=frozenset(vma), unreduced=unreduced,  # type: ignore[attr-defined, unused-ignore]  # other JAX line
-                            reduced=reduced)
-  return aval.update(manual_axis_type=mat, **updates)
+  """``aval.update(**updates)`` with its varying manual axes set to ``vma`` and its
+  (unreduced, reduced) axes to ``partial_sums`` (0.6 types neither of the latter)."""
+  if NEW_LINE:
+    unreduced, reduced = partial_sums
+    mat = core.ManualAxisType(varying=frozenset(vma), unreduced=unreduced,  # type: ignore[attr-defined, unused-ignore]  # other JAX line
+                              reduced=reduced)
+    return aval.update(manual_axis_type=mat, **updates)
+  assert not any(partial_sums), "jax 0.6 avals have no unreduced/reduced axes"
+  return aval.update(vma=frozenset(vma), **updates)
 
 
 def call_shard_handler(handler: Callable, mesh: Any, auto: frozenset, check: bool,
