@@ -7,8 +7,10 @@ against legacy ``jax.pmap`` run the same way (see mp/worker.py). Bounded: the jo
 is killed after TIMEOUT seconds and the test fails with both processes' logs.
 
 The harness (support.multiprocess_jobs) is tested here too: a process of another job is
-refused, and two jobs running at once each compute over their own processes only.
+refused, and a second job running beside the main one computes over its own processes
+only (the main job's comparisons show the same for it).
 """
+import concurrent.futures
 import os
 
 import numpy as np
@@ -28,9 +30,19 @@ EXPECTED = ["p_psum_and_index", "p_collectives", "p_broadcast_in_and_out",
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-  return run_job(WORKER, str(tmp_path_factory.mktemp("mp")), num_processes=NPROC,
-                 timeout=TIMEOUT)
+def jobs(tmp_path_factory):
+  """The main job and, at the same time, a small job beside it whose slices differ."""
+  dirs = [str(tmp_path_factory.mktemp(name)) for name in ("mp", "beside")]
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    main = pool.submit(run_job, WORKER, dirs[0], num_processes=NPROC, timeout=TIMEOUT)
+    beside = pool.submit(run_job, PROBE, dirs[1], num_processes=NPROC, args=["500"],
+                         timeout=TIMEOUT)
+    return main.result(), beside.result()
+
+
+@pytest.fixture(scope="module")
+def job(jobs):
+  return jobs[0]
 
 
 @pytest.mark.multiprocess
@@ -60,21 +72,12 @@ def test_a_process_of_another_job_is_refused(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_concurrent_jobs_each_reduce_over_their_own_processes(tmp_path):
-  import concurrent.futures  # pylint: disable=import-outside-toplevel
-  offsets = [0, 500]  # the jobs' slices differ, so a collective mixing them would show
-  dirs = [tmp_path / f"job{i}" for i in range(len(offsets))]
-  for d in dirs:
-    d.mkdir()
-  with concurrent.futures.ThreadPoolExecutor(len(offsets)) as pool:
-    outcomes = list(pool.map(
-        lambda d, o: run_job(PROBE, str(d), num_processes=NPROC, args=[str(o)],
-                             timeout=TIMEOUT), dirs, offsets))
-  for outcome in outcomes:
-    assert outcome.clean, f"exit codes {outcome.returncodes}\n{outcome.logs}"
-    slices = [np.asarray(r["slice"]) for r in outcome.results]
-    own_total = sum(s.sum(0) for s in slices)  # what a psum over this job alone gives
-    for pid, r in enumerate(outcome.results):
-      assert r["ours"] == r["reference"], (pid, r)
-      np.testing.assert_array_equal(np.asarray(r["reference"]),
-                                    np.broadcast_to(own_total, slices[pid].shape))
+def test_a_job_beside_another_reduces_over_its_own_processes(jobs):
+  beside = jobs[1]
+  assert beside.clean, f"exit codes {beside.returncodes}\n{beside.logs}"
+  slices = [np.asarray(r["slice"]) for r in beside.results]
+  own_total = sum(s.sum(0) for s in slices)  # what a psum over this job alone gives
+  for pid, r in enumerate(beside.results):
+    assert r["ours"] == r["reference"], (pid, r)
+    np.testing.assert_array_equal(np.asarray(r["reference"]),
+                                  np.broadcast_to(own_total, slices[pid].shape))

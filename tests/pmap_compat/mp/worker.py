@@ -6,8 +6,8 @@ program in PROGRAMS twice, under legacy ``jax.pmap`` and under ``pmap_compat.pma
 each process passing its own host-local slice, and compares the results leaf by leaf
 (values, dtypes, shapes and the host-local output shardings). Both processes run the
 same programs in the same order, so their collectives line up. Every call waits for its
-results before the next one starts (``one_program_in_flight``): XLA's gloo collectives
-mix up independent programs in flight together, under either pmap. Writes
+results before the next one starts (``one_program_in_flight``): jax 0.6.0's gloo
+collectives mix up independent programs in flight together, under either pmap. Writes
 {program: "ok" | error text} to this process's result file.
 """
 from __future__ import annotations
