@@ -1,10 +1,11 @@
 """The callable ``pmap`` returns: legacy's surface around one shared jit per config.
 
 Steady-state calls run in C++: on jax 0.6 jax's C++ pmap call cache runs our compiled
-jit(shard_map) executable (``fastpath``), on jax 0.10 the call goes straight to jit's
-own C++ path (``jit_dispatch``). A call neither can serve comes to ``cache_miss``, which
+jit(shard_map) executable (``fastpath``), on jax 0.10 a C++ call cache of jit's kind
+does (``jit_dispatch``). A call neither can serve comes to ``cache_miss``, which
 handles nested calls, calls under a user's trace, strict replication checks and first
-calls; the plain-jit slow path moves committed inputs onto the mesh before tracing.
+calls; the plain-jit slow path moves committed inputs onto the program's devices before
+tracing (``_move_committed``).
 """
 from __future__ import annotations
 
@@ -150,9 +151,9 @@ def _as_pmap_outputs(out: Any) -> Any:
 def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
   """The object ``pmap`` returns: a C++ call cache in front of our programs.
 
-  On a signature it has seen, the C++ dispatcher (jax 0.6: ``fastpath``; jax 0.10: jit's,
-  ``jit_dispatch``) runs our compiled jit(shard_map) executable without entering our
-  Python. Everything else lands in ``cache_miss`` below.
+  On a signature it has seen, the C++ dispatcher (jax 0.6: ``fastpath``; jax 0.10: one of
+  jit's kind, ``jit_dispatch``) runs our compiled jit(shard_map) executable without
+  entering our Python. Everything else lands in ``cache_miss`` below.
   """
   entry = cache.entry_for(fun, cfg)
   call_slow = _PlacedCall(entry, fun, lambda j: j)
