@@ -88,3 +88,13 @@ def test_static_numpy_and_keyword_calls_stay_in_cpp(case):
   for _ in range(4):
     expected = call(g, expected)
   assert_trees_equal(expected, x)
+
+
+def test_nested_steady_state_calls_stay_in_cpp():
+  # 0.10.2's own jax.pmap rejects nested pmaps; the reference is nested vmap.
+  def make(pm):
+    return pm(pm(lambda x: lax.psum(x, ("i", "j")) + x * lax.axis_index("j"), "i"), "j")
+  x, ours = warm_calls(make(pmap), arr(2, 4, 3))
+  assert ours == ["__call__"] * 3, ours
+  g = make(lambda f, name: jax.vmap(f, axis_name=name))
+  assert_trees_equal(g(g(g(g(arr(2, 4, 3))))), x)
