@@ -15,18 +15,19 @@ check themselves against jax.pmap (or legacy recordings) on the JAX they run on.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from support import venvs
+from support.multiprocess_jobs import reserved_port
 
 # This module drives every JAX line itself (0.6.0 in-process, the others through their
 # environments), so the in-process run on jax 0.10.2 has nothing to add.
@@ -125,20 +126,20 @@ def _run_blocks_job(version: str, blocks: list[Block], out_dir: str, processes: 
              XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
   results = [os.path.join(out_dir, f"results_{i}.json") for i in range(processes)]
   commands = [[python, "-W", "error::DeprecationWarning", RUN_BLOCKS, spec, path] for path in results]
-  if processes > 1:
-    with socket.socket() as s:
-      s.bind(("127.0.0.1", 0))
-      port = s.getsockname()[1]
-    commands = [cmd + ["--distributed", f"127.0.0.1:{port}", str(i), str(processes)]
-                for i, cmd in enumerate(commands)]
-  procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for cmd in commands]
-  try:
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  with contextlib.ExitStack() as job:
+    if processes > 1:
+      # Reserved for the whole job, so no concurrent job can start a coordinator on it.
+      port = job.enter_context(reserved_port())
+      commands = [cmd + ["--distributed", f"127.0.0.1:{port}", str(i), str(processes)]
+                  for i, cmd in enumerate(commands)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for cmd in commands]
+    try:
+      outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
   for p, out, path in zip(procs, outs, results, strict=True):
     assert p.returncode == 0 and os.path.exists(path), f"exit {p.returncode}\n{out[-3000:]}"
   loaded = []

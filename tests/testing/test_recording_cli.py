@@ -4,7 +4,6 @@ The first tests start the real CLI; the rest call its `main(argv)` in this proce
 (the same code path, without a JAX start-up per call).
 """
 import os
-import socket
 import subprocess
 
 import pytest
@@ -13,6 +12,7 @@ from pmap_compat.testing import recordings
 from pmap_compat.testing.__main__ import main
 
 from recording_cli import EXAMPLES, cli, cli_command, cli_env, copy_example, edit_one_line, output
+from support.multiprocess_jobs import reserved_port
 from support.venvs import ROOT
 
 DP_SGD = os.path.join(EXAMPLES, "dp_sgd.py")
@@ -87,25 +87,24 @@ def test_nothing_compared_exits_2_naming_the_problem(tmp_path, capsys, args, mes
 
 def _two_process_job(args: list[str], timeout: float = 240) -> list[subprocess.CompletedProcess]:
   """Starts the CLI twice as one jax.distributed job (4 CPU devices each), as on two hosts."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "PMAP_EXAMPLE_COORDINATOR": f"127.0.0.1:{port}", "PMAP_EXAMPLE_NUM_PROCESSES": "2"}
-  procs = [subprocess.Popen(cli_command(args), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            env=cli_env({**env, "PMAP_EXAMPLE_PROCESS_ID": str(i)}))
-           for i in range(2)]
-  results = []
-  try:
-    for p in procs:
-      out, err = p.communicate(timeout=timeout)
-      results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  return results
+  # The port stays reserved for the whole job: no other job can take it meanwhile.
+  with reserved_port() as port:
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "PMAP_EXAMPLE_COORDINATOR": f"127.0.0.1:{port}", "PMAP_EXAMPLE_NUM_PROCESSES": "2"}
+    procs = [subprocess.Popen(cli_command(args), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE,
+                              env=cli_env({**env, "PMAP_EXAMPLE_PROCESS_ID": str(i)}))
+             for i in range(2)]
+    results = []
+    try:
+      for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+    return results
 
 
 @pytest.mark.slow
