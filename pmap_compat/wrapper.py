@@ -21,7 +21,8 @@ from jax.tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_le
                            tree_unflatten)
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import aot, cache, errors, inputs, jax_line, jit_dispatch, meshes, nesting
+from pmap_compat import aot, arguments, cache, errors, inputs, jax_line, jit_dispatch, meshes
+from pmap_compat import nesting
 from pmap_compat import outputs
 from pmap_compat import program
 from pmap_compat.config import PmapConfig
@@ -148,6 +149,21 @@ def _as_pmap_outputs(out: Any) -> Any:
   return tree_unflatten(tree, outputs.wrap_outputs(leaves))
 
 
+def _worded_as_legacy(call: Callable, cfg: PmapConfig, args: tuple, kwargs: dict) -> Any:
+  """``call(*args, **kwargs)`` off the top-level path, its errors worded as legacy's: too
+  many devices names the user's jit being staged; an argument jit cannot interpret is
+  named by legacy's type check."""
+  try:
+    return call(*args, **kwargs)
+  except errors.TooManyDevices as err:
+    raise err.in_jit() from None
+  except TypeError as err:
+    if str(err).startswith("Error interpreting argument"):
+      dynamic, _ = arguments.split_static(args, cfg.static)
+      errors.check_jax_types(tree_leaves((dynamic, kwargs)))
+    raise
+
+
 def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
   """The object ``pmap`` returns: a C++ call cache in front of our programs.
 
@@ -164,11 +180,11 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
     if frame is not None:  # inside an outer pmap's body: become a mesh axis of it
       return program.run_nested(cfg, fun, frame, args, kwargs), None
     if cfg.strict_replication:
-      out, flags = call_slow(*args, **kwargs)
+      out, flags = _worded_as_legacy(call_slow, cfg, args, kwargs)
       _check_replicated(cfg, out, flags)
       return _as_pmap_outputs(out), None
     if _trace_ctx.trace is not _eval_trace:  # a user's jit / vmap / grad: plain jit
-      return call_slow(*args, **kwargs), None
+      return _worded_as_legacy(call_slow, cfg, args, kwargs), None
     top = entry.top
     _, mesh, shardings = program.input_shardings(cfg, fun, args, kwargs, False, top.meshes)
     if mesh is None or len(mesh.axis_names) > 1:  # not known before tracing / nested pmap

@@ -283,8 +283,6 @@ def needs_sixteen(x):
   return x + 1
 
 
-@pytest.mark.xfail(strict=True, reason="the wrapper does not yet re-raise errors.TooManyDevices "
-                   "met under a user's jit as err.in_jit(), which names that jit as legacy does")
 @pytest.mark.parametrize("program", [
     lambda pm: jax.jit(pm(needs_sixteen))(np.ones(16)),
     lambda pm: jax.jit(lambda x: pm(needs_sixteen)(x) * 2)(np.ones(16)),
@@ -309,9 +307,6 @@ def _strict(pm):
   return functools.partial(pm, check_replicated=True) if pm is pmap else pm
 
 
-@pytest.mark.xfail(strict=True, reason="the wrapper's slow path (under a trace, strict "
-                   "replication) does not yet turn jit's 'Error interpreting argument' into "
-                   "errors.check_jax_types on the call's leaves, legacy's wording")
 @pytest.mark.parametrize("program", [
     lambda pm: jax.jit(lambda a: pm(lambda x, y: x)(a, OBJECTS))(ONES),
     lambda pm: jax.grad(lambda a: pm(lambda x, y: x)(a, OBJECTS).sum())(ONES),
