@@ -124,7 +124,8 @@ def _enclosing_jit_names() -> list[str]:
   names = []
   trace = core.trace_ctx.trace
   while trace is not None:
-    if isinstance(trace, pe.DynamicJaxprTrace):
+    # jax 0.10 types a frame's debug info as optional (its traces always set one).
+    if isinstance(trace, pe.DynamicJaxprTrace) and trace.frame.debug_info is not None:
       names.append(trace.frame.debug_info.func_name)
     trace = getattr(trace, "parent_trace", None)  # jax 0.6's jit traces have none
   return names

@@ -12,7 +12,7 @@ renamed between the lines. No other module of the package looks at the JAX versi
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from jax._src import dtypes
@@ -20,6 +20,8 @@ from jax._src import mesh as mesh_lib
 
 # jax 0.6.0: legacy pmap's C++ dispatcher and PmapSharding exist.
 LEGACY_PMAP_RUNTIME: bool = jax.__version__ == "0.6.0"
+
+sharding_specs: Any  # PmapSharding's layout descriptions
 
 if LEGACY_PMAP_RUNTIME:
   from jax._src import prng
@@ -29,29 +31,38 @@ if LEGACY_PMAP_RUNTIME:
   from jax._src import sharding_specs as _sharding_specs
   from jax._src.sharding_impls import PmapSharding
 
-  sharding_specs: Any = _sharding_specs  # PmapSharding's layout descriptions
+  sharding_specs = _sharding_specs
 
   NO_CONCRETE_MESH: Any = None  # what clears the ambient concrete mesh
   # The mesh axis of an unnamed outermost pmap (legacy's name was a fresh object per call).
   DEFAULT_AXIS_NAME = "_pmap_compat_axis0"
 else:
-  from jax._src.pjit import jit_p  # type: ignore[attr-defined,no-redef]
+  from jax._src.pjit import jit_p  # type: ignore[attr-defined, no-redef, unused-ignore]
   from jax._src.random import prng
-  from jax._src.stages import DeviceAssignmentMismatchError  # type: ignore[attr-defined,no-redef]
+  from jax._src.stages import DeviceAssignmentMismatchError  # type: ignore[attr-defined, no-redef, unused-ignore]
 
-  _canonicalize = dtypes.canonicalize_value  # type: ignore[attr-defined]
+  _canonicalize = dtypes.canonicalize_value  # type: ignore[attr-defined, unused-ignore]
   sharding_specs = None  # PmapSharding's layout descriptions went with it
-  NO_CONCRETE_MESH = mesh_lib.empty_concrete_mesh  # type: ignore[attr-defined]
+  NO_CONCRETE_MESH = mesh_lib.empty_concrete_mesh  # type: ignore[attr-defined, unused-ignore]
   # 0.10.2's own jax.pmap's name, so results carry the very sharding its results carry.
   DEFAULT_AXIS_NAME = "_internal_pmap_axis_name"
 
-  class PmapSharding:  # type: ignore[no-redef]
-    """jax 0.10 has no PmapSharding: no value is one, so checks for it are simply False."""
+  if TYPE_CHECKING:
+    from jax.sharding import Sharding as _ShardingBase
+  else:
+    _ShardingBase = object
 
-  from jax._src import pjit as _pjit
-  from jax._src import tree_util as _tree_util
-  from jax._src.interpreters import pxla as _pxla
-  from jax._src.lib import _jax  # type: ignore[attr-defined, unused-ignore]  # jax 0.10 only
+  class PmapSharding(_ShardingBase):  # type: ignore[no-redef, unused-ignore]
+    """jax 0.10 has no PmapSharding: no value is one, so checks for it are simply False.
+
+    The type checker sees legacy's surface, which code run on jax 0.6 only (outputs.py)
+    uses; at run time the class is empty.
+    """
+    if TYPE_CHECKING:
+      devices: Any
+      sharding_spec: Any
+
+      def __init__(self, devices: Any, sharding_spec: Any) -> None: ...
 
 
 def jit_call_cache(name: str, fun: Any, cache_miss: Any, static_argnums: tuple) -> Any:
@@ -64,6 +75,11 @@ def jit_call_cache(name: str, fun: Any, cache_miss: Any, static_argnums: tuple) 
   call cache under ``fun`` (held weakly there, so they go with ``fun``) and a key of ours,
   apart from the jit objects' own entries; ``jax.clear_caches()`` empties them.
   """
+  # Imported here: internals of jax 0.10's jit that this jax 0.10-only function drives.
+  from jax._src import pjit as _pjit
+  from jax._src import tree_util as _tree_util
+  from jax._src.interpreters import pxla as _pxla
+  from jax._src.lib import _jax  # type: ignore[attr-defined, unused-ignore]  # jax 0.10 only
   return _jax.pjit(name, fun, cache_miss, static_argnums, (), _CALL_CACHE_KEY,
                    _tree_util.dispatch_registry, _pxla.cc_shard_arg,
                    _pjit._get_cpp_global_cache(False))

@@ -173,7 +173,10 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
   """
   entry = cache.entry_for(fun, cfg)
   call_slow = _PlacedCall(entry, fun, lambda j: j)
-  run = fastpath.run if jax_line.LEGACY_PMAP_RUNTIME else jit_dispatch.run
+  if jax_line.LEGACY_PMAP_RUNTIME:
+    run = fastpath.run
+  else:
+    run = jit_dispatch.run
 
   def cache_miss(*args, **kwargs):
     frame = _state.frame

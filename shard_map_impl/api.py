@@ -220,10 +220,11 @@ def _mapped(f: Callable, request: _Request) -> Callable:
 def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callable[[], Specs],
           check_rep: bool, auto: frozenset, debug_info: core.DebugInfo, args: tuple) -> Any:
   args_flat, in_tree = tree_flatten(args)
-  if len(debug_info.arg_names) != len(args_flat):  # only a debug_info= given can disagree
+  names = debug_info.arg_names  # None possible on jax 0.10 (a debug_info= given)
+  if names is None or len(names) != len(args_flat):  # only a debug_info= given can disagree
     raise ValueError(
-        f"shard_map debug_info names {len(debug_info.arg_names)} arguments "
-        f"{debug_info.arg_names} but the call passes {len(args_flat)} flattened arguments; "
+        f"shard_map debug_info names {'no' if names is None else len(names)} arguments "
+        f"{names} but the call passes {len(args_flat)} flattened arguments; "
         "build it from this call's arguments.")
   if infers(in_specs):
     specs_flat = [inferred_spec(mesh, auto, x) for x in args_flat]

@@ -25,7 +25,7 @@ from shard_map_impl import debug_names as dn
 from shard_map_impl import split_residuals as rs
 from shard_map_impl.jax_line import get_aval, linearize_subtrace, name_derived_body
 from shard_map_impl.out_names import DerivedNames
-from shard_map_impl.primitive import register_trace_rule
+from shard_map_impl.primitive import ShardMapPrimitive, register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
 
@@ -54,8 +54,8 @@ def _flat_tangents(f: Callable, store: lu.Store, nonzero_in: tuple, *args: Any):
 
 
 @register_trace_rule(ad.JVPTrace)
-def jvp_rule(trace: ad.JVPTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers: Sequence[Any],
-             *,
+def jvp_rule(trace: ad.JVPTrace, prim: ShardMapPrimitive, fun: lu.WrappedFun,
+             tracers: Sequence[Any], *,
              mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk: OutNamesThunk,
              check_rep: bool, rewrite: bool, auto: frozenset) -> list:
   pairs = [trace.to_primal_tangent_pair(t) for t in tracers]
@@ -109,7 +109,7 @@ class _Promoter:
 
 
 @register_trace_rule(ad.LinearizeTrace)
-def linearize_rule(trace: ad.LinearizeTrace, prim: core.Primitive, fun: lu.WrappedFun,
+def linearize_rule(trace: ad.LinearizeTrace, prim: ShardMapPrimitive, fun: lu.WrappedFun,
                    tracers: Sequence[Any],
                    *, mesh: AnyMesh, in_names: Sequence[AxisNames], out_names_thunk:
                    OutNamesThunk, check_rep: bool, rewrite: bool, auto: frozenset) -> list:

@@ -65,7 +65,10 @@ def consistent(jaxpr: core.Jaxpr) -> core.Jaxpr:
 def _paths(debug_info: core.DebugInfo) -> tuple[str, ...]:
   """Resolved result paths of a traced function (call after it has run)."""
   paths = debug_info.result_paths
-  return tuple(paths() if callable(paths) else paths or ())
+  if callable(paths):
+    return tuple(paths())
+  # None: unknown; jax 0.10's not-yet-traced marker cannot be left once it has run.
+  return paths if isinstance(paths, tuple) else ()
 
 
 def renamed(fun: lu.WrappedFun, source: core.DebugInfo, arg_names: Sequence[str],
@@ -81,9 +84,10 @@ def renamed(fun: lu.WrappedFun, source: core.DebugInfo, arg_names: Sequence[str]
                        fun.params, fun.in_type, dbg)
 
 
-def kept(values: Sequence, mask: Sequence[bool]) -> tuple:
-  """The ``values`` where ``mask`` is set; unknown names if lengths differ."""
-  if len(values) != len(mask):
+def kept(values: Sequence | None, mask: Sequence[bool]) -> tuple:
+  """The ``values`` where ``mask`` is set; unknown names if there are none (jax 0.10's
+  names may be None) or lengths differ."""
+  if values is None or len(values) != len(mask):
     return unnamed(sum(mask))
   return tuple(v for v, m in zip(values, mask, strict=True) if m)
 

@@ -156,7 +156,7 @@ def check_flag(check: bool) -> contextlib.AbstractContextManager:
 
 
 def check_flag_value() -> bool:
-  return (config._check_vma.value if NEW_LINE  # type: ignore[attr-defined]
+  return (config._check_vma.value if NEW_LINE  # type: ignore[attr-defined, unused-ignore]
           else config._check_rep.value)  # type: ignore[attr-defined, unused-ignore]
 
 
@@ -286,7 +286,7 @@ def to_jaxpr_tracer(trace: pe.DynamicJaxprTrace, x: Any, source_info: Any) -> An
   if NEW_LINE:  # 0.10 stages only canonical constants (no raw numpy arrays)
     if not isinstance(x, core.Tracer):
       x = dtypes.canonicalize_value(x)  # type: ignore[attr-defined, unused-ignore]  # other JAX line
-    return trace.to_jaxpr_tracer(x, source_info)  # type: ignore[call-arg]
+    return trace.to_jaxpr_tracer(x, source_info)  # type: ignore[call-arg, unused-ignore]
   return trace.to_jaxpr_tracer(x)
 
 
@@ -295,7 +295,7 @@ def emit_eqn(trace: pe.DynamicJaxprTrace, in_tracers: Sequence[Any],
              params: dict[str, Any], effects: Any, source_info: Any) -> list:
   """Add one equation to ``trace``'s jaxpr; returns its output tracers."""
   if NEW_LINE:
-    return trace.emit_eqn(list(in_tracers), list(out_avals), prim, params,  # type: ignore[attr-defined]
+    return trace.emit_eqn(list(in_tracers), list(out_avals), prim, params,  # type: ignore[attr-defined, unused-ignore]
                           effects, source_info)
   outs = [pe.DynamicJaxprTracer(trace, a, source_info) for a in out_avals]
   eqn = pe.new_jaxpr_eqn([trace.getvar(t) for t in in_tracers],  # type: ignore[attr-defined, unused-ignore]
@@ -307,7 +307,7 @@ def emit_eqn(trace: pe.DynamicJaxprTrace, in_tracers: Sequence[Any],
 
 def body_effects(jaxpr: core.Jaxpr, axis_names: Sequence[Any]) -> Any:
   """The effects a shard_map equation with this body has outside."""
-  effects = core.positional_effects(jaxpr) if NEW_LINE else jaxpr.effects  # type: ignore[attr-defined]
+  effects = core.positional_effects(jaxpr) if NEW_LINE else jaxpr.effects  # type: ignore[attr-defined, unused-ignore]
   return core.filter_named_axis_effects(effects, axis_names)
 
 
@@ -325,13 +325,14 @@ SHARDY_REGION_THREADS_STATE = NEW_LINE
 
 
 def ir_type(module_ctx: Any, aval: core.AbstractValue) -> Any:
-  return (mlir.aval_to_ir_type(module_ctx, aval) if NEW_LINE  # type: ignore[call-arg]
-          else mlir.aval_to_ir_type(aval))  # type: ignore[call-arg, unused-ignore]
+  if NEW_LINE:
+    return mlir.aval_to_ir_type(module_ctx, aval)  # type: ignore[call-arg, unused-ignore]
+  return mlir.aval_to_ir_type(aval)  # type: ignore[call-arg, unused-ignore]
 
 
 def jaxpr_constants(jaxpr: core.Jaxpr) -> list[tuple[Any, core.AbstractValue]]:
   """Large constants held in the jaxpr's literals, lowered as arguments (0.10)."""
-  return list(core.jaxpr_const_args(jaxpr)) if NEW_LINE else []  # type: ignore[attr-defined]
+  return list(core.jaxpr_const_args(jaxpr)) if NEW_LINE else []  # type: ignore[attr-defined, unused-ignore]
 
 
 def lower_inline(ctx: Any, module_ctx: Any, jaxpr: core.Jaxpr, tokens: Any,
@@ -369,7 +370,7 @@ def lower_call(ctx: Any, name: str, jaxpr: core.Jaxpr, module_ctx: Any,
 def build_sdy_shardings(module_ctx: Any, shardings: Sequence[Any]) -> Any:
   """The attribute listing one Shardy sharding per operand/result."""
   if NEW_LINE:
-    return sharding_impls.SdyArrayList(tuple(shardings)).build(  # type: ignore[attr-defined]
+    return sharding_impls.SdyArrayList(tuple(shardings)).build(  # type: ignore[attr-defined, unused-ignore]
         module_ctx.sharding_attr_cache)
   return sharding_impls.SdyArrayShardingList(list(shardings)).build()  # type: ignore[attr-defined, unused-ignore]
 
@@ -447,7 +448,7 @@ def eqn_effects(jaxpr: core.Jaxpr, invars: Sequence[Any], axis_names: Sequence[A
   0.10 keys input effects by the body's positions and resolves them to the
   equation's operands; 0.6 uses the body's effects as they are.
   """
-  effects = core.eqn_effects(jaxpr, invars) if NEW_LINE else jaxpr.effects  # type: ignore[attr-defined]
+  effects = core.eqn_effects(jaxpr, invars) if NEW_LINE else jaxpr.effects  # type: ignore[attr-defined, unused-ignore]
   return core.filter_named_axis_effects(effects, axis_names)
 
 
@@ -465,7 +466,9 @@ def discharge_state(jaxpr: core.Jaxpr) -> tuple[core.Jaxpr, list]:
 def ragged_batch_dims() -> tuple[type, ...]:
   """Batch-dimension types for ragged vmap (0.6 only; 0.10 removed them)."""
   from jax._src.interpreters import batching
-  return () if NEW_LINE else (batching.RaggedAxis,)
+  if NEW_LINE:
+    return ()
+  return (batching.RaggedAxis,)
 
 
 def explicit_vmap_axes(axis_data: Any) -> tuple | None:
@@ -476,7 +479,7 @@ def explicit_vmap_axes(axis_data: Any) -> tuple | None:
 def without_explicit_mesh_axes(axes: tuple | None) -> contextlib.AbstractContextManager:
   """Context hiding the vmapped-away explicit mesh ``axes`` (0.10)."""
   if NEW_LINE and axes:
-    return core.remove_explicit_mesh_axis_names(axes)  # type: ignore[attr-defined]
+    return core.remove_explicit_mesh_axis_names(axes)  # type: ignore[attr-defined, unused-ignore]
   return no_context()
 
 

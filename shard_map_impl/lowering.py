@@ -141,7 +141,8 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
   # Effect tokens and hoisted constants enter the region as leading arguments
   # where the JAX line does so (see jax_line.SHARDY_REGION_THREADS_STATE).
   threads = SHARDY_REGION_THREADS_STATE
-  effects = list(mlir.effects_lib.ordered_effects.filter_in(jaxpr.effects)) if threads else []
+  effects: list[core.Effect] = (
+      list(mlir.effects_lib.ordered_effects.filter_in(jaxpr.effects)) if threads else [])
   tokens = [ctx.tokens_in.get(e) for e in effects]
   scope = lambda: (axis_env(region.mesh, region.auto), check_flag(check_rep))
   if region.trivial(region.newly):
@@ -156,7 +157,7 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
   consts = jaxpr_constants(jaxpr)
   const_values = [mlir.ir_constant(c, const_lowering=ctx.const_lowering, aval=a)  # type: ignore[attr-defined, call-arg, unused-ignore]  # other JAX line
                   for c, a in consts] if consts else []
-  dim_vars = list(ctx.dim_var_values) if threads else []
+  dim_vars: list[ir.Value] = list(ctx.dim_var_values) if threads else []
   replicated = region.sdy_sharding({}, core.dim_value_aval())  # type: ignore[arg-type, unused-ignore]  # other JAX line
   build = lambda shardings: build_sdy_shardings(mc, shardings)
   in_shardings = ([replicated] * (len(dim_vars) + len(tokens))
@@ -171,8 +172,9 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
       token_type + [ir_type(mc, a) for a in ctx.avals_out],
       [*dim_vars, *tokens, *const_values, *args],
       build(in_shardings), build(out_shardings),
-      sdy.ManualAxesAttr.get(  # type: ignore[attr-defined]  # missing from jaxlib's stubs
-          ir.ArrayAttr.get([ir.StringAttr.get(a) for a in region.newly])))
+      sdy.ManualAxesAttr.get(  # type: ignore[attr-defined, unused-ignore]  # not in 0.6's stubs
+          # 0.10's stubs say a list; an ArrayAttr is a sequence of attributes to it as well.
+          ir.ArrayAttr.get([ir.StringAttr.get(a) for a in region.newly])))  # type: ignore[arg-type, unused-ignore]
   int_type = ir_type(mc, core.dim_value_aval())
   block = ir.Block.create_at_start(
       op.body, [int_type] * len(dim_vars) + token_type

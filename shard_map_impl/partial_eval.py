@@ -28,7 +28,7 @@ from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval
 from shard_map_impl import eqn_params
 from shard_map_impl.jax_line import body_effects, name_derived_body, new_eqn_recipe
-from shard_map_impl.primitive import register_trace_rule
+from shard_map_impl.primitive import ShardMapPrimitive, register_trace_rule
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk
 
 
@@ -89,7 +89,7 @@ def _known_half(f: Callable, store: lu.Store, tag: core.TraceTag, debug_info: co
 
 
 @register_trace_rule(pe.JaxprTrace)
-def partial_eval_rule(trace: pe.JaxprTrace, prim: core.Primitive, fun: lu.WrappedFun,
+def partial_eval_rule(trace: pe.JaxprTrace, prim: ShardMapPrimitive, fun: lu.WrappedFun,
                       tracers: Sequence[Any], *, mesh: AnyMesh, in_names:
                       Sequence[AxisNames], out_names_thunk: OutNamesThunk, check_rep: bool,
                       rewrite: bool, auto: frozenset) -> list:
