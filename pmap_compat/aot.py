@@ -68,7 +68,8 @@ class PmapCompiled(stages.Compiled):
     """The arguments moved onto the compiled input shardings; None if none could move."""
     leaves, tree = tree_flatten((args, kwargs))
     targets = tree_leaves(self.input_shardings)
-    if tree != self.in_tree or len(targets) != len(leaves):
+    # jaxlib 0.10 ships no stubs for PyTreeDef, so its hints leave the type unusable.
+    if tree != self.in_tree or len(targets) != len(leaves):  # type: ignore[operator, unused-ignore]
       return None  # jit's own error (tree or arity mismatch) says it best
     try:
       moved = inputs.place_leaves(leaves, targets)
@@ -84,7 +85,8 @@ class PmapLowered(stages.Lowered):
   def of(cls, lowered: stages.Lowered) -> PmapLowered:
     return _recast(cls, lowered)
 
-  def compile(self, compiler_options: Any = None) -> PmapCompiled:
+  # Legacy's signature: jax 0.10's jit added a device_assignment keyword that pmap never had.
+  def compile(self, compiler_options: Any = None) -> PmapCompiled:  # type: ignore[override, unused-ignore]
     return PmapCompiled.of(super().compile(compiler_options))
 
 
