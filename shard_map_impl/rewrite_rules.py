@@ -94,7 +94,8 @@ def _closed_call(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any,
 @register_rewrite_rule(ad_checkpoint.remat_p)
 def _remat(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, jaxpr: core.Jaxpr,
            **params: Any):
-  new, out_reps = rewrite_jaxpr(mesh, pe.close_jaxpr(jaxpr), in_reps)
+  # Closed here, not by pe.close_jaxpr, whose cache entry would keep the body alive.
+  new, out_reps = rewrite_jaxpr(mesh, core.ClosedJaxpr(jaxpr, ()), in_reps)
   body = pe.convert_constvars_jaxpr(new.jaxpr)
   outs = ad_checkpoint.remat_p.bind(*new.consts, *args, jaxpr=body, **params) \
       if new.consts else ad_checkpoint.remat_p.bind(*args, jaxpr=new.jaxpr, **params)

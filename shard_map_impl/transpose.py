@@ -96,9 +96,10 @@ class _TransposeBody:
       all_cts = ad.backward_pass(self.jaxpr, False, (), primals, cts)
       return [ct for ct, lin in zip(all_cts, self.linear, strict=True) if lin]
     # Separate the body into the part computable from the residual inputs
-    # and the part linear in the undefined inputs, then transpose the latter.
+    # and the part linear in the undefined inputs, then transpose the latter. (Closed here,
+    # not by pe.close_jaxpr, whose cache entry would keep the body alive.)
     known_jaxpr, linear_jaxpr, out_unknown, _ = pe.partial_eval_jaxpr_nounits(
-        pe.close_jaxpr(self.jaxpr), self.linear, False)
+        core.ClosedJaxpr(self.jaxpr, ()), self.linear, False)
     res = core.jaxpr_as_fun(known_jaxpr)(*res_args)
     n_known_outs = len(out_unknown) - sum(out_unknown)
     res = res[n_known_outs:]
