@@ -43,21 +43,30 @@ def smap(f: Callable | None = None, /, *, in_axes: Any = Infer, out_axes: Any,
 
 
 def _check_arguments(in_axes: Any, out_axes: Any, axis_name: Any) -> None:
+  problem = _argument_problem(in_axes, out_axes, axis_name)
+  if problem is not None:
+    raise TypeError(problem)
+
+
+def _argument_problem(in_axes: Any, out_axes: Any, axis_name: Any) -> str | None:
+  """What is wrong with smap's arguments, in jax.smap's words (None: nothing)."""
+  def ints_only(tree: Any) -> bool:
+    return all(isinstance(a, int) for a in tree_leaves(tree))
+
+  kinds = "an int, None, jax.sharding.Infer, or"
   if isinstance(axis_name, (list, tuple)):
-    raise TypeError(
-        f"smap axis_name should be a `str` or a `Hashable`, but got {axis_name}")
-  if in_axes is not None and not infers(in_axes) and not isinstance(in_axes, (int, tuple)):
-    raise TypeError(
-        "smap in_axes must be an int, None, jax.sharding.Infer, or a tuple of entries "
-        f"corresponding to the positional arguments passed to the function, but got "
-        f"{in_axes}.")
-  if not infers(in_axes) and not all(isinstance(a, int) for a in tree_leaves(in_axes)):
-    raise TypeError(
-        "smap in_axes must be an int, None, jax.sharding.Infer, or (nested) container "
-        f"with those types as leaves, but got {in_axes}.")
-  if not all(isinstance(a, int) for a in tree_leaves(out_axes)):
-    raise TypeError("smap out_axes must be an int, None, or (nested) container "
-                    f"with those types as leaves, but got {out_axes}.")
+    return f"smap axis_name should be a `str` or a `Hashable`, but got {axis_name}"
+  if not infers(in_axes):
+    if in_axes is not None and not isinstance(in_axes, (int, tuple)):
+      return (f"smap in_axes must be {kinds} a tuple of entries corresponding to the "
+              f"positional arguments passed to the function, but got {in_axes}.")
+    if not ints_only(in_axes):
+      return (f"smap in_axes must be {kinds} (nested) container with those types as "
+              f"leaves, but got {in_axes}.")
+  if not ints_only(out_axes):
+    return ("smap out_axes must be an int, None, or (nested) container with those types "
+            f"as leaves, but got {out_axes}.")
+  return None
 
 
 def _axis_spec(axis_name: Hashable, axis: int | None) -> PartitionSpec:
