@@ -16,6 +16,7 @@ import difflib
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,20 @@ def _new_cells(code: CellCode, new_source: str) -> list[str | None]:
       raise RuntimeError(f"the conversion moved code into a {cell_magic[0].strip()} cell")
   return [None if new == _normal(old) else _with_endings(old, new, code.newline)
           for old, new in zip(code.cells, texts, strict=True)]
+
+
+_MASK_NUMBER_RE = re.compile(rf"\b{_MASK}\((\d+)\)")
+
+
+def hidden_lines(code: CellCode, wanted: Callable[[str], bool]) -> list[int]:
+  """Lines of ``code.source`` that stand for IPython syntax ``wanted`` picks: code the
+  codemod does not see, so cannot convert."""
+  found = []
+  for number, line in enumerate(code.source.split("\n"), 1):
+    mask = _MASK_NUMBER_RE.search(line)
+    if mask and wanted(code.magics[int(mask.group(1))]):
+      found.append(number)
+  return found
 
 
 def cell_of(code: CellCode, line: int) -> tuple[int, int]:

@@ -117,6 +117,20 @@ _KEYWORDS = re.compile(r"pmap|device_put_(?:replicated|sharded)|process_(?:count
                        + "|".join(sorted(removed_names.LAST_NAMES)))
 
 
+# pmap inside IPython syntax (a magic's line, a shell escape, an opaque cell magic's body) is
+# masked from the parse: reported instead of silently left alone. A help query is not code.
+_PMAP = re.compile(r"\bpmap\b")
+_HELP_QUERY = re.compile(r"\?{0,2}[\w.]+\?{0,2}")  # `jax.pmap?` only shows documentation
+
+
+def _hides_pmap(syntax: str) -> bool:
+  return bool(_PMAP.search(syntax)) and not _HELP_QUERY.fullmatch(syntax.strip())
+
+
+_HIDDEN_PMAP = ("pmap inside IPython syntax (a magic or a shell escape) is not converted: "
+                "rewrite it by hand")
+
+
 def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
   try:
     module = cst.parse_module(raw)
@@ -148,10 +162,12 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
   except cst.ParserSyntaxError as e:
     _parse_error(result, e)
     return
-  if not _KEYWORDS.search(code.source):
+  hidden = notebook.hidden_lines(code, _hides_pmap)
+  if not hidden and not _KEYWORDS.search(code.source):
     return
   out = transform_module(module, options, result.path, source=code.source)
   _collect(result, out)
+  result.findings += [Finding(line, 1, Severity.WARNING, _HIDDEN_PMAP) for line in hidden]
   for i, f in enumerate(result.findings):
     cell, line = notebook.cell_of(code, f.line)
     result.findings[i] = Finding(line, f.column, f.severity, f"cell {cell + 1}: {f.message}")
@@ -170,8 +186,11 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
       _undecodable(result, e)
     return  # other markdown is none of the codemod's business
   code = notebook.read_markdown(text)
-  if code is None or not _KEYWORDS.search(code.source):
-    return  # plain markdown, or no code the codemod handles
+  if code is None:
+    return  # plain markdown
+  hidden = notebook.hidden_lines(code, _hides_pmap)
+  if not hidden and not _KEYWORDS.search(code.source):
+    return  # no code the codemod handles
   try:
     module = cst.parse_module(code.source)
   except cst.ParserSyntaxError as e:
@@ -179,6 +198,7 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
     return
   out = transform_module(module, options, result.path, source=code.source)
   _collect(result, out)
+  result.findings += [Finding(line, 1, Severity.WARNING, _HIDDEN_PMAP) for line in hidden]
   for i, f in enumerate(result.findings):
     cell, line = notebook.cell_of(code, f.line)
     result.findings[i] = Finding(code.first_lines[cell] + line, f.column, f.severity,

@@ -371,3 +371,17 @@ def test_markdown_cells_of_another_kernel_are_left_alone(tmp_path):
   code, new, report = _convert(tmp_path / "md", "mixed.md", (julia + "\n" + python).encode())
   assert code == 0 and "ERROR" not in report, report
   assert new.decode().startswith(julia + "\n") and "jax.pmap" not in new.decode()
+
+
+def test_pmap_inside_ipython_syntax_is_reported_not_silently_left(tmp_path):
+  cells = [["import jax\n", "%time out = jax.pmap(lambda v: v + 1)(x)\n", "jax.pmap?\n"],
+           ["%%writefile job.py\n", "step = jax.pmap(f)\n"],
+           ["import numpy as np\n", "x = np.ones((8, 2))\n", SITE]]
+  nb = json.dumps(_notebook(*cells), indent=1).encode()
+  status, new, report = _convert(tmp_path, "hidden.ipynb", nb)
+  assert status == 0, report
+  hidden = [l for l in report.splitlines() if "pmap inside IPython syntax" in l]
+  assert [l.split(":")[1:3] for l in hidden] == [["2", "1 WARNING cell 1"], ["1", "1 WARNING cell 2"]]
+  cells_after = ["".join(c["source"]) for c in json.loads(new)["cells"]]
+  assert cells_after[:2] == ["".join(c) for c in cells[:2]]  # left exactly as they were
+  assert "jax.pmap(" not in cells_after[2]  # the visible site is converted
