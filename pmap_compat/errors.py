@@ -240,6 +240,11 @@ def not_a_jax_type(x: Any) -> TypeError:
   return TypeError(f"Argument '{x}' of type {type(x)} is not a valid JAX type.")
 
 
+def jit_refused_argument(err: Exception) -> bool:
+  """Is ``err`` jit's refusal of a value that is not a JAX type, raised before tracing?"""
+  return isinstance(err, TypeError) and str(err).startswith("Error interpreting argument")
+
+
 def check_jax_types(leaves: Sequence[Any]) -> None:
   """Legacy's error for the first argument leaf that is no JAX value (an object-dtype
   array, a string); called once something else has refused the leaves."""

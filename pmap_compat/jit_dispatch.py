@@ -59,8 +59,7 @@ def _for_the_slow_path(err: Exception) -> bool:
   not match in_axes, a string passed where legacy reports the rank of its shape)."""
   if isinstance(err, errors.InAxesMismatch) or inputs_on_other_devices(err):
     return True
-  # jit's refusal of a non-array argument, raised before tracing.
-  return isinstance(err, TypeError) and str(err).startswith("Error interpreting argument")
+  return errors.jit_refused_argument(err)
 
 
 class _Miss:

@@ -158,7 +158,7 @@ def _worded_as_legacy(call: Callable, cfg: PmapConfig, args: tuple, kwargs: dict
   except errors.TooManyDevices as err:
     raise err.in_jit() from None
   except TypeError as err:
-    if str(err).startswith("Error interpreting argument"):
+    if errors.jit_refused_argument(err):
       dynamic, _ = arguments.split_static(args, cfg.static)
       errors.check_jax_types(tree_leaves((dynamic, kwargs)))
     raise
