@@ -131,6 +131,11 @@ _HIDDEN_PMAP = ("pmap inside IPython syntax (a magic or a shell escape) is not c
                 "rewrite it by hand")
 
 
+def _hidden_pmaps(code: notebook.CellCode) -> list[Finding]:
+  return [Finding(line, 1, Severity.WARNING, _HIDDEN_PMAP)
+          for line in notebook.hidden_lines(code, _hides_pmap)]
+
+
 def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
   try:
     module = cst.parse_module(raw)
@@ -162,12 +167,12 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
   except cst.ParserSyntaxError as e:
     _parse_error(result, e)
     return
-  hidden = notebook.hidden_lines(code, _hides_pmap)
+  hidden = _hidden_pmaps(code)
   if not hidden and not _KEYWORDS.search(code.source):
     return
   out = transform_module(module, options, result.path, source=code.source)
   _collect(result, out)
-  result.findings += [Finding(line, 1, Severity.WARNING, _HIDDEN_PMAP) for line in hidden]
+  result.findings += hidden
   for i, f in enumerate(result.findings):
     cell, line = notebook.cell_of(code, f.line)
     result.findings[i] = Finding(line, f.column, f.severity, f"cell {cell + 1}: {f.message}")
@@ -188,7 +193,7 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   code = notebook.read_markdown(text)
   if code is None:
     return  # plain markdown
-  hidden = notebook.hidden_lines(code, _hides_pmap)
+  hidden = _hidden_pmaps(code)
   if not hidden and not _KEYWORDS.search(code.source):
     return  # no code the codemod handles
   try:
@@ -198,7 +203,7 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
     return
   out = transform_module(module, options, result.path, source=code.source)
   _collect(result, out)
-  result.findings += [Finding(line, 1, Severity.WARNING, _HIDDEN_PMAP) for line in hidden]
+  result.findings += hidden
   for i, f in enumerate(result.findings):
     cell, line = notebook.cell_of(code, f.line)
     result.findings[i] = Finding(code.first_lines[cell] + line, f.column, f.severity,
