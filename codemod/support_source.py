@@ -89,6 +89,14 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
 
     return shard_map_partial(per_device, mesh=mesh, in_specs=specs)(dynamic, kwargs)
 
+  # jax.jit names the compiled program after __name__, which wraps() does not copy from a
+  # partial: take the function the partial wraps, as jax.jit does for a partial itself.
+  named = fun
+  while isinstance(named, functools.partial):
+    named = named.func
+  for attr in ("__name__", "__qualname__"):
+    if hasattr(named, attr):
+      setattr(sharded, attr, getattr(named, attr))
   return sharded
 
 

@@ -123,3 +123,76 @@ def test_imports_are_added_with_the_leading_imports_not_mid_module():
                "from jax.sharding import PartitionSpec as P"):
     assert line in head
   assert new.startswith('"""Doc."""\nimport jax\n')
+
+
+COMPILED_NAMES = '''\
+import functools
+import jax
+import numpy as np
+
+
+def train_step(x, scale=1.0):
+  return x * scale
+
+
+class Model:
+
+  def apply(self, x):
+    return x + 1.0
+
+
+double = lambda x: x * 2.0
+
+
+@functools.partial(jax.pmap, axis_name="batch")
+def decorated_step(x):
+  return x
+
+
+FUNS = {
+    "partial": functools.partial(train_step, scale=2.0),
+    "partial_of_partial": functools.partial(functools.partial(train_step), scale=3.0),
+}
+SITES = {
+    "function": jax.pmap(train_step, axis_name="batch"),
+    "partial": jax.pmap(functools.partial(train_step, scale=2.0), axis_name="batch"),
+    "partial_of_partial": jax.pmap(functools.partial(functools.partial(train_step), scale=3.0)),
+    "lambda": jax.pmap(double),
+    "method": jax.pmap(Model().apply),
+    "decorated": decorated_step,
+}
+'''
+
+
+def _module_name(lowered) -> str:
+  first = next(l for l in lowered.as_text().splitlines() if l.startswith("module @"))
+  return first.split()[1][1:]
+
+
+def test_converted_sites_compile_under_the_users_function_name():
+  # Legacy pmap names its program pmap_<name>; a converted site is a jax.jit, so it must be
+  # jit_<the same name>. For a partial legacy pmap 0.6.0 shows no name at all
+  # (pmap__unnamed_wrapped_function_, and so does jax.jit of a partial); the converted site
+  # names it after the function the partial wraps, as jax_log_compiles does.
+  import functools
+
+  import jax
+  import numpy as np
+  new, findings = rewrite(COMPILED_NAMES)
+  assert "jax.pmap" not in new, new
+  legacy = load(COMPILED_NAMES, "legacy_compiled_names").SITES
+  ours_module = load(new, "ours_compiled_names")
+  ours = ours_module.SITES
+  x = np.ones((jax.local_device_count(), 3), np.float32)
+  for case, site in ours.items():
+    got = _module_name(site.lower(x))
+    legacy_name = _module_name(legacy[case].lower(x))
+    assert legacy_name.startswith("pmap_"), legacy_name
+    if "unnamed" in legacy_name:
+      wrapped = ours_module.FUNS[case]
+      while isinstance(wrapped, functools.partial):
+        wrapped = wrapped.func
+      expected = "jit_" + wrapped.__name__
+    else:
+      expected = "jit_" + legacy_name[len("pmap_"):]
+    assert got == expected, (case, got, expected)
