@@ -424,7 +424,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     io_kw = [f"in_specs={in_specs}", f"out_specs={out_specs}"]
     if self.multihost:
       mesh_kw.append("across_hosts=True")
-      io_kw += [kw for kw in mesh_kw if kw.startswith(("axes=", "static_argnums="))]
+      io_kw += [kw for kw in mesh_kw if kw.startswith(("axes=", "static_argnums=", "devices="))]
 
     pos = self.get_metadata(PositionProvider, site.node).start
     smap = Call(partial, (shard_map, f"in_specs={in_specs}", f"out_specs={out_specs}", check))

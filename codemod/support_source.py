@@ -62,9 +62,9 @@ _WRAPPERS: dict = {}  # (fun, specs, options) -> the function on_pmap_mesh retur
 
 def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axis_size,
              devices, backend, across_hosts):
-  in_specs = shard_map_partial.keywords["in_specs"]
-  out_specs = shard_map_partial.keywords["out_specs"]
-  axes = tuple(axes) if axes is not None else _axes_of(in_specs, out_specs)
+  in_specs = _name_unnamed(shard_map_partial.keywords["in_specs"])
+  out_specs = _name_unnamed(shard_map_partial.keywords["out_specs"])
+  axes = _axis_names(axes) if axes is not None else _axes_of(in_specs, out_specs)
 
   @functools.wraps(fun)
   def sharded(*args, **kwargs):
@@ -87,7 +87,8 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
       out = fun(*full, **kwargs)
       return _restore_mapped_axes(out_specs, out) if drop_device_axis else out
 
-    return shard_map_partial(per_device, mesh=mesh, in_specs=specs)(dynamic, kwargs)
+    return shard_map_partial(per_device, mesh=mesh, in_specs=specs,
+                             out_specs=out_specs)(dynamic, kwargs)
 
   # jax.jit names the compiled program after __name__, which wraps() does not copy from a
   # partial: take the function the partial wraps, as jax.jit does for a partial itself.
@@ -100,16 +101,19 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
   return sharded
 
 
-def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=()):
+def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(), devices=None):
   """Each process passes and gets back host-local arrays, as it did under pmap.
 
   Wraps the jitted site (converted with --multihost): arguments become arrays over the
-  mesh of every process's devices, and the outputs this process's part again.
+  mesh of every process's devices (of ``devices``, pmap's global device list, when
+  given), and the outputs this process's part again.
   """
   from jax.experimental import multihost_utils
 
   static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-  axes = tuple(axes) if axes is not None else _axes_of(in_specs, out_specs)
+  in_specs, out_specs = _name_unnamed(in_specs), _name_unnamed(out_specs)
+  axes = _axis_names(axes) if axes is not None else _axes_of(in_specs, out_specs)
+  devices = None if devices is None else tuple(devices)
 
   @functools.wraps(jitted)
   def call(*args, **kwargs):
@@ -117,8 +121,11 @@ def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=()):
     dynamic = tuple(args[i] for i in positions)
     specs = (_dynamic(in_specs, args, static_argnums), PartitionSpec(*axes))
     local = axis_sizes(axes, specs, (dynamic, kwargs), None)
-    sizes = (local[0] * jax.process_count(),) + local[1:]
-    mesh = pmap_mesh(axes, sizes, None, None, True)
+    # pmap's global axis: every process's local devices, or all of `devices` when given
+    # (each process then maps over its own devices among them).
+    outer = (len(devices) // math.prod(local[1:]) if devices is not None
+             else local[0] * jax.process_count())
+    mesh = pmap_mesh(axes, (outer,) + local[1:], devices, None, True)
     dynamic, kwargs = multihost_utils.host_local_array_to_global_array(
         (dynamic, kwargs), mesh, specs)
     full = list(args)
@@ -155,6 +162,7 @@ def specs_from_axes(axes, axis_name, outputs=False):
   """in_axes / out_axes known only at run time, as specs: k -> P(None, ..., axis_name)."""
   if isinstance(axes, list) and not outputs:
     axes = tuple(axes)  # pmap reads a top-level in_axes list as the argument tuple
+  axis_name = _UNNAMED if axis_name is None else axis_name
 
   def to_spec(axis):
     if axis is None:
@@ -196,6 +204,22 @@ def _stacked_sharding(devices):
 
 def _is_spec(x):
   return isinstance(x, PartitionSpec)
+
+
+# pmap's axis_name=None: the axis gets a name no user function refers to.
+_UNNAMED = "_pmap_unnamed_axis"
+
+
+def _axis_names(axes):
+  return tuple(_UNNAMED if name is None else name for name in axes)
+
+
+def _name_unnamed(specs):
+  """A site's specs name the mapped axis last; a run-time axis_name of None leaves None
+  there (``P(axis_name)`` with axis_name=None), which stands for pmap's unnamed axis."""
+  def name(spec):
+    return PartitionSpec(*spec[:-1], _UNNAMED) if len(spec) and spec[-1] is None else spec
+  return jax.tree.map(name, specs, is_leaf=_is_spec)
 
 
 def _axes_of(*specs):

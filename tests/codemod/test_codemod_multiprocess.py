@@ -62,3 +62,45 @@ def test_converted_with_multihost_matches_legacy_on_every_process(job):
     assert results["converted_multihost"] == legacy, pid
   # The collectives spanned both processes: their psums agree although their inputs differ.
   assert job[0]["legacy"]["value"][0][:3] == job[1]["legacy"]["value"][0][:3]
+
+
+# flax's wmt example sums a value over hosts with a pmap over one device per process.
+HOST_PSUM = '''\
+import collections
+
+import jax
+import numpy as np
+
+
+def run():
+  host2devices = collections.defaultdict(list)
+  for d in jax.devices():
+    host2devices[d.process_index].append(d)
+  devices = [host2devices[k][0] for k in host2devices]
+  host_psum = jax.pmap(lambda x: jax.lax.psum(x, "i"), "i", devices=devices)
+  value = np.full((1, 3), 1.0 + jax.process_index(), np.float32)
+  return host_psum(value)
+'''
+
+
+@pytest.fixture(scope="module")
+def devices_job(tmp_path_factory):
+  programs = tmp_path_factory.mktemp("devices_programs")
+  (programs / "legacy.py").write_text(HOST_PSUM)
+  (programs / "converted_multihost.py").write_text(
+      rewrite(HOST_PSUM, target="experimental", multihost=True)[0])
+  support_module.write(str(programs), support_module.DEFAULT_NAME)
+  outcome = run_job(WORKER, str(tmp_path_factory.mktemp("devices_job")), args=[str(programs)],
+                    local_devices=2, timeout=TIMEOUT)
+  assert outcome.clean and None not in outcome.results, (
+      f"exit codes {outcome.returncodes}, timed out: {outcome.timed_out}\n{outcome.logs}")
+  return outcome.results
+
+
+@pytest.mark.multiprocess
+def test_devices_keeps_pmaps_meaning_across_processes(devices_job):
+  # devices= is pmap's global device list: each process maps over its own devices in it.
+  for pid, results in enumerate(devices_job):
+    legacy = results["legacy"]
+    assert "error" not in legacy, (pid, legacy)
+    assert results["converted_multihost"] == legacy, (pid, results)
