@@ -20,23 +20,24 @@ results, and describe the fast path when it applies.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 from collections.abc import Callable, Sequence
 
 from jax._src import api as _jax_api
 import jax
 from jax._src import config
 from jax._src import dtypes
+from jax._src import pjit
 from jax._src import tree_util
 from jax._src import util
 from jax._src.array import ArrayImpl
-from jax._src.interpreters import pxla
+from jax._src.interpreters import mlir, pxla
 from jax._src.lib import pmap_lib
 
 from pmap_compat import arguments, inputs, meshes, multihost, outputs
 from pmap_compat.inputs import Plan
 
-__all__ = ["make_dispatcher", "run", "compiled_for"]
+__all__ = ["Executable", "make_dispatcher", "run", "compiled_for"]
 
 
 def make_dispatcher(fun: Callable, cache_miss: Callable, static_argnums: Sequence[int]) -> Any:
@@ -60,11 +61,17 @@ def _executables(jitted: Callable) -> dict:
   return {}
 
 
+class Executable(NamedTuple):
+  """One compiled program: jit's executable for the flat leaves, and its output tree."""
+  executable: Any  # pxla.MeshExecutable
+  out_tree: Any
+
+
 def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
-                 static: dict) -> Any:
-  """``jitted.lower(*args, **kwargs).compile()``, cached on what determines it:
-  the placed leaves' types and shardings, the tree, the static arguments and
-  the tracing context (x64, mesh contexts, ...)."""
+                 static: dict) -> Executable:
+  """What ``jitted`` compiles for this call, cached on what determines it: the placed
+  leaves' types and shardings, the tree, the static arguments and the tracing context
+  (x64, mesh contexts, ...)."""
   leaves, tree = tree_util.tree_flatten(
       ([a for i, a in enumerate(args) if i not in static], kwargs))
   sig = tuple((x.shape, x.dtype, x.aval.weak_type, x.sharding) for x in leaves)
@@ -74,9 +81,28 @@ def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
   if executable is None:
     if len(per_program) >= _MAX_EXECUTABLES_PER_PROGRAM:
       del per_program[next(iter(per_program))]  # the oldest signature
-    executable = per_program[key] = jitted.lower(  # type: ignore[attr-defined]  # a jit object
-        *args, **kwargs).compile()
+    executable = per_program[key] = _compile(jitted, args, kwargs)
   return executable
+
+
+def _compile(jitted: Any, args: tuple, kwargs: dict) -> Executable:
+  """jit's trace, lower and compile of this call, as ``jitted.lower(...).compile()`` but
+  without the stage objects: those carry a tree of ``ArgInfo`` placeholders in the shape
+  of the user's arguments, and building it calls the constructors of the user's pytree
+  nodes with placeholders, which a node that converts its fields (``jnp.uint32(x)``)
+  rejects. Only flat leaves and treedefs are handled here. The trace is jit's own (its
+  caches, names and donation)."""
+  params, args_flat = pjit._infer_params(jitted._fun, jitted._jit_info, args, kwargs)
+  try:
+    lowering = pjit._resolve_and_lower(args_flat, **params.params, pgle_profiler=None,
+                                       lowering_platforms=None,
+                                       lowering_parameters=mlir.LoweringParameters())
+  except pxla.DeviceAssignmentMismatchError as err:
+    # jit's own error for committed inputs on other devices (the wrapper reads it there).
+    fails, = err.args
+    raise ValueError(pjit._device_assignment_mismatch_error(
+        params.params["name"], fails, args_flat, "jit", params.arg_names)) from None
+  return Executable(lowering.compile(), params.out_tree)
 
 
 def _is_extended(x: Any) -> bool:
@@ -146,7 +172,7 @@ def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, 
   dyn_placed, kw_placed = tree_util.tree_unflatten(in_tree, placed)
   call_args = arguments.merge_static(dyn_placed, static)
   compiled = compiled_for(jitted, call_args, kw_placed, static)
-  executable = compiled._executable
+  executable = compiled.executable
   out_flat = list(executable.unsafe_call(*placed))
   if multiprocess:
     # The C++ cache hands each process's LOCAL arrays to the global executable,
