@@ -11,8 +11,10 @@ the Python parser and put it back verbatim.
 """
 from __future__ import annotations
 
+import builtins
 import functools
 import io
+import keyword
 import re
 import tokenize
 from collections.abc import Callable
@@ -48,23 +50,66 @@ def cell_magic(lines: list[str]) -> tuple[int, str] | None:
 _LINE_ESCAPES = tuple(",;/")  # escapes that are not among % ! ?
 
 
-def magics(lines: list[str]) -> list[Magic]:
+def magics(lines: list[str], bound: frozenset[str] = frozenset()) -> list[Magic]:
   """The spans of IPython syntax in a cell's lines (each ending in ``\\n``), by IPython's
   transformer when it is installed, else by ``own_magics``. A cell magic whose body is
-  not Python is one span for the whole cell."""
+  not Python is one span for the whole cell. A one-line cell may be an automagic
+  (``automagic``; ``bound`` holds the names the notebook defines before the cell)."""
   if not any(c in line for line in lines for c in "%!?") and not any(
       line.lstrip().startswith(_LINE_ESCAPES) for line in lines):
-    return []  # the usual cell: nothing IPython could read as its own (tokenizing is slow)
+    # the usual cell: nothing IPython could read as its own (tokenizing is slow)
+    magic = automagic(lines, bound)
+    return [] if magic is None else [magic]
   find = _ipython_finder() or own_magics
   magic = cell_magic(lines)
   if magic is None:
-    return find(lines)
+    found = find(lines)
+    auto = automagic(lines, bound) if not found else None
+    return found if auto is None else [auto]
   first, name = magic
   if name not in PYTHON_BODY_CELL_MAGICS:
     return [Magic(first, len(lines), "")]
   body = [Magic(m.start + first + 1, m.stop + first + 1, m.prefix)
           for m in find(lines[first + 1:])]
   return [Magic(first, first + 1, "")] + body
+
+
+# IPython's default line magics (``%lsmagic`` of IPython 8 in a kernel on POSIX, the
+# aliases ``ls``, ``cat``, ... included): automagic applies to these names.
+LINE_MAGICS = frozenset("""
+    alias alias_magic autoawait autocall automagic autosave bookmark cat cd clear colors
+    conda config connect_info cp debug dhist dirs doctest_mode ed edit env gui hist history
+    killbgscripts ldir less lf lk ll load load_ext loadpy logoff logon logstart logstate
+    logstop ls lsmagic lx macro magic man matplotlib mkdir more mv notebook page pastebin
+    pdb pdef pdoc pfile pinfo pinfo2 pip popd pprint precision prun psearch psource pushd
+    pwd pycat pylab qtconsole quickref recall rehashx reload_ext rep rerun reset
+    reset_selective rm rmdir run save sc set_env store sx system tb time timeit unalias
+    unload_ext who who_ls whos xdel xmode""".split())
+# IPython's split of a line into escape, function part and the rest (``split_user_input``).
+_USER_INPUT = re.compile(r"^(\s*)(?:([,;/%]|!!?|\?\??)\s*)?([\w*.]+\?{0,2})?\s*(.*?)\s*$")
+
+
+def automagic(lines: list[str], bound: frozenset[str] = frozenset()) -> Magic | None:
+  """The line IPython runs as a magic without its ``%`` (automagic, on by default), e.g.
+  ``timeit f(x)``. IPython's prefilter does this only for a cell of one line (after its
+  own transforms): the line's first word is a line magic's name that no name of the
+  session shadows (``bound``: what the notebook defines; builtins; keywords), and the
+  rest does not start with ``=`` or ``,`` (an assignment: ``time = 3``)."""
+  row = next((i for i, line in enumerate(lines) if line.strip()), None)
+  if row is None or row != len(lines) - 1:
+    return None  # after its leading blank lines, the cell has several: no prefilter
+  match = _USER_INPUT.match(lines[row].rstrip("\n"))
+  if match is None or match.group(2) or not match.group(3):
+    return None
+  name, rest = match.group(3), match.group(4)
+  if name not in LINE_MAGICS or rest[:1] in ("=", ","):
+    return None
+  if name in bound or name in _BUILTINS or keyword.iskeyword(name):
+    return None
+  return Magic(row, row + 1, "")  # IPython drops the cell's indentation first
+
+
+_BUILTINS = frozenset(dir(builtins))
 
 
 def masked(lines: list[str], magic: Magic, value: str, comment: str = "#") -> list[str]:

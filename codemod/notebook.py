@@ -12,6 +12,7 @@ escaping, line endings, trailing newline), so only the changed cells differ.
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import json
 import re
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codemod import ipython_syntax
+from codemod.findings import Finding
 
 _CELL = "# pmap-to-shmap:cell {}\n"
 _CELL_RE = re.compile(r"^# pmap-to-shmap:cell (\d+)\n", re.M)
@@ -44,6 +46,7 @@ class CellCode:
   lines: list[str] = field(default_factory=list)       # .md: the file's lines
   spans: list[tuple[int, int]] = field(default_factory=list)  # .md: each cell's line range
   first_lines: list[int] = field(default_factory=list)  # .md: line before each cell's code
+  labels: list[str] = field(default_factory=list)  # .ipynb: "cell N" among all the cells
 
 
 def _lines(text: str) -> list[str]:
@@ -64,12 +67,13 @@ def _cell_code(cells: list[str], **where: Any) -> CellCode:
   magics: list[str] = []
   parts, starts, line = [], [], 1
   cell_magics: list[tuple[str, bool] | None] = []
+  bound: set[str] = set()  # names the cells so far define: they shadow automagics
   for n, cell in enumerate(cells):
     lines = [_ENDING_RE.sub("", l) + "\n" for l in _lines(cell)]
     magic_line = ipython_syntax.cell_magic(lines)
     cell_magics.append(None if magic_line is None else (
         lines[magic_line[0]], magic_line[1] not in ipython_syntax.PYTHON_BODY_CELL_MAGICS))
-    for magic in ipython_syntax.magics(lines):
+    for magic in ipython_syntax.magics(lines, frozenset(bound)):
       number = len(magics)
       magics.append("".join(lines[magic.start:magic.stop]))
       # A comment where the syntax fills its lines (a statement could move where the
@@ -77,12 +81,30 @@ def _cell_code(cells: list[str], **where: Any) -> CellCode:
       # value of an assignment).
       first = f"{_MASK}({number})" if magic.prefix else f"#{_MASK}({number})"
       lines = ipython_syntax.masked(lines, magic, first, f"#{_MASK} {number}")
+    bound |= _bound_names("".join(lines))
     parts.append(_CELL.format(n) + "".join(lines))
     starts.append(line + 1)
     line += 1 + len(lines)
   endings = Counter(e for cell in cells for l in _lines(cell) if (e := _ending(l)))
   newline = endings.most_common(1)[0][0] if endings else "\n"
   return CellCode(cells, magics, "".join(parts), starts, newline, cell_magics, **where)
+
+
+def _bound_names(code: str) -> set[str]:
+  """The names a cell binds (imports, assignments, defs, loop targets, ...), anywhere."""
+  try:
+    tree = ast.parse(code)
+  except (SyntaxError, ValueError):
+    return set()
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      names.add(node.id)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names.update((a.asname or a.name).split(".")[0] for a in node.names)
+  return names
 
 
 def _split(code: CellCode, new_source: str) -> list[str]:
@@ -151,12 +173,29 @@ def hidden_lines(code: CellCode, wanted: Callable[[str], bool]) -> list[int]:
 
 
 def cell_of(code: CellCode, line: int) -> tuple[int, int]:
-  """(cell number among code cells, line within it) for a line of the joined source."""
+  """(cell number among code cells, line within it) for a line of the joined source; a
+  line before the first cell's code (the joined source's own first line) is its line 1."""
   cell = 0
   for n, start in enumerate(code.line_starts):
     if line >= start:
       cell = n
-  return cell, line - code.line_starts[cell] + 1 if code.line_starts else line
+  return cell, max(1, line - code.line_starts[cell] + 1) if code.line_starts else line
+
+
+def in_cells(code: CellCode, findings: list[Finding]) -> list[Finding]:
+  """Findings on lines of the joined source, placed where the user sees them: a .ipynb's
+  ``cell N, line L`` (N counting every cell, as Jupyter shows them), a markdown file's own
+  line in its ``code cell N``."""
+  out = []
+  for f in findings:
+    cell, line = cell_of(code, f.line)
+    if code.first_lines:
+      out.append(Finding(code.first_lines[cell] + line, f.column, f.severity,
+                         f"code cell {cell + 1}: {f.message}"))
+    else:
+      label = code.labels[cell] if code.labels else f"cell {cell + 1}"
+      out.append(Finding(line, f.column, f.severity, f"{label}, line {line}: {f.message}"))
+  return out
 
 
 # ----- .ipynb -----
@@ -169,8 +208,9 @@ def _kind(value: Any) -> str:
   return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
-def _python_sources(notebook: Any) -> list[tuple[dict, str]]:
-  """(cell, key of its source) for each Python code cell; ValueError naming what is wrong
+def _python_sources(notebook: Any) -> list[tuple[dict, str, str]]:
+  """(cell, key of its source, where it is: "cell N" counting every cell as Jupyter shows
+  them) for each Python code cell; ValueError naming what is wrong
   when the notebook's structure is not one nbformat 3 or 4 defines."""
   if not isinstance(notebook, dict):
     raise ValueError(f"the top level is {_kind(notebook)}, expected an object with a "
@@ -206,7 +246,7 @@ def _python_sources(notebook: Any) -> list[tuple[dict, str]]:
       found = f"no '{key}'" if key not in cell else f"'{key}' is {_kind(source)}"
       raise ValueError(f"{where}: {found}, expected a string or an array of strings")
     if python and _is_python(cell.get("language")):
-      sources.append((cell, key))
+      sources.append((cell, key, where))
   return sources
 
 
@@ -245,8 +285,9 @@ def read_notebook(raw: bytes) -> CellCode:
   except json.JSONDecodeError as e:
     raise ValueError(f"not JSON ({e})") from e
   sources = _python_sources(notebook)
-  return _cell_code([_cell_text(cell, key) for cell, key in sources],
-                    notebook=notebook, sources=sources)
+  return _cell_code([_cell_text(cell, key) for cell, key, _ in sources], notebook=notebook,
+                    sources=[(cell, key) for cell, key, _ in sources],
+                    labels=[where for _, _, where in sources])
 
 
 @dataclass(frozen=True)

@@ -166,16 +166,14 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
     module = cst.parse_module(code.source)
   except cst.ParserSyntaxError as e:
     _parse_error(result, e)
+    result.findings = notebook.in_cells(code, result.findings)
     return
   hidden = _hidden_pmaps(code)
   if not hidden and not _KEYWORDS.search(code.source):
     return
   out = transform_module(module, options, result.path, source=code.source)
   _collect(result, out)
-  result.findings += hidden
-  for i, f in enumerate(result.findings):
-    cell, line = notebook.cell_of(code, f.line)
-    result.findings[i] = Finding(line, f.column, f.severity, f"cell {cell + 1}: {f.message}")
+  result.findings = notebook.in_cells(code, result.findings + hidden)
   new_raw = notebook.write_notebook(code, out.module.code, raw)
   if new_raw is not None:
     result.changed, result.new_source = True, new_raw
@@ -200,14 +198,11 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
     module = cst.parse_module(code.source)
   except cst.ParserSyntaxError as e:
     _parse_error(result, e)
+    result.findings = notebook.in_cells(code, result.findings)
     return
   out = transform_module(module, options, result.path, source=code.source)
   _collect(result, out)
-  result.findings += hidden
-  for i, f in enumerate(result.findings):
-    cell, line = notebook.cell_of(code, f.line)
-    result.findings[i] = Finding(code.first_lines[cell] + line, f.column, f.severity,
-                                 f"code cell {cell + 1}: {f.message}")
+  result.findings = notebook.in_cells(code, result.findings + hidden)
   new_text = notebook.write_markdown(code, out.module.code)
   if new_text is not None:
     result.changed, result.new_source = True, new_text.encode("utf-8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import os
 import pathlib
 import subprocess
@@ -39,7 +40,8 @@ def _findings(report: str, path_part: str) -> list[str]:
   out = []
   for line in report.splitlines()[:-1]:
     if path_part in line and "support module" not in line:
-      out.append(line.split(":", 1)[1].replace("code cell 1: ", "").replace("cell 1: ", ""))
+      out.append(re.sub(r"(worksheet \d+, )?(code )?cell \d+(, line \d+)?: ", "",
+                        line.split(":", 1)[1]))
   return out
 
 
@@ -381,7 +383,63 @@ def test_pmap_inside_ipython_syntax_is_reported_not_silently_left(tmp_path):
   status, new, report = _convert(tmp_path, "hidden.ipynb", nb)
   assert status == 0, report
   hidden = [l for l in report.splitlines() if "pmap inside IPython syntax" in l]
-  assert [l.split(":")[1:3] for l in hidden] == [["2", "1 WARNING cell 1"], ["1", "1 WARNING cell 2"]]
+  assert [l.split(":")[1:3] for l in hidden] == [["2", "1 WARNING cell 1, line 2"],
+                                                ["1", "1 WARNING cell 2, line 1"]]
   cells_after = ["".join(c["source"]) for c in json.loads(new)["cells"]]
   assert cells_after[:2] == ["".join(c) for c in cells[:2]]  # left exactly as they were
   assert "jax.pmap(" not in cells_after[2]  # the visible site is converted
+
+
+# ----- automagics, and where findings point -----
+
+def _mixed_notebook(*cells) -> dict:
+  """Cells given as ("markdown" | "code", source)."""
+  return {"cells": [{"cell_type": kind, "metadata": {}, "source": source,
+                     **({"execution_count": None, "outputs": []} if kind == "code" else {})}
+                    for kind, source in cells],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_automagic_cell_is_kept_and_the_rest_converted(tmp_path):
+  # JAX's cloud_tpu_colabs/JAX_demo.ipynb times with `timeit f(x)`: IPython runs a one-line
+  # cell whose first word is an unshadowed line magic as that magic.
+  cells = [("markdown", "# Demo"),
+           ("code", "import jax\nimport jax.numpy as jnp\nx = jnp.ones((8, 3))"),
+           ("markdown", "Time it:"),
+           ("code", "timeit jnp.dot(x, x.T).block_until_ready()"),
+           ("code", "f = jax.pmap(lambda v: v * 2)\ny = f(x)")]
+  code, new, report = _convert(tmp_path, "demo.ipynb", json.dumps(_mixed_notebook(*cells)).encode())
+  assert code == 0, report
+  assert "ERROR" not in report, report
+  out = json.loads(new)["cells"]
+  assert "".join(out[3]["source"]) == "timeit jnp.dot(x, x.T).block_until_ready()"
+  assert "jax.pmap" not in "".join(out[4]["source"])
+  # The finding names the notebook's own cell (markdown cells count) and the line in it.
+  assert "cell 5, line 1: pmap converted" in report, report
+
+
+@pytest.mark.parametrize("cell", [
+    "timeit = 3",                       # an assignment to the name
+    "import time\ntime(1)",            # several lines: IPython's prefilter does not run
+    "len(x)",                           # not a magic's name
+])
+def test_python_that_starts_with_a_magic_name_is_python(cell):
+  from codemod import ipython_syntax
+  lines = [line + "\n" for line in cell.split("\n")]
+  assert ipython_syntax.magics(lines) == []
+
+
+def test_a_name_the_notebook_defines_shadows_the_automagic():
+  from codemod import notebook
+  code = notebook._cell_code(["def time(x):\n  return x\n", "time (1)\n"])
+  assert code.magics == []
+  code = notebook._cell_code(["x = 1\n", "time (1)\n"])
+  assert code.magics == ["time (1)\n"]
+
+
+def test_unparsable_cell_is_reported_at_its_cell_and_line(tmp_path):
+  cells = [("markdown", "intro"), ("code", "import jax"), ("markdown", "more"),
+           ("code", "x = 1\ny = (\n")]
+  code, _, report = _convert(tmp_path, "broken.ipynb", json.dumps(_mixed_notebook(*cells)).encode())
+  errors = [line for line in report.splitlines() if "ERROR" in line]
+  assert len(errors) == 1 and "cell 4, line " in errors[0], report
