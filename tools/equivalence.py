@@ -499,6 +499,20 @@ class Runner:
   def compare(self, case: Case, mode: str, against: str = "legacy") -> Comparison:
     return compare(case, self.result(case, against), self.result(case, mode))
 
+  def per_call(self, case: Case, mode: str) -> PerCallResult:
+    """The case recorded per call under legacy pmap, checked per call in `mode`."""
+    if mode not in PER_CALL_MODES:
+      raise ValueError(f"mode: expected one of {PER_CALL_MODES}, got {mode!r}")
+    recording, detail = self._cached(f"per-call-record-{case.name}",
+                                     lambda: per_call_recording(case, self.workdir))
+    if recording is None:
+      return PerCallResult(case.name, mode, False, error=f"legacy recording failed: {detail}")
+    source, error = self.source_for(case, mode)
+    if error:
+      return PerCallResult(case.name, mode, False, error=error)
+    return self._cached(f"per-call-{case.name}-{mode}", lambda: per_call_check(
+        case, mode, source, recording, self.workdir))
+
   def newest_line(self, case: Case, mode: str = NEWEST_CODEMOD) -> list[Comparison]:
     """A mode of the jax 0.10.2 line (the codemod output, or the example under
     pmap_compat.patched()): bit for bit against 0.10.2's own pmap where that runs the
@@ -509,6 +523,88 @@ class Runner:
     if self.result(case, NEWEST_PMAP).ok:
       verdicts.append(self.compare(case, mode, against=NEWEST_PMAP))
     return verdicts + [self.compare(case, mode)]
+
+
+# --------------------------------------------------------------------------- per call
+
+
+PER_CALL_MODES = (NEWEST_PMAP, NEWEST_PATCHED, NEWEST_CODEMOD)  # checked against legacy
+PER_CALL_K = 10  # calls stored per site: every call of most examples
+
+
+@dataclasses.dataclass
+class PerCallResult:
+  """`check --per-call` of one (case, mode) against the legacy per-call recording."""
+  case: str
+  mode: str
+  ok: bool
+  error: str | None = None
+  outputs: list[str] = dataclasses.field(default_factory=list)  # each process's report
+  largest: str = ""  # the report's "largest difference of a replayed call" line
+
+  @property
+  def summary(self) -> str:
+    if self.error:
+      return self.error
+    return self.outputs[0].rstrip().splitlines()[-1] if self.outputs else "(no output)"
+
+
+def _cli_jobs(case: Case, python: str, args: list[str], scratch: str, label: str,
+              ) -> list[tuple[int, str]]:
+  """`python -m pmap_compat.testing ARGS` as the case runs (N processes for a job)."""
+  os.makedirs(scratch, exist_ok=True)
+  env = _child_env(8 // case.processes)
+  env["PYTHONPATH"] = ROOT  # the program's own directory comes first (load_program)
+  if case.processes > 1:
+    env.update(PMAP_EXAMPLE_COORDINATOR=f"127.0.0.1:{_free_port()}",
+               PMAP_EXAMPLE_NUM_PROCESSES=str(case.processes))
+  procs, logs = [], []
+  for i in range(case.processes):
+    log = open(os.path.join(scratch, f"{label}.p{i}.log"), "w+")  # noqa: SIM115
+    child_env = dict(env, PMAP_EXAMPLE_PROCESS_ID=str(i)) if case.processes > 1 else env
+    procs.append(subprocess.Popen([python, "-m", "pmap_compat.testing", *args], env=child_env,
+                                  cwd=scratch, stdout=log, stderr=subprocess.STDOUT))
+    logs.append(log)
+  deadline = time.monotonic() + CHILD_TIMEOUT_S
+  results = []
+  for p, log in zip(procs, logs, strict=True):
+    try:
+      p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+    log.seek(0)
+    results.append((p.returncode, log.read()))
+    log.close()
+  return results
+
+
+def per_call_recording(case: Case, workdir: str) -> tuple[str | None, str]:
+  """The case recorded under legacy jax.pmap with PER_CALL_K calls per site (this python)."""
+  out = os.path.join(workdir, "per-call", f"{case.name}.legacy")
+  jobs = _cli_jobs(case, sys.executable, ["record", case.path, "--out", out, "--calls",
+                                          str(PER_CALL_K), "--kwargs", json.dumps(case.kwargs)],
+                   os.path.join(workdir, "per-call"), f"{case.name}.record")
+  failed = [text for rc, text in jobs if rc != 0]
+  return (None, failed[0][-3000:]) if failed else (out, jobs[0][1])
+
+
+def per_call_check(case: Case, mode: str, source: str, recording: str,
+                   workdir: str) -> PerCallResult:
+  """`check --per-call` of `source` in `mode` against the legacy per-call recording."""
+  args = ["check", source, "--against", recording, "--per-call", "--kwargs",
+          json.dumps(case.kwargs)] + (["--patched"] if mode in PATCHED_MODES else [])
+  jobs = _cli_jobs(case, python_for(mode), args, os.path.join(workdir, "per-call"),
+                   f"{case.name}.{mode}")
+  outputs = [text for _, text in jobs]
+  largest = next((l for l in outputs[0].splitlines()
+                  if "largest difference of a replayed call" in l), "")
+  if any(rc not in (0, 1) for rc, _ in jobs):
+    last = (outputs[0].strip().splitlines() or ["no output"])[-1]
+    return PerCallResult(case.name, mode, False, error=f"check did not compare: {last}",
+                         outputs=outputs)
+  return PerCallResult(case.name, mode, all(rc == 0 for rc, _ in jobs), outputs=outputs,
+                       largest=largest)
 
 
 # --------------------------------------------------------------------------- CLI

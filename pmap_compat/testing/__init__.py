@@ -10,9 +10,9 @@ Command line (PROGRAM is a .py file or a module name; it defines `run(**kwargs)`
 function named by --function, returning a pytree of arrays)::
 
   python -m pmap_compat.testing record PROGRAM --out DIR [--function NAME] [--kwargs JSON]
-      [--patched]
+      [--patched] [--calls K] [--max-call-bytes N]
   python -m pmap_compat.testing check PROGRAM --against DIR [--rtol R] [--atol A]
-      [--max-ulp N] [--function NAME] [--kwargs JSON] [--patched]
+      [--max-ulp N] [--function NAME] [--kwargs JSON] [--patched] [--per-call]
 
 `--patched` runs the program (import included) under `pmap_compat.patched()` (jax 0.6.0
 only). `check` prints one line per leaf (path, dtype and shape, `identical` or the
@@ -34,6 +34,35 @@ values (`float(loss)` of a float32 loss) is measured in float32 ulp. Integer, bo
 string and PRNG-key leaves must stay identical. Passing any of rtol / atol / max_ulp replaces the default (the others
 become 0): an element then passes when it is within max_ulp ulp as above or
 |new - recorded| <= atol + rtol * |recorded|.
+
+Per call (`check --per-call`). Rounding differences between XLA versions compound over
+a training loop's steps, and one ulp can change an MCMC chain's path, so a long program
+may end far from a recording that it follows call by call. So `record` also stores, for
+each pmap site, the inputs and outputs of its first K calls (`--calls`, default 3) and
+how often it was called, and `check --per-call` runs the program again (on any JAX;
+under JAX's own jax.pmap, `pmap_compat`, or as the codemod's converted code) and, at
+each recorded call, runs the site on the recorded inputs, compares its outputs with the
+recorded ones and hands the recorded outputs back, placed as that implementation places
+its outputs, so the run follows the recorded trajectory. It reports per site and call
+`identical` or the worst leaf's ulp / abs / rel difference, the first call beyond
+tolerance, sites recorded but never reached and sites reached but never recorded (all
+three fail the check), and, as information, how the replayed run's final outputs compare
+with the recording. Tolerance per call: bit for bit on the recording's jax, else
+`PER_CALL_MAX_ULP` (4) ulp; the same --rtol / --atol / --max-ulp replace it.
+
+A site is the function given to `jax.pmap` / `pmap_compat.pmap`, identified by its
+module and qualified name (which the codemod keeps; file and line are shown as a hint).
+While recording or checking, the CLI observes every pmap site the program creates
+(`sites.observing`): `jax.pmap`, `pmap_compat.pmap` and `pmap_compat.patched()` return
+callables that see each top-level call; in converted code, `jax.jit` over a function the
+codemod's support module made (it answers `pmap_site_function(fn)`) does the same. The
+program must create its sites after observing began: the CLI imports it inside. Calls
+made inside jit, grad or another pmap are part of that computation and are not seen.
+Replicated leaves (identical copies along the device axis) are stored once; storing
+more than `--max-call-bytes` (default 1 GiB) stops the recording with an error naming
+that option. Library: `recording_calls(dir, calls_per_site=K, max_bytes=N)` and
+`checking_calls(dir, ...)` (context managers; import the program inside, and call
+`record` / `check` inside), then `replayer.report(final_report)`.
 
 Random numbers: jax 0.5.0 changed the default of `jax_threefry_partitionable`, so
 programs that draw random numbers record different values on jax < 0.5; `check` says so
@@ -63,6 +92,7 @@ Recording format (version 1; stable across JAX versions, readable with numpy alo
                        "leaves": [{"path", "kind", "dtype", "shape", "file" | "value",
                                    "stored_as"?, "key_impl"?}, ...]}
   DIR/leaves/00000.npy ...  one file per array leaf (numpy .npy, no pickles)
+  DIR/calls/...             the per-call part (format in pmap_compat/testing/calls.py)
 
 `tree` is nested JSON: {"type": "dict", "keys": [...], "children": [...]} (keys in JAX's
 order: sorted, insertion order for an OrderedDict, which gets a "class" entry as does a
@@ -101,11 +131,14 @@ import jax
 from pmap_compat.testing import programs, recordings
 from pmap_compat.testing.comparison import (CROSS_VERSION_MAX_ULP, LeafReport, Report, Tolerance,
                                             choose_tolerance, compare)
+from pmap_compat.testing.per_call import (PER_CALL_MAX_ULP, PerCallReport, checking_calls,
+                                          recording_calls)
 from pmap_compat.testing.recordings import Leaf, Recording
 
 __all__ = [
     "record", "load", "check", "assert_matches_recording", "compare_recordings", "Recording",
-    "Leaf", "Report", "LeafReport", "Tolerance", "CROSS_VERSION_MAX_ULP",
+    "Leaf", "Report", "LeafReport", "Tolerance", "CROSS_VERSION_MAX_ULP", "PER_CALL_MAX_ULP",
+    "PerCallReport", "recording_calls", "checking_calls",
 ]
 
 

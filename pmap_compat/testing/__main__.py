@@ -7,6 +7,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from pmap_compat.testing import calls
+
 # Exit statuses.
 PASS, DIFFERS, NOT_COMPARED = 0, 1, 2
 
@@ -30,12 +32,21 @@ def _parser() -> argparse.ArgumentParser:
   rec = sub.add_parser("record", help="run PROGRAM and store its outputs in DIR")
   common(rec)
   rec.add_argument("--out", required=True, metavar="DIR", help="where to write the recording")
+  rec.add_argument("--calls", type=int, default=calls.DEFAULT_CALLS, metavar="K",
+                   help="also store the inputs and outputs of each pmap site's first K calls, "
+                   f"for check --per-call (default {calls.DEFAULT_CALLS}; 0: final outputs only)")
+  rec.add_argument("--max-call-bytes", type=int, default=calls.DEFAULT_MAX_BYTES, metavar="N",
+                   help="stop with an error when the stored calls would pass N bytes "
+                   f"(default {calls.DEFAULT_MAX_BYTES:,}); replicated leaves count once")
   chk = sub.add_parser("check", help="run PROGRAM and compare its outputs with a recording")
   common(chk)
   chk.add_argument("--against", required=True, metavar="DIR", help="the recording")
   chk.add_argument("--rtol", type=float, default=None, metavar="R")
   chk.add_argument("--atol", type=float, default=None, metavar="A")
   chk.add_argument("--max-ulp", type=int, default=None, metavar="N")
+  chk.add_argument("--per-call", action="store_true",
+                   help="check each recorded pmap call on its recorded inputs and replay its "
+                   "recorded outputs, so differences cannot compound from call to call")
   return parser
 
 
@@ -61,22 +72,48 @@ def _emit(text: str) -> None:
   sys.stdout.flush()
 
 
-def _run(args: argparse.Namespace) -> int:
+def _record(args: argparse.Namespace, kwargs: dict) -> int:
   import pmap_compat.testing as testing  # pylint: disable=import-outside-toplevel
+  from pmap_compat.testing import per_call, programs  # pylint: disable=import-outside-toplevel
+  observe = (per_call.recording_calls(args.out, calls_per_site=args.calls,
+                                      max_bytes=args.max_call_bytes) if args.calls
+             else contextlib.nullcontext())
+  with _patched(args.patched), observe as recorder:
+    fn = programs.find_function(programs.load_program(args.program), args.function)
+    recording = testing.record(fn, args.out, kwargs=kwargs)
+  text = (f"recorded {len(recording.leaves)} leaves of {args.program}:{args.function} into "
+          f"{recording.directory} (jax {recording.producer['jax']}, "
+          f"{recording.producer['produced_by']})")
+  if recorder is not None:
+    writer = recorder.writer
+    text += (f"\nrecorded the first {writer.calls_per_site} calls of {len(writer.sites)} pmap "
+             f"sites ({sum(e.recorded for e in writer.sites.values())} calls, "
+             f"{writer.bytes:,} bytes of arrays) for check --per-call")
+  _emit(text)
+  return PASS
+
+
+def _check(args: argparse.Namespace, kwargs: dict) -> int:
+  import pmap_compat.testing as testing  # pylint: disable=import-outside-toplevel
+  from pmap_compat.testing import per_call, programs  # pylint: disable=import-outside-toplevel
+  tolerance = {"rtol": args.rtol, "atol": args.atol, "max_ulp": args.max_ulp}
+  observe = (per_call.checking_calls(args.against, **tolerance) if args.per_call
+             else contextlib.nullcontext())
+  with _patched(args.patched), observe as replayer:
+    fn = programs.find_function(programs.load_program(args.program), args.function)
+    report = testing.check(fn, args.against, kwargs=kwargs, **tolerance)
+  if replayer is None:
+    _emit(f"{args.program}:{args.function}\n{report}")
+    return PASS if report.ok else DIFFERS
+  calls_report = replayer.report(report)
+  _emit(f"{args.program}:{args.function}\n{calls_report}")
+  return PASS if calls_report.ok else DIFFERS
+
+
+def _run(args: argparse.Namespace) -> int:
   from pmap_compat.testing import programs  # pylint: disable=import-outside-toplevel
   kwargs = programs.parse_kwargs(args.kwargs)
-  with _patched(args.patched):
-    fn = programs.find_function(programs.load_program(args.program), args.function)
-    if args.command == "record":
-      recording = testing.record(fn, args.out, kwargs=kwargs)
-      _emit(f"recorded {len(recording.leaves)} leaves of {args.program}:{args.function} into "
-            f"{recording.directory} (jax {recording.producer['jax']}, "
-            f"{recording.producer['produced_by']})")
-      return PASS
-    report = testing.check(fn, args.against, rtol=args.rtol, atol=args.atol,
-                           max_ulp=args.max_ulp, kwargs=kwargs)
-  _emit(f"{args.program}:{args.function}\n{report}")
-  return PASS if report.ok else DIFFERS
+  return (_record if args.command == "record" else _check)(args, kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,8 +58,10 @@ class Tolerance:
 
 
 def choose_tolerance(recorded: dict, running: dict, *, rtol: float | None = None,
-                     atol: float | None = None, max_ulp: int | None = None) -> Tolerance:
-  """The given tolerance; else bit for bit on the same jax/jaxlib, else the cross-version bound."""
+                     atol: float | None = None, max_ulp: int | None = None,
+                     cross_version_max_ulp: int = CROSS_VERSION_MAX_ULP) -> Tolerance:
+  """The given tolerance; else bit for bit on the same jax/jaxlib, else the cross-version
+  bound (`cross_version_max_ulp`)."""
   for name, value in (("rtol", rtol), ("atol", atol), ("max_ulp", max_ulp)):
     if value is not None and (not isinstance(value, (int, float)) or value < 0):
       raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -70,7 +72,7 @@ def choose_tolerance(recorded: dict, running: dict, *, rtol: float | None = None
   versions = lambda p: (p.get("jax"), p.get("jaxlib"))  # noqa: E731
   if versions(recorded) == versions(running):
     return Tolerance(True, why=f"same jax {running.get('jax')} as the recording")
-  return Tolerance(False, CROSS_VERSION_MAX_ULP,
+  return Tolerance(False, cross_version_max_ulp,
                    why=f"default across versions: recorded on jax {recorded.get('jax')}, "
                    f"running jax {running.get('jax')}")
 
@@ -327,7 +329,7 @@ def compare_leaf(recorded: recordings.Leaf, actual: recordings.Leaf, tol: Tolera
   elif recorded.key_impl != actual.key_impl:
     report.detail = (f"PRNG key implementation differs: recorded {recorded.key_impl}, "
                      f"got {actual.key_impl}")
-  elif recorded.kind == "python.str":
+  elif recorded.kind in recordings.INLINE_KINDS:
     if recorded.value == actual.value:
       report.status = "identical"
     else:

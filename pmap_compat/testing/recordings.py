@@ -28,6 +28,10 @@ JAX_ARRAY, KEY_ARRAY = "jax.Array", "jax.Array[key]"
 NUMPY_ARRAY, NUMPY_SCALAR = "numpy.ndarray", "numpy.scalar"
 PYTHON_KINDS = {bool: "python.bool", int: "python.int", float: "python.float",
                 complex: "python.complex", str: "python.str"}
+# Any other Python value among a pmap call's arguments (a static argument, say): kept as
+# its repr, compared as text; a replayed call passes the program's own value.
+OPAQUE = "python.object"
+INLINE_KINDS = ("python.str", OPAQUE)  # kept in the manifest, no file
 
 
 @dataclasses.dataclass
@@ -71,8 +75,9 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name))
 
 
-def to_leaf(path: str, x: Any) -> Leaf:
-  """Converts one output leaf to host data; raises TypeError for what cannot be stored."""
+def to_leaf(path: str, x: Any, opaque: bool = False) -> Leaf:
+  """Converts one output leaf to host data; raises TypeError for what cannot be stored,
+  or with `opaque` keeps it as an OPAQUE leaf (its repr)."""
   if isinstance(x, jax.Array):
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       return Leaf(path, KEY_ARRAY, str(x.dtype), tuple(x.shape),
@@ -89,6 +94,8 @@ def to_leaf(path: str, x: Any) -> Leaf:
   if kind is not None:
     value = np.asarray(x)
     return Leaf(path, kind, dtype_name(value.dtype), (), value)
+  if opaque:
+    return Leaf(path, OPAQUE, type(x).__qualname__, (), repr(x))
   raise TypeError(f"output leaf at {trees.display_path(path)} is a {type(x).__name__}; a "
                   "recording holds arrays (jax, numpy), numpy scalars, and python bool, int, "
                   "float, complex and str")
@@ -129,7 +136,7 @@ def _storable(value: np.ndarray) -> tuple[np.ndarray, str | None]:
   return value.view(bits), str(bits)
 
 
-def _jax_versions() -> dict:
+def jax_versions() -> dict:
   import jaxlib  # pylint: disable=import-outside-toplevel
   return {"jax": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", "?")}
 
@@ -157,7 +164,7 @@ def producer_info(program: str | None, function: str | None, kwargs: dict | None
   pmap = which_pmap()
   produced_by = pmap if uses_pmap is not False else (
       "code that does not call pmap (converted code / shard_map)")
-  return {**_jax_versions(), "numpy": np.__version__, "python": platform.python_version(),
+  return {**jax_versions(), "numpy": np.__version__, "python": platform.python_version(),
           "platform": jax.default_backend(), "device_count": jax.device_count(),
           "process_index": jax.process_index(), "process_count": jax.process_count(),
           "pmap": pmap, "produced_by": produced_by, "program": program, "function": function,
@@ -176,6 +183,32 @@ def process_directory(directory: str, process_index: int, process_count: int) ->
 def write(directory: str, outputs: Any, producer: dict, metadata: dict | None = None) -> Recording:
   """Writes a recording of `outputs` into `directory` (replacing one that is there)."""
   tree, leaves = outputs_to_leaves(outputs)
+  return write_leaves(directory, tree, leaves, producer, metadata)
+
+
+def _copies(value: np.ndarray) -> int:
+  """n when `value` is n bitwise-identical copies along its leading axis (pmap's replicated
+  state), else 0."""
+  if value.ndim == 0 or value.shape[0] < 2 or value.size == 0 or value.dtype.itemsize == 0:
+    return 0
+  flat = np.ascontiguousarray(value).view(np.uint8).reshape(value.shape[0], -1)
+  return value.shape[0] if bool((flat == flat[:1]).all()) else 0
+
+
+def stored_bytes(leaves: list[Leaf], dedupe: bool) -> int:
+  """What `write_leaves` puts on disk for these leaves' values (manifest aside)."""
+  total = 0
+  for leaf in leaves:
+    if isinstance(leaf.value, np.ndarray):
+      copies = _copies(leaf.value) if dedupe else 0
+      total += leaf.value.nbytes // (copies or 1)
+  return total
+
+
+def write_leaves(directory: str, tree: dict, leaves: list[Leaf], producer: dict,
+                 metadata: dict | None = None, dedupe: bool = False) -> Recording:
+  """Writes a recording of leaves already on the host. With `dedupe`, a leaf made of
+  identical copies along its leading axis is stored once (`copies` in its entry)."""
   parent = os.path.dirname(os.path.abspath(directory))
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=".recording-", dir=parent)
@@ -185,10 +218,14 @@ def write(directory: str, outputs: Any, producer: dict, metadata: dict | None = 
     entry: dict[str, Any] = {"path": leaf.path, "kind": leaf.kind, "dtype": leaf.dtype, "shape": list(leaf.shape)}
     if leaf.key_impl is not None:
       entry["key_impl"] = leaf.key_impl
-    if leaf.kind == "python.str":
+    if leaf.kind in INLINE_KINDS:
       entry["value"] = leaf.value
     elif leaf.dtype != "float0":
-      data, stored_as = _storable(np.asarray(leaf.value, order="C"))  # keeps 0-d arrays 0-d
+      data = np.asarray(leaf.value, order="C")  # keeps 0-d arrays 0-d
+      copies = _copies(data) if dedupe else 0
+      if copies:
+        data, entry["copies"] = data[0], copies
+      data, stored_as = _storable(data)
       entry["file"] = f"{LEAF_DIR}/{i:05d}.npy"
       if stored_as:
         entry["stored_as"] = stored_as
@@ -211,6 +248,12 @@ def require(directory: str) -> None:
     raise FileNotFoundError(f"no recording at {directory}: {MANIFEST} is missing")
 
 
+def read_producer(directory: str) -> dict:
+  """What produced a recording, without reading its leaves."""
+  with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
+    return json.load(f)["producer"]
+
+
 def read(directory: str) -> Recording:
   """Reads a recording; raises FileNotFoundError / ValueError naming what is wrong."""
   path = os.path.join(directory, MANIFEST)
@@ -226,7 +269,7 @@ def read(directory: str) -> Recording:
   leaves = []
   for entry in manifest["leaves"]:
     shape = tuple(entry["shape"])
-    if entry["kind"] == "python.str":
+    if entry["kind"] in INLINE_KINDS:
       value = entry["value"]
     elif entry["dtype"] == "float0":
       value = np.zeros(shape, numpy_dtype("float0"))
@@ -234,6 +277,8 @@ def read(directory: str) -> Recording:
       value = np.load(os.path.join(directory, entry["file"]), allow_pickle=False)
       if "stored_as" in entry:
         value = value.view(numpy_dtype(entry["dtype"]))
+      if "copies" in entry:
+        value = np.repeat(value[None], entry["copies"], axis=0)
       data_shape = value.shape[:len(shape)] if entry["kind"] == KEY_ARRAY else value.shape
       if data_shape != shape:
         raise ValueError(f"{directory}: {entry['file']} holds shape {value.shape}, the manifest "

@@ -1,0 +1,163 @@
+"""Per-call recordings: the inputs and outputs of each pmap site's first calls.
+
+Layout, inside a recording directory (this process's part of it)::
+
+  calls/sites.json                 {"format": "pmap_compat.testing.calls/1",
+                                    "calls_per_site": K, "max_bytes": B, "bytes": used,
+                                    "sites": [{"key", "module", "qualname", "file", "line",
+                                               "calls": how often the program called it,
+                                               "recorded": how many of those are stored,
+                                               "directory"}, ...]}
+  calls/site_000/call_00000/inputs   a recording (manifest.json + leaves/) of the call's
+  calls/site_000/call_00000/outputs  (args, kwargs), and one of what it returned
+
+Inputs are the pytree `(args, kwargs)` as the site received it; a leaf that is no array
+or Python scalar (a static argument's object) is kept as its repr (kind `python.object`).
+Leaves holding identical copies along their leading axis (pmap's replicated parameters)
+are stored once (`copies` in the manifest entry), so replicated state costs one device's
+share of disk.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import jax
+import numpy as np
+
+from pmap_compat.testing import recordings, trees
+from pmap_compat.testing.sites import Site
+
+FORMAT = "pmap_compat.testing.calls/1"
+CALLS_DIR = "calls"
+INDEX = "sites.json"
+DEFAULT_CALLS = 3
+DEFAULT_MAX_BYTES = 2 ** 30
+
+
+class TooLarge(ValueError):
+  """Storing one more call would pass the size cap."""
+
+
+@dataclasses.dataclass
+class SiteEntry:
+  key: str
+  module: str
+  qualname: str
+  file: str | None
+  line: int | None
+  calls: int = 0  # how often the program called it (top-level calls)
+  recorded: int = 0  # how many of the first calls are stored
+  directory: str = ""
+
+  @classmethod
+  def of(cls, site: Site, directory: str) -> SiteEntry:
+    return cls(site.key, site.module, site.qualname, site.file, site.line, directory=directory)
+
+  @property
+  def where(self) -> str:
+    return f"{os.path.basename(self.file)}:{self.line}" if self.file and self.line else "?"
+
+
+def host_leaves(tree: Any) -> tuple[dict, list[recordings.Leaf]]:
+  """A call's inputs or outputs on the host, copied (donation may reuse the buffers)."""
+  structure, flat = trees.describe(tree)
+  leaves = []
+  for path, x in flat:
+    leaf = recordings.to_leaf(path, x, opaque=True)
+    if isinstance(leaf.value, np.ndarray):
+      leaf.value = np.array(leaf.value, copy=True)
+    leaves.append(leaf)
+  return structure, leaves
+
+
+class Writer:
+  """Stores calls as they happen, in a staging directory moved into place by `save`."""
+
+  def __init__(self, calls_per_site: int, max_bytes: int, near: str):
+    if calls_per_site < 0:
+      raise ValueError(f"calls: expected a number of calls >= 0, got {calls_per_site}")
+    self.calls_per_site = calls_per_site
+    self.max_bytes = max_bytes
+    parent = os.path.dirname(os.path.abspath(near))
+    os.makedirs(parent, exist_ok=True)
+    self._staging = tempfile.mkdtemp(prefix=".calls-", dir=parent)
+    self.sites: dict[str, SiteEntry] = {}
+    self.bytes = 0
+
+  def called(self, site: Site) -> tuple[SiteEntry, int]:
+    """Counts a call; returns the site's entry and this call's index."""
+    entry = self.sites.get(site.key)
+    if entry is None:
+      entry = self.sites[site.key] = SiteEntry.of(site, f"site_{len(self.sites):03d}")
+    entry.calls += 1
+    return entry, entry.calls - 1
+
+  def store(self, entry: SiteEntry, index: int, inputs: tuple[dict, list[recordings.Leaf]],
+            outputs: tuple[dict, list[recordings.Leaf]]) -> None:
+    size = sum(recordings.stored_bytes(leaves, dedupe=True) for _, leaves in (inputs, outputs))
+    if self.bytes + size > self.max_bytes:
+      raise TooLarge(
+          f"recording call {index} of pmap site {entry.key} ({entry.where}) would bring the "
+          f"stored calls to {self.bytes + size:,} bytes, over the cap of {self.max_bytes:,} "
+          "(--max-call-bytes / max_call_bytes): raise the cap, or store fewer calls per "
+          "site with --calls")
+    call_dir = os.path.join(self._staging, entry.directory, f"call_{index:05d}")
+    producer = {"jax": jax.__version__, "site": entry.key, "call": index}
+    for part, (structure, leaves) in (("inputs", inputs), ("outputs", outputs)):
+      recordings.write_leaves(os.path.join(call_dir, part), structure, leaves, producer,
+                              dedupe=True)
+    self.bytes += size
+    entry.recorded = index + 1
+
+  def save(self, recording_dir: str) -> str:
+    """Moves the stored calls into `recording_dir`/calls (replacing what is there)."""
+    index = {"format": FORMAT, "calls_per_site": self.calls_per_site,
+             "max_bytes": self.max_bytes, "bytes": self.bytes,
+             "sites": [dataclasses.asdict(e) for e in self.sites.values()]}
+    with open(os.path.join(self._staging, INDEX), "w", encoding="utf-8") as f:
+      json.dump(index, f, indent=1)
+    target = os.path.join(recording_dir, CALLS_DIR)
+    if os.path.exists(target):
+      shutil.rmtree(target)
+    os.replace(self._staging, target)
+    return target
+
+  def discard(self) -> None:
+    shutil.rmtree(self._staging, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class Stored:
+  """A recording's per-call part, as read back."""
+  directory: str
+  calls_per_site: int
+  sites: dict[str, SiteEntry]
+  bytes: int
+
+  def call(self, entry: SiteEntry, index: int) -> tuple[recordings.Recording,
+                                                        recordings.Recording]:
+    """The recorded (inputs, outputs) of one call."""
+    call_dir = os.path.join(self.directory, entry.directory, f"call_{index:05d}")
+    return (recordings.read(os.path.join(call_dir, "inputs")),
+            recordings.read(os.path.join(call_dir, "outputs")))
+
+
+def read(recording_dir: str) -> Stored:
+  """The per-call part of a recording; FileNotFoundError names the option that makes one."""
+  directory = os.path.join(recording_dir, CALLS_DIR)
+  path = os.path.join(directory, INDEX)
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"{recording_dir} holds no per-call recording ({CALLS_DIR}/{INDEX} is missing): "
+        "record it again with this version's `record` (--calls K, K >= 1)")
+  with open(path, encoding="utf-8") as f:
+    index = json.load(f)
+  if index.get("format") != FORMAT:
+    raise ValueError(f"{path} is not a {FORMAT} index (format {index.get('format')!r})")
+  sites = {s["key"]: SiteEntry(**s) for s in index["sites"]}
+  return Stored(directory, index["calls_per_site"], sites, index["bytes"])

@@ -1,0 +1,354 @@
+"""Per-call record and replay: each pmap site checked in isolation, so nothing compounds.
+
+`Recorder` (an observer for `sites.observing`) stores the inputs and outputs of each
+site's first K calls and counts every call. `Replayer` runs the program again, possibly
+on another JAX and another implementation (JAX's own pmap, `pmap_compat`, the codemod's
+output); at each recorded call it runs the site on the recorded inputs (placed like the
+program's own arguments), compares the outputs with the recorded ones, and hands the
+recorded outputs back (placed like the implementation's outputs, so the program gets
+the arrays and shardings it expects), so the run follows the recorded trajectory and a
+difference in one call cannot grow in the next. Calls after the K-th run as they are.
+
+Differences are measured as in the end-to-end check (`comparison`); the default
+tolerance is bit for bit on the recording's own jax/jaxlib and `PER_CALL_MAX_ULP`
+across versions (see there).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any
+from collections.abc import Callable, Iterator
+
+import jax
+import numpy as np
+
+from pmap_compat.testing import calls, recordings, sites, trees
+from pmap_compat.testing.comparison import (LeafReport, Report, Tolerance, choose_tolerance,
+                                            compare)
+
+# Default per-call bound across jax/jaxlib versions. One call of a site has no loop to
+# compound rounding: measured from legacy jax.pmap on jax 0.6.0 to jax 0.10.2 (its own
+# jax.pmap, pmap_compat.patched() and the codemod output) at most 2 ulp at leaf scale on
+# the shipped examples (README, "Recording and checking"); twice that is the bound.
+PER_CALL_MAX_ULP = 4
+
+
+def _process_directory(directory: str) -> str:
+  return recordings.process_directory(directory, jax.process_index(), jax.process_count())
+
+
+class Recorder:
+  """Stores the first `calls_per_site` calls of every site (observer for sites.observing)."""
+
+  def __init__(self, directory: str, calls_per_site: int = calls.DEFAULT_CALLS,
+               max_bytes: int = calls.DEFAULT_MAX_BYTES):
+    self.directory = os.fspath(directory)
+    self.writer = calls.Writer(calls_per_site, max_bytes, near=self.directory)
+    self.active = False
+
+  def call(self, site: sites.Site, implementation: Callable[..., Any], args: tuple,
+           kwargs: dict) -> Any:
+    entry, index = self.writer.called(site)
+    if index >= self.writer.calls_per_site:
+      return implementation(*args, **kwargs)
+    inputs = calls.host_leaves((args, kwargs))  # before the call may donate them
+    out = jax.block_until_ready(implementation(*args, **kwargs))
+    self.writer.store(entry, index, inputs, calls.host_leaves(out))
+    return out
+
+  def save(self) -> str:
+    """Moves the stored calls into this process's part of the recording."""
+    return self.writer.save(_process_directory(self.directory))
+
+
+@contextlib.contextmanager
+def recording_calls(directory: str | os.PathLike, *, calls_per_site: int = calls.DEFAULT_CALLS,
+                    max_bytes: int = calls.DEFAULT_MAX_BYTES) -> Iterator[Recorder]:
+  """Records the calls of every pmap site created in the block into `directory`/calls.
+
+  Import (or define) the program inside the block, so that its module-level pmaps are
+  observed, and write the recording itself (`record`) inside it too: the calls are moved
+  into the recording's directory when the block ends without an exception.
+  """
+  recorder = Recorder(os.fspath(directory), calls_per_site, max_bytes)
+  try:
+    with sites.observing(recorder):
+      yield recorder
+    recorder.save()
+  finally:
+    recorder.writer.discard()  # a no-op once saved
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def place_like(recorded: recordings.Leaf, actual: Any) -> Any:
+  """The recorded value as the kind of object `actual` is: a jax.Array on actual's
+  sharding (a typed key array for a key leaf), numpy, or a Python scalar."""
+  if recorded.kind == recordings.OPAQUE:
+    return actual
+  value = recorded.value
+  if isinstance(actual, jax.Array):
+    if recorded.kind == recordings.KEY_ARRAY:
+      value = jax.random.wrap_key_data(value, impl=recorded.key_impl)
+    if isinstance(actual.sharding, jax.sharding.SingleDeviceSharding):
+      # Most likely an uncommitted array (a key split outside any pmap, say), which pmap
+      # moves to its devices; a committed one on device 0 would be refused there.
+      return jax.device_put(value)
+    if actual.is_fully_addressable:
+      return jax.device_put(value, actual.sharding)
+    return jax.make_array_from_process_local_data(actual.sharding, np.asarray(value),
+                                                  actual.shape)
+  if isinstance(actual, np.ndarray):
+    return np.array(value)
+  if isinstance(actual, np.generic):
+    return value[()]
+  if isinstance(actual, (bool, int, float, complex)):
+    return type(actual)(value.item())
+  return value
+
+
+@dataclasses.dataclass
+class CallResult:
+  """One recorded call, replayed: its outputs against the recorded ones."""
+  site: str
+  index: int
+  outputs: Report
+  inputs: Report
+  handed_back: bool  # the program got the recorded outputs
+
+  @property
+  def ok(self) -> bool:
+    return self.outputs.ok and not self.inputs.structure
+
+  def line(self) -> str:
+    if not self.inputs.structure and self.outputs.ok and self.outputs.worst is None:
+      text = "identical"
+    elif self.ok:
+      worst = self.outputs.worst
+      assert worst is not None
+      text = (f"within tolerance; worst leaf {trees.display_path(worst.path)} "
+              f"{worst.dtype}{list(worst.shape or ())}: {worst.difference()}")
+    elif self.inputs.structure:
+      text = ("BEYOND TOLERANCE: the program called it with other arguments than recorded: "
+              + self.inputs.structure[0])
+    else:
+      text = "BEYOND TOLERANCE: " + _first_problem(self.outputs)
+    lines = [f"    call {self.index}: {text}"]
+    if not self.inputs.structure and not self.inputs.ok:
+      lines.append("      note: the program's arguments differ from the recorded ones ("
+                   + _first_problem(self.inputs) + "); the call ran on the recorded ones")
+    if not self.handed_back:
+      lines.append("      note: the outputs' structure differs, so the program kept this "
+                   "run's outputs")
+    return "\n".join(lines)
+
+
+def _first_problem(report: Report) -> str:
+  if report.structure:
+    return report.structure[0]
+  bad = report.failures[0]
+  what = bad.difference() if bad.status in ("within", "beyond") else bad.detail
+  return f"leaf {trees.display_path(bad.path)} {bad.dtype}{list(bad.shape or ())}: {what}"
+
+
+@dataclasses.dataclass
+class Reached:
+  """A site this run called, and what the recording has for it."""
+  site: sites.Site
+  entry: calls.SiteEntry | None
+  calls: int = 0
+
+
+class Replayer:
+  """Checks every recorded call and hands back its recorded outputs (observer)."""
+
+  def __init__(self, directory: str, *, rtol: float | None = None, atol: float | None = None,
+               max_ulp: int | None = None):
+    self.directory = os.fspath(directory)
+    recordings.require(self.directory)  # fail before a long run, not after it
+    self._rtol, self._atol, self._max_ulp = rtol, atol, max_ulp
+    self.stored: calls.Stored | None = None
+    self.recorded_producer: dict = {}
+    self.tolerance: Tolerance | None = None
+    self.reached: dict[str, Reached] = {}
+    self.results: list[CallResult] = []
+    self.active = False
+
+  def _load(self) -> calls.Stored:
+    """Reads this process's recording on the first call (the job is set up by then)."""
+    if self.stored is None:
+      own = _process_directory(self.directory)
+      self.stored = calls.read(own)
+      self.recorded_producer = recordings.read_producer(own)
+      self.tolerance = choose_tolerance(self.recorded_producer, recordings.jax_versions(),
+                                        rtol=self._rtol, atol=self._atol,
+                                        max_ulp=self._max_ulp,
+                                        cross_version_max_ulp=PER_CALL_MAX_ULP)
+    return self.stored
+
+  def _match(self, site: sites.Site) -> calls.SiteEntry | None:
+    stored = self._load()
+    if site.key in stored.sites:
+      return stored.sites[site.key]
+    # A program imported under another module name (a converted tree's package, say):
+    # the one recorded site of that qualified name nothing else claimed.
+    taken = {r.entry.key for r in self.reached.values() if r.entry is not None}
+    same = [e for e in stored.sites.values() if e.qualname == site.qualname and
+            e.key not in taken and e.key.count("#") == site.key.count("#")]
+    return same[0] if len(same) == 1 else None
+
+  def call(self, site: sites.Site, implementation: Callable[..., Any], args: tuple,
+           kwargs: dict) -> Any:
+    if site.key not in self.reached:
+      self.reached[site.key] = Reached(site, self._match(site))
+    reached = self.reached[site.key]
+    index = reached.calls
+    reached.calls += 1
+    if reached.entry is None or index >= reached.entry.recorded:
+      return implementation(*args, **kwargs)
+    assert self.stored is not None and self.tolerance is not None
+    recorded_in, recorded_out = self.stored.call(reached.entry, index)
+    flat, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    structure, leaves = calls.host_leaves((args, kwargs))
+    inputs = compare(recorded_in, recordings.Recording(structure, leaves, {}), self.tolerance)
+    if not inputs.structure and len(flat) == len(recorded_in.leaves):
+      args, kwargs = jax.tree_util.tree_unflatten(
+          treedef, [place_like(r, a) for r, a in zip(recorded_in.leaves, flat, strict=True)])
+    out = jax.block_until_ready(implementation(*args, **kwargs))
+    structure, leaves = calls.host_leaves(out)
+    outputs = compare(recorded_out, recordings.Recording(structure, leaves, {}), self.tolerance)
+    out_flat, out_treedef = jax.tree_util.tree_flatten(out)
+    handed_back = not outputs.structure and len(out_flat) == len(recorded_out.leaves)
+    if handed_back:
+      out = jax.tree_util.tree_unflatten(out_treedef, [
+          a if verdict.status in ("identical", "mismatch") else place_like(r, a)
+          for r, a, verdict in zip(recorded_out.leaves, out_flat, outputs.leaves, strict=True)])
+    self.results.append(CallResult(reached.site.key, index, outputs, inputs, handed_back))
+    return out
+
+  def report(self, final: Report | None = None) -> PerCallReport:
+    stored = self._load()  # read here when no site was called
+    assert self.tolerance is not None
+    return PerCallReport(self.directory, stored, self.reached, self.results, self.tolerance,
+                         self.recorded_producer, final)
+
+
+@contextlib.contextmanager
+def checking_calls(directory: str | os.PathLike, *, rtol: float | None = None,
+                   atol: float | None = None, max_ulp: int | None = None
+                   ) -> Iterator[Replayer]:
+  """Checks each recorded call of every pmap site created in the block and replays it;
+  `replayer.report()` after the block says how each call compared."""
+  replayer = Replayer(os.fspath(directory), rtol=rtol, atol=atol, max_ulp=max_ulp)
+  with sites.observing(replayer):
+    yield replayer
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclasses.dataclass
+class PerCallReport:
+  """Every replayed call's verdict, the sites only one run has, and the final outputs."""
+  directory: str
+  stored: calls.Stored
+  reached: dict[str, Reached]
+  results: list[CallResult]
+  tolerance: Tolerance
+  recorded: dict
+  final: Report | None = None  # the end-to-end comparison of the replayed run's outputs
+
+  @property
+  def never_reached(self) -> list[calls.SiteEntry]:
+    matched = {r.entry.key for r in self.reached.values() if r.entry is not None}
+    return [e for e in self.stored.sites.values() if e.key not in matched]
+
+  @property
+  def never_recorded(self) -> list[Reached]:
+    return [r for r in self.reached.values() if r.entry is None]
+
+  @property
+  def first_failure(self) -> CallResult | None:
+    return next((r for r in self.results if not r.ok), None)
+
+  @property
+  def ok(self) -> bool:
+    return (bool(self.results) and self.first_failure is None and not self.never_reached
+            and not self.never_recorded)
+
+  def worst_call(self) -> tuple[CallResult, LeafReport] | None:
+    """The replayed call whose worst leaf differs most (ulp at leaf scale), if any differs."""
+    differing = [(r, r.outputs.worst) for r in self.results if r.outputs.worst is not None]
+    return max(differing, key=lambda rw: (rw[1].scale_ulp or 0.0, rw[1].max_abs or 0.0),
+               default=None)
+
+  def summary(self) -> str:
+    identical = sum(r.ok and r.outputs.worst is None for r in self.results)
+    within = sum(r.ok for r in self.results) - identical
+    counts = (f"{len(self.reached)} sites reached, {len(self.results)} recorded calls "
+              f"replayed: {identical} identical, {within} within tolerance")
+    if self.ok:
+      return f"PASS ({counts})"
+    problems = []
+    first = self.first_failure
+    if first is not None:
+      problems.append(f"{sum(not r.ok for r in self.results)} calls beyond tolerance, the "
+                      f"first: {first.site} call {first.index}")
+    if self.never_reached:
+      problems.append(f"{len(self.never_reached)} recorded sites never reached")
+    if self.never_recorded:
+      problems.append(f"{len(self.never_recorded)} sites reached but never recorded")
+    if not self.results and not problems:
+      problems.append("no recorded call was replayed")
+    return f"FAIL ({'; '.join(problems)}; {counts})"
+
+  def __str__(self) -> str:
+    rec = self.recorded
+    running = self.final.running if self.final is not None else recordings.jax_versions()
+    lines = [f"per-call check against {self.stored.directory}",
+             f"recorded: jax {rec.get('jax')} ({rec.get('produced_by')}), "
+             f"{rec.get('platform')} x{rec.get('device_count')}; the first "
+             f"{self.stored.calls_per_site} calls of each pmap site",
+             f"running:  jax {running.get('jax')} ({running.get('produced_by', '?')}), "
+             f"{running.get('platform', '?')} x{running.get('device_count', '?')}",
+             f"tolerance per call: {self.tolerance.describe()}"]
+    by_site: dict[str, list[CallResult]] = {}
+    for result in self.results:
+      by_site.setdefault(result.site, []).append(result)
+    for key, reached in self.reached.items():
+      entry = reached.entry
+      if entry is None:
+        continue
+      alias = "" if entry.key == key else f" (recorded as {entry.key})"
+      lines.append(f"  site {key}{alias} ({reached.site.where}): called {reached.calls} times "
+                   f"(recorded run: {entry.calls}, {entry.recorded} stored)")
+      lines += [r.line() for r in by_site.get(key, [])]
+    for entry in self.never_reached:
+      lines.append(f"  recorded but never reached: site {entry.key} ({entry.where}), called "
+                   f"{entry.calls} times in the recorded run")
+    for reached in self.never_recorded:
+      lines.append(f"  reached but never recorded: site {reached.site.key} "
+                   f"({reached.site.where}), called {reached.calls} times")
+    first = self.first_failure
+    if first is not None:
+      problem = (first.inputs.structure[0] if first.inputs.structure
+                 else _first_problem(first.outputs))
+      lines.append(f"first beyond tolerance: site {first.site}, call {first.index}, {problem}")
+    worst_call = self.worst_call()
+    if worst_call is None:
+      lines.append("largest difference of a replayed call: none, every output is identical")
+    else:
+      result, leaf = worst_call
+      lines.append(f"largest difference of a replayed call: {leaf.scale_ulp or 0.0:.3g} ulp at "
+                   f"leaf scale (max ulp {leaf.max_ulp}), site {result.site} call "
+                   f"{result.index}, leaf {trees.display_path(leaf.path)}")
+    if self.final is not None:
+      worst = self.final.worst
+      lines.append("final outputs of the replayed run vs the recording (information: calls "
+                   "after the stored ones run unreplayed): " + self.final.summary()
+                   + (f"; worst leaf {trees.display_path(worst.path)}" if worst else ""))
+    lines.append(self.summary())
+    return "\n".join(lines)

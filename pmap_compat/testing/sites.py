@@ -1,0 +1,201 @@
+"""Observing every call of a program's pmap sites, whatever implements them.
+
+A pmap site is one function the program maps over devices: what it handed to `jax.pmap`
+(legacy, or JAX's own shard_map-based one), to `pmap_compat.pmap` (also through
+`pmap_compat.patched()`), or, in code the codemod converted, to `on_pmap_mesh` under
+`jax.jit`. Its identity is that function's module and qualified name (functools.partial
+and `__wrapped__` chains unwrapped), which the codemod keeps; the file and line are a
+hint for people. A second function with the same name (two lambdas in one function) is
+`name#2`, numbered in the order the program creates its sites.
+
+`observing(observer)` is a context manager that, while it is active, makes
+
+  - `jax.pmap`, `pmap_compat.pmap` and (when `pmap_compat.api` is already imported)
+    `pmap_compat.api.pmap`, which `pmap_compat.patched()` installs, return a `SiteCaller`;
+  - `jax.jit` return a `SiteCaller` for a function a pmap-to-shmap support module made
+    (it asks that module: `pmap_site_function(fn)`, documented there), and the plain
+    jitted function for anything else.
+
+A `SiteCaller` hands each top-level call (no tracer among the arguments: calls inside
+jit, grad or an outer pmap are part of that computation) to `observer.call(site,
+implementation, args, kwargs)`, which must return what the call returns; every other
+attribute is the wrapped function's. Sites must be created while observing: a pmap
+object made before (a module imported earlier) is not seen. Leaving the context restores
+every attribute; SiteCallers made meanwhile call straight through from then on.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import os
+import sys
+from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """One pmap site: `key` ("module:qualname", "#n" for a later namesake) identifies it."""
+  key: str
+  module: str
+  qualname: str
+  file: str | None = None
+  line: int | None = None
+
+  @property
+  def where(self) -> str:
+    return f"{os.path.basename(self.file)}:{self.line}" if self.file and self.line else "?"
+
+
+class Observer(Protocol):
+  active: bool
+
+  def call(self, site: Site, implementation: Callable[..., Any], args: tuple,
+           kwargs: dict) -> Any: ...
+
+
+class SiteCaller:
+  """What a pmap (or a converted site's jax.jit) returns while observing."""
+
+  def __init__(self, implementation: Callable[..., Any], site: Site, user_function: Any,
+               observer: Observer):
+    self._implementation = implementation
+    self._observer = observer
+    self.site = site
+    self.user_function = user_function
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+      try:
+        object.__setattr__(self, name, getattr(implementation, name))
+      except AttributeError:
+        pass
+    self.__wrapped__ = implementation
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if self._observer.active and not _traced(args, kwargs):
+      return self._observer.call(self.site, self._implementation, args, kwargs)
+    return self._implementation(*args, **kwargs)
+
+  def __getattr__(self, name: str) -> Any:  # lower, trace, eval_shape, _cache_size, ...
+    return getattr(self._implementation, name)
+
+  def __repr__(self) -> str:
+    return f"<pmap site {self.site.key} (observed) of {self._implementation!r}>"
+
+
+def _traced(args: tuple, kwargs: dict) -> bool:
+  return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
+
+
+def user_function(fun: Any) -> Any:
+  """The function a site maps: partials, SiteCallers and `__wrapped__` chains unwrapped."""
+  seen: set[int] = set()
+  while id(fun) not in seen:
+    seen.add(id(fun))
+    if isinstance(fun, SiteCaller):
+      fun = fun.user_function
+    elif isinstance(fun, functools.partial):
+      fun = fun.func
+    elif getattr(fun, "__wrapped__", None) is not None:
+      fun = fun.__wrapped__
+    else:
+      break
+  return fun
+
+
+def converted_site_function(fn: Any) -> Any:
+  """The user function of a site the codemod converted, if pmap-to-shmap's support module
+  made `fn` (its `pmap_site_function` says so); None for any other function."""
+  ask = getattr(fn, "__globals__", {}).get("pmap_site_function")
+  return ask(fn) if callable(ask) else None
+
+
+class SiteNames:
+  """Gives each site its key: module:qualname, with #n for a later namesake."""
+
+  def __init__(self) -> None:
+    self._by_code: dict[Any, Site] = {}
+    self._taken: dict[str, int] = {}
+
+  def site_of(self, fun: Any) -> Site:
+    fun = user_function(fun)
+    target = fun if inspect.isfunction(fun) or inspect.ismethod(fun) else type(fun)
+    module = str(getattr(target, "__module__", None) or "?")
+    qualname = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", "?"))
+    code = getattr(target, "__code__", None)
+    identity = code if code is not None else target
+    if identity not in self._by_code:
+      name = f"{module}:{qualname}"
+      self._taken[name] = self._taken.get(name, 0) + 1
+      key = name if self._taken[name] == 1 else f"{name}#{self._taken[name]}"
+      self._by_code[identity] = Site(key, module, qualname,
+                                     getattr(code, "co_filename", None),
+                                     getattr(code, "co_firstlineno", None))
+    return self._by_code[identity]
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def observing(observer: Observer) -> Iterator[SiteNames]:
+  """Routes the top-level calls of every pmap site created inside the block to `observer`."""
+  names = SiteNames()
+  saved: list[tuple[Any, str, Any]] = []
+
+  def install(owner: Any, attribute: str, replacement: Any) -> None:
+    saved.append((owner, attribute, vars(owner).get(attribute, _MISSING)))
+    setattr(owner, attribute, replacement)
+
+  def observed_pmap(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def pmap(fun: Any, *args: Any, **kwargs: Any) -> Any:
+      mapped = original(fun, *args, **kwargs)
+      if isinstance(mapped, SiteCaller):  # pmap_compat's pmap, observed as well
+        return mapped
+      return SiteCaller(mapped, names.site_of(fun), user_function(fun), observer)
+    return pmap
+
+  original_jit = jax.jit
+
+  @functools.wraps(original_jit)
+  def jit(*args: Any, **kwargs: Any) -> Any:
+    if not args:  # jax.jit(static_argnums=...) as a decorator factory (newer JAX)
+      return functools.partial(jit, **kwargs)
+    jitted = original_jit(*args, **kwargs)
+    mapped = converted_site_function(args[0])
+    if mapped is None:
+      return jitted
+    return SiteCaller(jitted, names.site_of(mapped), user_function(mapped), observer)
+
+  if getattr(jax, "pmap", None) is not None:
+    install(jax, "pmap", observed_pmap(jax.pmap))
+  install(jax, "jit", jit)
+  api = sys.modules.get("pmap_compat.api")
+  if api is not None:
+    install(api, "pmap", observed_pmap(api.pmap))
+  package = sys.modules.get("pmap_compat")
+  if package is not None:
+    install(package, "pmap", _lazy_pmap_compat(observed_pmap))
+  observer.active = True
+  try:
+    yield names
+  finally:
+    observer.active = False
+    for owner, attribute, value in reversed(saved):
+      if value is _MISSING:
+        delattr(owner, attribute)
+      else:
+        setattr(owner, attribute, value)
+
+
+def _lazy_pmap_compat(observed_pmap: Callable[[Any], Callable[..., Any]]) -> Callable[..., Any]:
+  """`pmap_compat.pmap`, observed, without importing pmap_compat's JAX-internal modules
+  before the program uses it (they do not import on every JAX this package supports)."""
+  def pmap(fun: Any, *args: Any, **kwargs: Any) -> Any:
+    from pmap_compat import api  # pylint: disable=import-outside-toplevel
+    return observed_pmap(api.pmap)(fun, *args, **kwargs)
+  return pmap
