@@ -18,6 +18,7 @@ raises instead of silently reducing over one host's devices only.
 """
 import functools
 import math
+import weakref
 
 import jax
 import numpy as np
@@ -98,7 +99,22 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
   for attr in ("__name__", "__qualname__"):
     if hasattr(named, attr):
       setattr(sharded, attr, getattr(named, attr))
+  _SITES[sharded] = fun
   return sharded
+
+
+_SITES = weakref.WeakKeyDictionary()  # what on_pmap_mesh returned -> the function it maps
+
+
+def pmap_site_function(fn):
+  """The function a converted pmap site maps, if ``fn`` is what ``on_pmap_mesh`` returned
+  for it; None for any other object. The hook for testing tools: ``pmap_compat.testing``
+  asks it (through ``fn.__globals__``) which functions given to ``jax.jit`` are converted
+  pmap sites, to check each of their calls against a recording made under ``jax.pmap``."""
+  try:
+    return _SITES.get(fn)
+  except TypeError:  # not weakly referenceable: not a function made here
+    return None
 
 
 def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(), devices=None):
