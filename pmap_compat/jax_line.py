@@ -1,50 +1,56 @@
-"""Everything pmap_compat does differently on its two JAX lines, 0.6.0 and 0.10.2.
+"""Everything pmap_compat asks of JAX that differs between releases (0.6.0 to 0.10.2).
 
-On 0.6.0 legacy pmap's runtime still exists: the C++ pmap dispatcher
-(``pmap_lib.pmap``) and ``PmapSharding``. pmap_compat drives the dispatcher with its
-own executables and returns ``PmapSharding`` arrays, as legacy did (``fastpath``,
-``outputs``: 0.6-only modules). 0.10.0 removed both: there a call goes through jit's
-C++ fast path, and results are the ``NamedSharding`` arrays 0.10.2's own ``jax.pmap``
-returns (``jit_dispatch``).
+Each name here answers one question by looking at what the installed JAX has (an
+attribute, a module, a return shape), never at its version number; no other module of
+the package looks at the JAX release.
 
-Besides that split this module only re-exports JAX internals that moved or were
-renamed between the lines. No other module of the package looks at the JAX version.
+The big one is ``LEGACY_PMAP_RUNTIME``: does this JAX still ship legacy pmap's runtime,
+the C++ pmap dispatcher (``pmap_lib.pmap``), its fast-path record and ``PmapSharding``?
+Every release through 0.9.x does (0.8 and 0.9 keep it behind ``jax_pmap_shmap_merge``,
+whose default became True there). Where it exists pmap_compat drives that dispatcher with
+its own executables and returns ``PmapSharding`` arrays, as legacy ``jax.pmap`` does on
+every release that has it: legacy's semantics are the product's promise, so on 0.8–0.9
+results are what ``JAX_PMAP_SHMAP_MERGE=false`` gives, not that release's default
+``jax.pmap`` (``fastpath``, ``outputs``). Where it is gone (0.10.0 on) a call goes
+through jit's C++ fast path, and results are the ``NamedSharding`` arrays that release's
+own ``jax.pmap`` returns (``jit_dispatch``).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import jax
+from jax._src import api as _api
 from jax._src import dtypes
+from jax._src import lib as _lib
 from jax._src import mesh as mesh_lib
+from jax._src import pjit as _pjit
+from jax._src import sharding_impls as _sharding_impls
+from jax._src import stages as _stages
+from jax._src.interpreters import pxla as _pxla
+from jax._src.random import prng  # the PRNG module (jax._src.prng until 0.9, re-exported here)
 
-# jax 0.6.0: legacy pmap's C++ dispatcher and PmapSharding exist.
-LEGACY_PMAP_RUNTIME: bool = jax.__version__ == "0.6.0"
+
+def _has_legacy_pmap_runtime() -> bool:
+  """Legacy pmap's C++ dispatcher, the record that feeds it, and PmapSharding."""
+  return (hasattr(_lib, "pmap_lib") and hasattr(_api, "_PmapFastpathData")
+          and hasattr(_api, "_pmap_cache_clears")
+          and hasattr(_sharding_impls, "PmapSharding"))
+
+
+LEGACY_PMAP_RUNTIME: bool = _has_legacy_pmap_runtime()
 
 sharding_specs: Any  # PmapSharding's layout descriptions
 
 if LEGACY_PMAP_RUNTIME:
-  from jax._src import prng
-  from jax._src.interpreters.pxla import DeviceAssignmentMismatchError
-  from jax._src.interpreters.xla import canonicalize_dtype as _canonicalize
-  from jax._src.pjit import pjit_p as jit_p
   from jax._src import sharding_specs as _sharding_specs
   from jax._src.sharding_impls import PmapSharding
 
   sharding_specs = _sharding_specs
-
-  NO_CONCRETE_MESH: Any = None  # what clears the ambient concrete mesh
   # The mesh axis of an unnamed outermost pmap (legacy's name was a fresh object per call).
   DEFAULT_AXIS_NAME = "_pmap_compat_axis0"
 else:
-  from jax._src.pjit import jit_p  # type: ignore[attr-defined, no-redef, unused-ignore]
-  from jax._src.random import prng
-  from jax._src.stages import DeviceAssignmentMismatchError  # type: ignore[attr-defined, no-redef, unused-ignore]
-
-  _canonicalize = dtypes.canonicalize_value  # type: ignore[attr-defined, unused-ignore]
   sharding_specs = None  # PmapSharding's layout descriptions went with it
-  NO_CONCRETE_MESH = mesh_lib.empty_concrete_mesh  # type: ignore[attr-defined, unused-ignore]
-  # 0.10.2's own jax.pmap's name, so results carry the very sharding its results carry.
+  # The release's own jax.pmap's name, so results carry the very sharding its results carry.
   DEFAULT_AXIS_NAME = "_internal_pmap_axis_name"
 
   if TYPE_CHECKING:
@@ -53,10 +59,11 @@ else:
     _ShardingBase = object
 
   class PmapSharding(_ShardingBase):  # type: ignore[no-redef, unused-ignore]
-    """jax 0.10 has no PmapSharding: no value is one, so checks for it are simply False.
+    """A JAX without legacy pmap's runtime has no PmapSharding: no value is one, so checks
+    for it are simply False.
 
-    The type checker sees legacy's surface, which code run on jax 0.6 only (outputs.py)
-    uses; at run time the class is empty.
+    The type checker sees legacy's surface, which code run with the legacy runtime only
+    (outputs.py) uses; at run time the class is empty.
     """
     if TYPE_CHECKING:
       devices: Any
@@ -65,8 +72,50 @@ else:
       def __init__(self, devices: Any, sharding_spec: Any) -> None: ...
 
 
+# The primitive a staged jax.jit call binds (pjit_p until 0.6, jit_p from 0.7).
+jit_p: Any
+if hasattr(_pjit, "jit_p"):
+  jit_p = _pjit.jit_p
+else:
+  jit_p = _pjit.pjit_p  # type: ignore[attr-defined, unused-ignore]
+
+# What jit raises when a call's inputs sit on devices other than its program's (pxla until
+# 0.6, stages from 0.7).
+DeviceAssignmentMismatchError: type[Exception]
+if hasattr(_stages, "DeviceAssignmentMismatchError"):
+  DeviceAssignmentMismatchError = _stages.DeviceAssignmentMismatchError
+else:
+  DeviceAssignmentMismatchError = (
+      _pxla.DeviceAssignmentMismatchError)  # type: ignore[attr-defined, unused-ignore]
+
+# What clears the ambient concrete mesh for ``_internal_use_concrete_mesh``: its empty mesh
+# where the release has one (0.7 on), None before.
+NO_CONCRETE_MESH: Any = getattr(mesh_lib, "empty_concrete_mesh", None)
+
+
+def _dtype_canonicalizer() -> Any:
+  """jit's dispatch-time dtype canonicalisation (``dtypes.canonicalize_value`` from 0.7,
+  ``xla.canonicalize_dtype`` before)."""
+  if hasattr(dtypes, "canonicalize_value"):
+    return dtypes.canonicalize_value
+  from jax._src.interpreters import xla  # type: ignore[attr-defined, unused-ignore]
+  return xla.canonicalize_dtype  # type: ignore[attr-defined, unused-ignore]
+
+
+_canonicalize = _dtype_canonicalizer()
+
+
+def _jit_cpp_module() -> Any:
+  """The C++ extension that holds jit's call cache (``_jax`` from 0.7, ``xla_extension``
+  before)."""
+  if hasattr(_lib, "_jax"):
+    return _lib._jax
+  return _lib.xla_extension  # type: ignore[attr-defined, unused-ignore]
+
+
 def jit_call_cache(name: str, fun: Any, cache_miss: Any, static_argnums: tuple) -> Any:
-  """jax 0.10: a C++ call cache of jit's own kind in front of ``cache_miss``.
+  """Without legacy pmap's runtime: a C++ call cache of jit's own kind in front of
+  ``cache_miss``.
 
   On a signature it has seen (tree, avals, shardings, static arguments, trace state) it
   runs the executable jit compiled without entering Python; on anything else it calls
@@ -75,28 +124,25 @@ def jit_call_cache(name: str, fun: Any, cache_miss: Any, static_argnums: tuple) 
   call cache under ``fun`` (held weakly there, so they go with ``fun``) and a key of ours,
   apart from the jit objects' own entries; ``jax.clear_caches()`` empties them.
   """
-  # Imported here: internals of jax 0.10's jit that this jax 0.10-only function drives.
-  from jax._src import pjit as _pjit
+  # Imported here: internals of jit that only this path drives.
   from jax._src import tree_util as _tree_util
-  from jax._src.interpreters import pxla as _pxla
-  from jax._src.lib import _jax  # type: ignore[attr-defined, unused-ignore]  # jax 0.10 only
-  return _jax.pjit(name, fun, cache_miss, static_argnums, (), _CALL_CACHE_KEY,
-                   _tree_util.dispatch_registry, _pxla.cc_shard_arg,
-                   _pjit._get_cpp_global_cache(False))
+  return _jit_cpp_module().pjit(name, fun, cache_miss, static_argnums, (), _CALL_CACHE_KEY,
+                                _tree_util.dispatch_registry, _pxla.cc_shard_arg,
+                                _pjit._get_cpp_global_cache(False))
 
 
 _CALL_CACHE_KEY = "pmap_compat.jit_dispatch"
 
 
 def jit_cache_miss(jitted: Any) -> Any:
-  """jax 0.10: jit's Python cache miss for the jit object ``jitted``: runs the call and
-  returns ``(outputs, fastpath_data, rebuild)``, what ``jit_call_cache`` needs to serve
-  the signature from C++ from then on."""
+  """jit's Python cache miss for the jit object ``jitted``: runs the call and returns
+  ``(outputs, fastpath_data, rebuild)``, what ``jit_call_cache`` needs to serve the
+  signature from C++ from then on."""
   return jitted._cache_miss
 
 
 def jitted_function(jitted: Any) -> Any:
-  """The function a jit object stages (jax 0.10 keeps it as ``_fun``)."""
+  """The function a jit object stages (kept as ``_fun``)."""
   return jitted._fun
 
 
@@ -113,11 +159,13 @@ def canonicalize_value(x: Any) -> Any:
 
 
 def bind_parts(primitive: Any, params: dict) -> tuple[list, dict]:
-  """``(subfuns, params)`` to bind ``primitive`` again with an equation's params (jax 0.10's
-  primitives take no function arguments: its ``get_bind_params`` returns params only)."""
-  if LEGACY_PMAP_RUNTIME:
-    return primitive.get_bind_params(params)
-  return [], primitive.get_bind_params(params)
+  """``(subfuns, params)`` to bind ``primitive`` again with an equation's params.
+  ``get_bind_params`` returns that pair until 0.9 and, from 0.10 (primitives take no
+  function arguments), the params alone."""
+  parts = primitive.get_bind_params(params)
+  if isinstance(parts, tuple):
+    return parts
+  return [], parts
 
 
 PRNGKeyArray = prng.PRNGKeyArray
