@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from support import venvs
+from support.multiprocess_jobs import reserved_port
 
 EXAMPLES = os.path.join(venvs.ROOT, "examples")
 
@@ -50,3 +51,25 @@ def edit_one_line(path: str, old: str, new: str) -> None:
 
 def output(proc: subprocess.CompletedProcess) -> str:
   return proc.stdout + proc.stderr
+
+
+def two_process_job(args: list[str], timeout: float = 240) -> list[subprocess.CompletedProcess]:
+  """Starts the CLI twice as one jax.distributed job (4 CPU devices each), as on two hosts."""
+  # The port stays reserved for the whole job: no other job can take it meanwhile.
+  with reserved_port() as port:
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "PMAP_EXAMPLE_COORDINATOR": f"127.0.0.1:{port}", "PMAP_EXAMPLE_NUM_PROCESSES": "2"}
+    procs = [subprocess.Popen(cli_command(args), cwd=venvs.ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=cli_env({**env, "PMAP_EXAMPLE_PROCESS_ID": str(i)}))
+             for i in range(2)]
+    results = []
+    try:
+      for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+    return results

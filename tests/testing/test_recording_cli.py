@@ -4,16 +4,13 @@ The first tests start the real CLI; the rest call its `main(argv)` in this proce
 (the same code path, without a JAX start-up per call).
 """
 import os
-import subprocess
 
 import pytest
 
 from pmap_compat.testing import recordings
 from pmap_compat.testing.__main__ import main
 
-from recording_cli import EXAMPLES, cli, cli_command, cli_env, copy_example, edit_one_line, output
-from support.multiprocess_jobs import reserved_port
-from support.venvs import ROOT
+from recording_cli import EXAMPLES, cli, copy_example, edit_one_line, output, two_process_job
 
 DP_SGD = os.path.join(EXAMPLES, "dp_sgd.py")
 
@@ -85,39 +82,17 @@ def test_nothing_compared_exits_2_naming_the_problem(tmp_path, capsys, args, mes
   assert message in capsys.readouterr().err
 
 
-def _two_process_job(args: list[str], timeout: float = 240) -> list[subprocess.CompletedProcess]:
-  """Starts the CLI twice as one jax.distributed job (4 CPU devices each), as on two hosts."""
-  # The port stays reserved for the whole job: no other job can take it meanwhile.
-  with reserved_port() as port:
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "PMAP_EXAMPLE_COORDINATOR": f"127.0.0.1:{port}", "PMAP_EXAMPLE_NUM_PROCESSES": "2"}
-    procs = [subprocess.Popen(cli_command(args), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE,
-                              env=cli_env({**env, "PMAP_EXAMPLE_PROCESS_ID": str(i)}))
-             for i in range(2)]
-    results = []
-    try:
-      for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    finally:
-      for p in procs:
-        if p.poll() is None:
-          p.kill()
-    return results
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_multi_process_job_records_and_checks_one_directory_per_process(tmp_path):
   program = os.path.join(EXAMPLES, "multiprocess_sgd.py")
   out = str(tmp_path / "rec")
-  recorded = _two_process_job(["record", program, "--out", out])
+  recorded = two_process_job(["record", program, "--out", out])
   for i, r in enumerate(recorded):
     assert r.returncode == 0, output(r)
     assert f"into {out}/process_{i} " in r.stdout and r.stdout.startswith(f"[process {i}/2]")
   assert sorted(os.listdir(out)) == ["process_0", "process_1"]
-  checked = _two_process_job(["check", program, "--against", out])
+  checked = two_process_job(["check", program, "--against", out])
   for i, r in enumerate(checked):
     assert r.returncode == 0, output(r)
     assert f"[process {i}/2] checking against {out}/process_{i}" in r.stdout
@@ -148,7 +123,7 @@ def test_a_global_array_is_recorded_as_this_process_s_block(tmp_path):
   program = tmp_path / "global_array.py"
   program.write_text(GLOBAL_ARRAY_PROGRAM)
   out = str(tmp_path / "rec")
-  for r in _two_process_job(["record", str(program), "--out", out]):
+  for r in two_process_job(["record", str(program), "--out", out]):
     assert r.returncode == 0, output(r)
   for i in range(2):
     leaves = {l.path: l for l in recordings.read(os.path.join(out, f"process_{i}")).leaves}
