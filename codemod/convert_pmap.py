@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
+import os
 from typing import cast
 
 import libcst as cst
@@ -29,8 +31,8 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import edits, removed_names, support_module
-from codemod.edits import Call, render
+from codemod import edits, file_style, removed_names, site_comments, support_module
+from codemod.edits import Arg, Call, Copied
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
 from codemod.sites import (PARTIAL_NAMES, PmapOptions, References, Site, contains, int_tuple,
@@ -97,6 +99,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._site_lines: list[int] = []
     self._module: cst.Module | None = None
     self._lines: list[str] | None = None
+    self._file_style: file_style.FileStyle | None = None
     self._imports_requested = False
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._partial_aliases: frozenset[str] = frozenset()
@@ -379,7 +382,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for depth, level in enumerate(levels):
       given = level.options.get("axis_name")
       if given is None or is_none(given):
-        names.append(f'"{DEFAULT_AXIS}"' if depth == 0 else f'"{DEFAULT_AXIS}_{depth}"')
+        name = DEFAULT_AXIS if depth == 0 else f"{DEFAULT_AXIS}_{depth}"
+        names.append(f"{self._style.quote}{name}{self._style.quote}")
       else:
         names.append(_code(given))
     if len(set(names)) != len(names):
@@ -407,59 +411,173 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
     partial = self._partial_spelling(levels)
     shard_map, check = _SHARD_MAP[self.target]
-    mesh_kw = ["drop_device_axis=True"]
+    # Each generated argument is an Arg, so the comments around the pmap argument it
+    # replaces can be attached to it (``_attach_comments``).
+    roles: dict[str, Arg] = {}
+    in_arg = roles["in_axes"] = roles["axis_name"] = Arg(f"in_specs={in_specs}")
+    out_arg = roles["out_axes"] = Arg(f"out_specs={out_specs}")
+    mesh_kw: list[Arg] = [Arg("drop_device_axis=True")]
     extra = {name: outer.get(name) for name in ("axis_size", "devices", "backend")
              if outer.get(name) is not None and not is_none(outer.get(name))}
     axes = f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
     if len(names) > 1 or "axis_size" in extra:
-      mesh_kw.append(f"axes={axes}")
-    jit_kw = []
+      mesh_kw.append(Arg(f"axes={axes}"))
+    jit_kw: list[Arg] = []
     if static is not None:
-      mesh_kw.append(f"static_argnums={_code(static)}")
-      jit_kw.append(f"static_argnums={_code(static)}")
-    mesh_kw.extend(f"{name}={_code(value)}" for name, value in extra.items())
+      mesh_kw.append(Arg(self._copied(static, "static_argnums=")))
+      jit_kw.append(roles.setdefault("static_broadcasted_argnums",
+                                     Arg(self._copied(static, "static_argnums="))))
+    for name, value in extra.items():
+      mesh_kw.append(roles.setdefault(name, Arg(self._copied(value, f"{name}="))))
     donate = outer.get("donate_argnums")
     if donate is not None:
-      jit_kw.append(f"donate_argnums={_code(donate)}")
-    io_kw = [f"in_specs={in_specs}", f"out_specs={out_specs}"]
+      jit_kw.append(roles.setdefault("donate_argnums",
+                                     Arg(self._copied(donate, "donate_argnums="))))
+    io_kw: list[Arg | str] = [f"in_specs={in_specs}", f"out_specs={out_specs}"]
     if self.multihost:
-      mesh_kw.append("across_hosts=True")
-      io_kw += [kw for kw in mesh_kw if kw.startswith(("axes=", "static_argnums=", "devices="))]
+      mesh_kw.append(Arg("across_hosts=True"))
+      io_kw += [Arg(kw.value) for kw in mesh_kw if _keyword(kw) in ("axes", "static_argnums", "devices")]
 
     pos = self.get_metadata(PositionProvider, site.node).start
-    smap = Call(partial, (shard_map, f"in_specs={in_specs}", f"out_specs={out_specs}", check))
+    indent = len(self._indent_of(pos.line))
+    smap = Call(partial, (shard_map, in_arg, out_arg, check))
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
+    originals = self._site_nodes(site)
     if site.fundef is None:
       fun = levels[-1].fun
       assert fun is not None  # a call site without a function is reported, not built
-      fun_code = _code(fun)
-      # A function written over several lines is formatted as a stand-in, then moved in.
-      multi_line = "\n" in fun_code
-      call: Call = Call("jax.jit", (Call(on_mesh, (_FUN if multi_line else fun_code,)),
-                                    *jit_kw))
-      if self.multihost:
-        call = Call("host_local_io", (call, *io_kw))
-      text = render(call, pos.column, len(self._indent_of(pos.line)))
-      if multi_line:
-        text = edits.place_argument(text, _FUN, fun_code,
-                                    self.get_metadata(PositionProvider, fun).start.column,
-                                    pos.column)
-      self._call_sites[site.node] = edits.parse_expression(text)
+      fun_arg = Arg(Call(on_mesh, (self._copied(fun),)))
+      jit = Call("jax.jit", (fun_arg, *jit_kw))
+      call = Call("host_local_io", (jit, *io_kw)) if self.multihost else jit
+      fallback = self._attach_comments(site, roles, fun_arg, call)
+      fun_arg.leading.extend(fallback)
+      # What follows the site on its last line (``(x)`` of ``pmap(f)(x)``) stays there.
+      end = self.get_metadata(PositionProvider, site.node).end
+      after = len(self._line(end.line)[end.column:].rstrip())
+      expression = edits.parse_expression(
+          edits.render(call, pos.column, indent, self._style, after))
+      missing = _missing_comments(originals, [expression])
+      if missing:  # a comment in a place no rule covers: before the function, not lost
+        fun_arg.leading.extend(missing)
+        expression = edits.parse_expression(
+            edits.render(call, pos.column, indent, self._style, after))
+      self._call_sites[site.node] = expression
     else:
-      column = len(self._indent_of(pos.line)) + 1  # after the "@"
-      decorators = [on_mesh, Call(partial, ("jax.jit", *jit_kw)) if jit_kw else "jax.jit"]
+      jit_decorator: Call | str = Call(partial, (Arg("jax.jit"), *jit_kw)) if jit_kw else "jax.jit"
+      decorators: list[Call | str] = [on_mesh, jit_decorator]
       if self.multihost:
         decorators.append(Call(partial, ("host_local_io", *io_kw)))
+      fun_arg = jit_decorator.args[0] if isinstance(jit_decorator, Call) else None
+      fallback = self._attach_comments(site, roles, cast(Arg, fun_arg),
+                                       jit_decorator if isinstance(jit_decorator, Call) else None)
       first = site.fundef.decorators[site.decorators[0]]
       new = [cst.Decorator(edits.parse_expression(
-                 d if isinstance(d, str) else render(d, column, column - 1)))
+                 d if isinstance(d, str) else edits.render(d, indent + 1, indent, self._style)))
              for d in reversed(decorators)]
-      new[0] = new[0].with_changes(leading_lines=first.leading_lines)
+      trailing = [dec.trailing_whitespace.comment for i, dec in enumerate(site.fundef.decorators)
+                  if i in site.decorators and dec.trailing_whitespace.comment is not None]
+      if trailing:  # after the decorator's last line, as it was
+        new[0] = new[0].with_changes(trailing_whitespace=cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace("  "), comment=trailing.pop(0)))
+      fallback += [c.value for c in trailing]
+      kept = [line.comment.value for line in first.leading_lines if line.comment is not None]
+      fallback += _missing_comments(originals, new, kept + fallback)
+      leading = list(first.leading_lines) + [
+          cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in fallback]
+      new[0] = new[0].with_changes(leading_lines=leading)
       self._def_sites.setdefault(site.fundef, []).append((site.decorators, new))
     support = ["on_pmap_mesh"] + (["host_local_io"] if self.multihost else [])
     if "specs_from_axes(" in in_specs + out_specs:
       support.append("specs_from_axes")
     self._add_imports(partial, support)
+
+  def _copied(self, node: cst.BaseExpression, keyword: str = "") -> Copied:
+    """``node`` (with its parentheses) as written in the file, ``keyword`` before it."""
+    start_node = node.lpar[0] if getattr(node, "lpar", None) else node
+    end_node = node.rpar[-1] if getattr(node, "rpar", None) else node
+    start = self.get_metadata(PositionProvider, start_node).start
+    end = self.get_metadata(PositionProvider, end_node).end
+    if start.line == end.line:
+      return Copied(keyword + _code(node), start.column - len(keyword))
+    self._indent_of(1)  # loads the lines
+    assert self._lines is not None
+    lines = self._lines[start.line - 1:end.line]
+    lines[-1] = lines[-1][:end.column]
+    lines[0] = lines[0][start.column:]
+    return Copied(keyword + "\n".join(lines), start.column - len(keyword))
+
+  def _site_nodes(self, site: Site) -> list[cst.CSTNode]:
+    """The nodes the conversion replaces (their comments must all reappear)."""
+    if site.fundef is None:
+      return [site.node]
+    return [site.fundef.decorators[i] for i in site.decorators]
+
+  def _source_calls(self, level: Site) -> list[tuple[cst.Call, bool]]:
+    """The calls written at one pmap level, each with whether it is ``partial(pmap, ...)``
+    (whose first argument is pmap itself)."""
+    node = level.node.decorator if isinstance(level.node, cst.Decorator) else level.node
+    if not isinstance(node, cst.Call):
+      return []
+    if isinstance(level.node, cst.Decorator):
+      return [(node, True)]
+    if isinstance(node.func, cst.Call) and self._is_partial(node.func.func):
+      return [(node, False), (node.func, True)]
+    return [(node, False)]
+
+  def _attach_comments(self, site: Site, roles: dict[str, Arg], fun_arg: Arg | None,
+                       outer: Call | None) -> list[str]:
+    """Moves the comments of the site's calls onto the arguments that replace what they
+    described; returns those with no place (for the caller to put before the site)."""
+    homeless: list[str] = []
+    placed: list[tuple[str | None, site_comments.ArgComments]] = []
+    levels = site.levels()
+    for level in levels:
+      values = level.options.values
+      copied = {id(v) for name, v in values.items()
+                if name in ("fun", "static_broadcasted_argnums", "donate_argnums", "devices",
+                            "backend", "axis_size")}
+      copied |= {id(lv.node) for lv in levels}
+      if level.fun is not None:
+        copied.add(id(level.fun))
+      for call, is_partial in self._source_calls(level):
+        found = site_comments.of_call(call, copied)
+        if outer is not None:
+          outer.head.extend(found.head)
+          outer.tail.extend(found.tail)
+          outer.close_alone |= found.close_alone and level is levels[0]
+        else:
+          homeless.extend(found.head + found.tail)
+        for i, (arg, comments) in enumerate(zip(call.args, found.args, strict=True)):
+          role = next((name for name, v in values.items() if v is arg.value), None)
+          if is_partial and i == 0:
+            role = "pmap"
+          placed.append((role, comments))
+    # axis_name shares in_specs with in_axes: in_axes's own comment keeps the line's end.
+    placed.sort(key=lambda item: item[0] == "axis_name")
+    for role, comments in placed:
+      target = roles.get(role or "", fun_arg)
+      if target is None:
+        homeless.extend(comments.leading + comments.trailing)
+        continue
+      target.leading.extend(comments.leading)
+      target.trailing.extend(comments.trailing)
+    return homeless
+
+  @property
+  def _style(self) -> file_style.FileStyle:
+    """The file's layout conventions (its line limit from its project's configuration)."""
+    if self._file_style is None:
+      self._indent_of(1)  # loads the lines
+      assert self._lines is not None
+      path = self.context.filename
+      self._file_style = file_style.detect(
+          "\n".join(self._lines), path if path and os.path.isfile(path) else None)
+    return self._file_style
+
+  def _line(self, line: int) -> str:
+    self._indent_of(1)  # loads the lines
+    assert self._lines is not None
+    return self._lines[line - 1] if line - 1 < len(self._lines) else ""
 
   def _indent_of(self, line: int) -> str:
     if self._lines is None:
@@ -579,7 +697,24 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     return updated_node.with_changes(decorators=out)
 
 
-_FUN = "__pmap_to_shmap_function__"  # stands for a multi-line function while formatting
+def _keyword(arg: Arg) -> str:
+  text = arg.value.code if isinstance(arg.value, Copied) else arg.value
+  return text.split("=", 1)[0] if isinstance(text, str) else ""
+
+
+def _missing_comments(originals: list[cst.CSTNode], new: list[cst.CSTNode],
+                      placed: list[str] = ()) -> list[str]:
+  """The comments of ``originals`` that neither ``new`` nor ``placed`` holds (as many times)."""
+  have = collections.Counter(c.value for node in new for c in site_comments.comments_in(node))
+  have.update(placed)
+  missing = []
+  for node in originals:
+    for comment in site_comments.comments_in(node):
+      if have[comment.value]:
+        have[comment.value] -= 1
+      else:
+        missing.append(comment.value)
+  return missing
 
 
 def _code(node: cst.CSTNode | None) -> str:

@@ -1,58 +1,195 @@
 """Source-level formatting of the code the rewrite puts at a site.
 
-Generated calls fill their lines up to WIDTH and continue aligned after the
-parenthesis they belong to, with their full indentation wherever they are inserted; an argument copied from the
-old site that spans lines is shifted with its new start, so its continuation lines
-keep their indentation relative to it.
+A generated call is laid out the way the file's own code is (``file_style``): on one line
+when it fits the file's limit; else its arguments fill lines aligned after the
+parenthesis, or, when that is far right or does not fit, on hanging lines one
+continuation indent deeper than the line the call starts on. An argument that breaks over
+lines ends its line, so nested calls read as a hand-written tree, not a staircase. Code
+copied from the old site (``Copied``) keeps its continuation lines where they were
+relative to its first line. Comments the user wrote at the site travel with the argument
+they described: a call carrying comments is laid out one argument per line, each own-line
+comment before its argument and each trailing comment after that argument's comma.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import libcst as cst
 
-WIDTH = 88
-HANG = "    "
-_HANG_AFTER = 48  # columns: an opening parenthesis further right gets hanging lines
+from codemod.file_style import FileStyle
+
+DEFAULT_STYLE = FileStyle(width=80, hang="    ", unit="    ", quote='"')
+_ALIGN_LIMIT = 0.6  # an opening parenthesis right of this share of the width hangs instead
 
 
 @dataclass(frozen=True)
+class Copied:
+  """Source text of the old site; its continuation lines sit at their old columns."""
+  code: str
+  column: int  # where its first line started in the old source
+
+
+@dataclass(eq=False)
+class Arg:
+  """An argument with the comments the user wrote around what it replaces."""
+  value: Value
+  leading: list[str] = field(default_factory=list)   # own lines before it
+  trailing: list[str] = field(default_factory=list)  # after it, on its line
+
+  def commented(self) -> bool:
+    return bool(self.leading or self.trailing)
+
+
+@dataclass(eq=False)
 class Call:
   """A call to render: ``func(args...)``; ``func`` and the args may be calls themselves."""
   func: str | Call
-  args: tuple[str | Call, ...]
+  args: tuple[Value | Arg, ...]
+  head: list[str] = field(default_factory=list)  # comments after "("
+  tail: list[str] = field(default_factory=list)  # own-line comments before ")"
+  close_alone: bool = False  # one argument per line and ")" on its own (black's layout)
+
+  def commented(self) -> bool:
+    return bool(self.head or self.tail or self.close_alone) or any(
+        isinstance(a, Arg) and a.commented() for a in self.args)
 
 
-def render(call: Call, column: int, indent: int = 0) -> str:
-  """``call`` as source starting at ``column`` on a line indented by ``indent``: arguments
-  fill each line up to WIDTH and continue aligned after their opening parenthesis, or
-  (when that is far right) on hanging lines indented one step more than the statement."""
-  head = call.func if isinstance(call.func, str) else render(call.func, column, indent)
-  open_col = _end_column(head, column) + 1
-  flat = head + "(" + ", ".join(a if isinstance(a, str) else render(a, WIDTH, indent)
-                                 for a in call.args) + ")"
-  if "\n" not in flat and _end_column(flat, column) <= WIDTH:
-    return flat
-  out = head + "("
-  first = call.args[0] if call.args else ""
-  first_text = first if isinstance(first, str) else render(first, open_col, indent)
-  first_hangs = first_text.split("\n", 1)[0].endswith("(")
-  if first_hangs or open_col > _HANG_AFTER and (_end_column(first_text, open_col) + 1 > WIDTH
-                                                or len(call.args) > 1):
-    open_col = indent + len(HANG)
-    out += "\n" + " " * open_col
-  at = open_col
-  for i, arg in enumerate(call.args):
-    sep = ", " if i else ""
-    text = arg if isinstance(arg, str) else render(arg, at + len(sep), indent)
-    if i and _end_column(sep + text, at) + 1 > WIDTH:  # + 1: the "," or ")" after it
-      out += ",\n" + " " * open_col
-      at, sep = open_col, ""
-      text = arg if isinstance(arg, str) else render(arg, at, indent)
-    out += sep + text
-    at = _end_column(sep + text, at)
-  return out + ")"
+Value = str | Call | Copied
+
+
+def render(value: Value | Arg, column: int, indent: int = 0,
+           style: FileStyle = DEFAULT_STYLE, reserve: int = 0) -> str:
+  """``value`` as source starting at ``column`` on a line indented by ``indent``, leaving
+  ``reserve`` columns free after it on its last line (for the ``,`` or ``)`` that follows)."""
+  return _Layout(style).value(value, column, indent, reserve)
+
+
+class _Layout:
+
+  def __init__(self, style: FileStyle):
+    self.style = style
+    self.width = style.width
+
+  def value(self, value: Value | Arg, column: int, indent: int, reserve: int,
+            hang_ok: bool = True) -> str:
+    if isinstance(value, Arg):
+      value = value.value
+    if isinstance(value, str):
+      return value
+    if isinstance(value, Copied):
+      return _shift(value.code, column - value.column)
+    return self.call(value, column, indent, reserve, hang_ok)
+
+  def fits(self, text: str, column: int, reserve: int) -> bool:
+    lines = text.split("\n")
+    widths = [column + len(lines[0])] + [len(line) for line in lines[1:]]
+    widths[-1] += reserve
+    return max(widths) <= self.width
+
+  def call(self, call: Call, column: int, indent: int, reserve: int,
+           hang_ok: bool = True) -> str:
+    """``call`` laid out; without ``hang_ok`` (inside arguments aligned after a parenthesis)
+    its own arguments align too, so a hanging line never sits right of the text above."""
+    if isinstance(call.func, str):
+      head = call.func
+    else:
+      # A curried call: ``make(...)(f)`` keeps ``(f)`` on make's last line when it is short.
+      args = self.flat_args(call)
+      after = len(args) + 2 + reserve if args is not None and len(args) < 40 else 1
+      head = self.call(call.func, column, indent, after, hang_ok)
+    open_col = _end_column(head, column) + 1
+    if call.commented():
+      return head + self.vertical(call, indent)
+    args = self.flat_args(call)
+    if args is not None:
+      flat = head + "(" + args + ")"
+      if self.fits(flat, column, reserve):
+        return flat
+    candidates = []
+    # ``make(...)(f)`` with a long or multi-line ``f``: f hangs under the line make starts on.
+    curried_long = not isinstance(call.func, str) and args is None
+    if not hang_ok or open_col <= self.width * _ALIGN_LIMIT and not curried_long:
+      candidates.append(head + "(" + self.fill(call.args, open_col, reserve, hang_ok=False))
+    if hang_ok:
+      hang = indent + len(self.style.hang)
+      candidates.append(head + "(\n" + " " * hang + self.fill(call.args, hang, reserve))
+    # The layout that fits in the fewest lines; aligned (listed first) on a tie.
+    return min(candidates, key=lambda t: (_overflow(t, column, self.width, reserve),
+                                          t.count("\n")))
+
+  def flat_args(self, call: Call) -> str | None:
+    """The arguments on one line, or None when one of them cannot be."""
+    parts = [_flat(arg.value if isinstance(arg, Arg) else arg) for arg in call.args]
+    return None if any(p is None for p in parts) else ", ".join(cast(list[str], parts))
+
+  def fill(self, args: tuple[Value | Arg, ...], start: int, reserve: int,
+           hang_ok: bool = True) -> str:
+    """The arguments from column ``start``, filling lines; a line breaks after an argument
+    that spans lines, and before one that does not fit."""
+    out = ""
+    at = start
+    broke_after = False
+    for i, arg in enumerate(args):
+      last = i == len(args) - 1
+      after = 1 + (reserve if last else 0)  # the "," or ")" (and what follows the call)
+      sep = ", " if i else ""
+      text = self.value(arg, at + len(sep), start, after, hang_ok)
+      if i and (broke_after or "\n" in text or not self.fits(sep + text, at, after)):
+        sep = ",\n" + " " * start
+        at = start
+        text = self.value(arg, start, start, after, hang_ok)
+        out += sep + text
+      else:
+        out += sep + text
+      at = _end_column(text, at + (0 if "\n" in sep else len(sep)))
+      broke_after = "\n" in text
+    return out + ")"
+
+  def vertical(self, call: Call, indent: int) -> str:
+    """One argument per line, with the comments in place; ``)`` on its own line when a
+    comment ends the last line."""
+    inner = indent + len(self.style.hang)
+    pad = " " * inner
+    out = "("
+    if call.head:
+      out += "  " + "  ".join(call.head)
+    args = [a if isinstance(a, Arg) else Arg(a) for a in call.args]
+    own_line_close = (call.close_alone or bool(call.tail) or bool(args and args[-1].trailing)
+                      or not args)
+    for i, arg in enumerate(args):
+      last = i == len(args) - 1
+      trailing, extra = arg.trailing[:1], arg.trailing[1:]
+      for comment in [*arg.leading, *extra]:
+        out += "\n" + pad + comment
+      comma = "," if not last or own_line_close else ""
+      reserve = len(comma) if not last or own_line_close else 1
+      out += "\n" + pad + self.value(arg.value, inner, inner, reserve) + comma
+      if trailing:
+        out += "  " + trailing[0]
+    for comment in call.tail:
+      out += "\n" + pad + comment
+    return out + ("\n" + " " * indent + ")" if own_line_close else ")")
+
+
+def _flat(value: Value) -> str | None:
+  if isinstance(value, Call):
+    if value.commented():
+      return None
+    func = value.func if isinstance(value.func, str) else _flat(value.func)
+    args = [_flat(a.value if isinstance(a, Arg) else a) for a in value.args]
+    if func is None or any(a is None for a in args):
+      return None
+    return func + "(" + ", ".join(cast(list[str], args)) + ")"
+  text = value.code if isinstance(value, Copied) else value
+  return None if "\n" in text else text
+
+
+def _overflow(text: str, column: int, width: int, reserve: int = 0) -> int:
+  lines = text.split("\n")
+  widths = [column + len(lines[0])] + [len(x) for x in lines[1:]]
+  widths[-1] += reserve
+  return sum(max(0, w - width) for w in widths)
 
 
 def _end_column(text: str, column: int) -> int:
@@ -61,20 +198,11 @@ def _end_column(text: str, column: int) -> int:
   return column + len(text) if last_newline < 0 else len(text) - last_newline - 1
 
 
-def place_argument(text: str, stand_in: str, code: str, old_column: int,
-                   start_column: int) -> str:
-  """``text`` (starting at ``start_column``) with ``stand_in`` replaced by ``code``, which
-  started at ``old_column`` in the old source."""
-  at = text.index(stand_in)
-  line_start = text.rfind("\n", 0, at) + 1
-  new_column = at - line_start if line_start else start_column + at
-  if "\n" in code and '"""' not in code and "'''" not in code:
-    code = _shift(code, new_column - old_column)
-  return text[:at] + code + text[at + len(stand_in):]
-
-
 def _shift(code: str, delta: int) -> str:
-  """Moves every line after the first ``delta`` columns (right if positive)."""
+  """Moves every line after the first ``delta`` columns (right if positive); the inside of
+  a multi-line string stays as it is."""
+  if "\n" not in code or delta == 0 or '"""' in code or "'''" in code:
+    return code
   first, *rest = code.split("\n")
   moved = []
   for line in rest:
@@ -87,9 +215,13 @@ def _shift(code: str, delta: int) -> str:
 
 
 class _AbsoluteIndent(cst.CSTTransformer):
-  """Continuation lines carry their full indentation, not the enclosing block's on top."""
+  """Continuation lines (and comment lines between them) carry their full indentation,
+  not the enclosing block's on top."""
 
   def leave_ParenthesizedWhitespace(self, original_node, updated_node):
+    return updated_node.with_changes(indent=False)
+
+  def leave_EmptyLine(self, original_node, updated_node):
     return updated_node.with_changes(indent=False)
 
 
