@@ -17,6 +17,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 from jax._src import config, core, stages
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
 from jax.tree_util import tree_flatten, tree_leaves, tree_unflatten
 
 from pmap_compat import errors, inputs, multihost, program
@@ -35,6 +37,15 @@ def _recast(cls: type, staged: Any) -> Any:
         object.__setattr__(new, name, getattr(staged, name))
   new.__dict__.update(getattr(staged, "__dict__", {}))
   return new
+
+
+def name_like_legacy(module: ir.Module, fun_name: str) -> None:
+  """Names a lowered program as legacy pmap named its programs, ``pmap_<function name>``
+  (jit names them ``jit_<name>``): the HLO module name that dumps, ``as_text()`` and
+  profiles show. Renamed in place, before it is compiled."""
+  with module.context:
+    module.operation.attributes["sym_name"] = ir.StringAttr.get(
+        mlir.sanitize_name(f"pmap_{fun_name}"))
 
 
 class PmapCompiled(stages.Compiled):
@@ -79,10 +90,12 @@ class PmapCompiled(stages.Compiled):
 
 
 class PmapLowered(stages.Lowered):
-  """jit's ``Lowered``; ``compile`` returns a ``PmapCompiled``."""
+  """jit's ``Lowered``, its program named as legacy's; ``compile`` returns a
+  ``PmapCompiled``."""
 
   @classmethod
-  def of(cls, lowered: stages.Lowered) -> PmapLowered:
+  def of(cls, lowered: stages.Lowered, fun_name: str) -> PmapLowered:
+    name_like_legacy(lowered.compiler_ir("stablehlo"), fun_name)
     return _recast(cls, lowered)
 
   # Legacy's signature: jax 0.10's jit added a device_assignment keyword that pmap never had.
@@ -93,19 +106,24 @@ class PmapLowered(stages.Lowered):
 class PmapTraced(stages.Traced):
   """jit's ``Traced``; ``lower`` returns a ``PmapLowered``."""
 
+  _fun_name: str
+
   @classmethod
-  def of(cls, traced: stages.Traced) -> PmapTraced:
-    return _recast(cls, traced)
+  def of(cls, traced: stages.Traced, fun_name: str) -> PmapTraced:
+    new = _recast(cls, traced)
+    new._fun_name = fun_name
+    return new
 
   def lower(self, **kwargs) -> PmapLowered:
-    return PmapLowered.of(super().lower(**kwargs))
+    return PmapLowered.of(super().lower(**kwargs), self._fun_name)
 
 
-def as_pmap_stage(staged: stages.Traced | stages.Lowered) -> PmapTraced | PmapLowered:
-  """The pmap flavour of what jit's ``.trace`` / ``.lower`` returned."""
+def as_pmap_stage(staged: stages.Traced | stages.Lowered,
+                  fun_name: str) -> PmapTraced | PmapLowered:
+  """The pmap flavour of what jit's ``.trace`` / ``.lower`` returned for ``fun_name``."""
   if isinstance(staged, stages.Lowered):
-    return PmapLowered.of(staged)
-  return PmapTraced.of(staged)
+    return PmapLowered.of(staged, fun_name)
+  return PmapTraced.of(staged, fun_name)
 
 
 def global_abstract_args(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict,
@@ -162,8 +180,8 @@ class LocalTraced(_Forward):
 
 
 def stage_multiprocess(method: str, jitted: Any, meshes_used: dict, cfg: PmapConfig,
-                       fun: Callable, args: tuple, kwargs: dict) -> Any:
+                       fun: Callable, fun_name: str, args: tuple, kwargs: dict) -> Any:
   """``jitted.lower`` or ``jitted.trace`` on the global program, with local conversion."""
   g_args, g_kwargs, targets = global_abstract_args(cfg, fun, args, kwargs, meshes_used)
-  staged = as_pmap_stage(getattr(jitted, method)(*g_args, **g_kwargs))
+  staged = as_pmap_stage(getattr(jitted, method)(*g_args, **g_kwargs), fun_name)
   return (LocalLowered if method == "lower" else LocalTraced)(staged, targets)

@@ -34,7 +34,7 @@ from jax._src.array import ArrayImpl
 from jax._src.interpreters import mlir, pxla
 from jax._src.lib import pmap_lib
 
-from pmap_compat import arguments, inputs, meshes, multihost, outputs
+from pmap_compat import aot, arguments, inputs, meshes, multihost, outputs
 from pmap_compat.inputs import Plan
 
 __all__ = ["Executable", "make_dispatcher", "run", "compiled_for"]
@@ -91,7 +91,7 @@ def _compile(jitted: Any, args: tuple, kwargs: dict) -> Executable:
   of the user's arguments, and building it calls the constructors of the user's pytree
   nodes with placeholders, which a node that converts its fields (``jnp.uint32(x)``)
   rejects. Only flat leaves and treedefs are handled here. The trace is jit's own (its
-  caches, names and donation)."""
+  caches and donation); the program is named as legacy named its programs."""
   params, args_flat = pjit._infer_params(jitted._fun, jitted._jit_info, args, kwargs)
   try:
     lowering = pjit._resolve_and_lower(args_flat, **params.params, pgle_profiler=None,
@@ -102,6 +102,7 @@ def _compile(jitted: Any, args: tuple, kwargs: dict) -> Executable:
     fails, = err.args
     raise ValueError(pjit._device_assignment_mismatch_error(
         params.params["name"], fails, args_flat, "jit", params.arg_names)) from None
+  aot.name_like_legacy(lowering.stablehlo(), params.params["name"])
   return Executable(lowering.compile(), params.out_tree)
 
 

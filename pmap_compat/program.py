@@ -9,6 +9,7 @@ pmaps met while tracing the body become extra mesh axes (see ``nesting``).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -252,7 +253,10 @@ def _argnums_fit(signature: inspect.Signature, cfg: PmapConfig) -> bool:
 
 
 def fun_info(fun: Callable, cfg: PmapConfig) -> FunInfo:
-  name = getattr(fun, "__name__", None) or type(fun).__name__
+  named = fun
+  while isinstance(named, functools.partial):  # compile logs and profiles name the function
+    named = named.func
+  name = getattr(named, "__name__", None) or type(named).__name__
   signature = api_util.fun_signature(fun)
   if signature is not None and not _argnums_fit(signature, cfg):
     signature = None

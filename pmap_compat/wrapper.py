@@ -125,9 +125,9 @@ def _ahead_of_time(entry: cache.Entry, fun: Callable, method: str) -> Callable:
 
   def stage(*args, **kwargs):
     if program.local_size_is_global():
-      return aot.as_pmap_stage(local(*args, **kwargs))
+      return aot.as_pmap_stage(local(*args, **kwargs), entry.info.name)
     return aot.stage_multiprocess(method, entry.top.jitted, entry.top.meshes, entry.cfg, fun,
-                                  args, kwargs)
+                                  entry.info.name, args, kwargs)
   return stage
 
 
