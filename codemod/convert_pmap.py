@@ -24,6 +24,7 @@ import argparse
 import bisect
 import collections
 import os
+from collections.abc import Sequence
 from typing import cast
 
 import libcst as cst
@@ -428,6 +429,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       jit_kw.append(roles.setdefault("static_broadcasted_argnums",
                                      Arg(self._copied(static, "static_argnums="))))
     for name, value in extra.items():
+      assert value is not None  # extra holds the options the site sets
       mesh_kw.append(roles.setdefault(name, Arg(self._copied(value, f"{name}="))))
     donate = outer.get("donate_argnums")
     if donate is not None:
@@ -463,12 +465,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
             edits.render(call, pos.column, indent, self._style, after))
       self._call_sites[site.node] = expression
     else:
-      jit_decorator: Call | str = Call(partial, (Arg("jax.jit"), *jit_kw)) if jit_kw else "jax.jit"
+      jit_arg = Arg("jax.jit")  # takes the comments on pmap in partial(pmap, ...)
+      jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
       decorators: list[Call | str] = [on_mesh, jit_decorator]
       if self.multihost:
         decorators.append(Call(partial, ("host_local_io", *io_kw)))
-      fun_arg = jit_decorator.args[0] if isinstance(jit_decorator, Call) else None
-      fallback = self._attach_comments(site, roles, cast(Arg, fun_arg),
+      fallback = self._attach_comments(site, roles, jit_arg if jit_kw else None,
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
       first = site.fundef.decorators[site.decorators[0]]
       new = [cst.Decorator(edits.parse_expression(
@@ -702,8 +704,8 @@ def _keyword(arg: Arg) -> str:
   return text.split("=", 1)[0] if isinstance(text, str) else ""
 
 
-def _missing_comments(originals: list[cst.CSTNode], new: list[cst.CSTNode],
-                      placed: list[str] = ()) -> list[str]:
+def _missing_comments(originals: Sequence[cst.CSTNode], new: Sequence[cst.CSTNode],
+                      placed: Sequence[str] = ()) -> list[str]:
   """The comments of ``originals`` that neither ``new`` nor ``placed`` holds (as many times)."""
   have = collections.Counter(c.value for node in new for c in site_comments.comments_in(node))
   have.update(placed)

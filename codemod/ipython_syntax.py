@@ -58,8 +58,8 @@ def magics(lines: list[str], bound: frozenset[str] = frozenset()) -> list[Magic]
   if not any(c in line for line in lines for c in "%!?") and not any(
       line.lstrip().startswith(_LINE_ESCAPES) for line in lines):
     # the usual cell: nothing IPython could read as its own (tokenizing is slow)
-    magic = automagic(lines, bound)
-    return [] if magic is None else [magic]
+    auto = automagic(lines, bound)
+    return [] if auto is None else [auto]
   find = _ipython_finder() or own_magics
   magic = cell_magic(lines)
   if magic is None:
