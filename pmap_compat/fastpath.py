@@ -34,7 +34,7 @@ from jax._src.array import ArrayImpl
 from jax._src.interpreters import mlir, pxla
 from jax._src.lib import pmap_lib
 
-from pmap_compat import aot, arguments, inputs, meshes, multihost, outputs
+from pmap_compat import aot, arguments, inputs, jax_line, meshes, multihost, outputs
 from pmap_compat.inputs import Plan
 
 __all__ = ["Executable", "make_dispatcher", "run", "compiled_for"]
@@ -92,15 +92,15 @@ def _compile(jitted: Any, args: tuple, kwargs: dict) -> Executable:
   nodes with placeholders, which a node that converts its fields (``jnp.uint32(x)``)
   rejects. Only flat leaves and treedefs are handled here. The trace is jit's own (its
   caches and donation); the program is named as legacy named its programs."""
-  params, args_flat = pjit._infer_params(jitted._fun, jitted._jit_info, args, kwargs)
+  params, args_flat = jax_line.infer_jit_params(jitted._fun, jitted._jit_info, args, kwargs)
   try:
     lowering = pjit._resolve_and_lower(args_flat, **params.params, pgle_profiler=None,
                                        lowering_platforms=None,
                                        lowering_parameters=mlir.LoweringParameters())
-  except pxla.DeviceAssignmentMismatchError as err:
+  except jax_line.DeviceAssignmentMismatchError as err:
     # jit's own error for committed inputs on other devices (the wrapper reads it there).
     fails, = err.args
-    raise ValueError(pjit._device_assignment_mismatch_error(
+    raise ValueError(jax_line.device_assignment_mismatch_error(
         params.params["name"], fails, args_flat, "jit", params.arg_names)) from None
   aot.name_like_legacy(lowering.stablehlo(), params.params["name"])
   return Executable(lowering.compile(), params.out_tree)

@@ -88,6 +88,23 @@ else:
   DeviceAssignmentMismatchError = (
       _pxla.DeviceAssignmentMismatchError)  # type: ignore[attr-defined, unused-ignore]
 
+# jit's own trace of a call, ``(fun, jit_info, args, kwargs) -> (PjitParams, flat args)``:
+# ``pjit._infer_params``, which 0.9.0 alone names ``_trace_for_jit``.
+infer_jit_params: Any
+if hasattr(_pjit, "_infer_params"):
+  infer_jit_params = _pjit._infer_params
+else:
+  infer_jit_params = _pjit._trace_for_jit  # type: ignore[attr-defined, unused-ignore]
+
+# jit's wording of a DeviceAssignmentMismatchError, ``(fun_name, fails, args_flat,
+# api_name, arg_names) -> str`` (pjit's until 0.6.0, stages' from 0.6.2).
+device_assignment_mismatch_error: Any
+if hasattr(_stages, "_device_assignment_mismatch_error"):
+  device_assignment_mismatch_error = _stages._device_assignment_mismatch_error
+else:
+  device_assignment_mismatch_error = (
+      _pjit._device_assignment_mismatch_error)  # type: ignore[attr-defined, unused-ignore]
+
 # What clears the ambient concrete mesh for ``_internal_use_concrete_mesh``: its empty mesh
 # where the release has one (0.7 on), None before.
 NO_CONCRETE_MESH: Any = getattr(mesh_lib, "empty_concrete_mesh", None)
@@ -172,5 +189,6 @@ PRNGKeyArray = prng.PRNGKeyArray
 
 __all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH",
            "DeviceAssignmentMismatchError", "PRNGKeyArray", "PmapSharding", "bind_parts",
+           "device_assignment_mismatch_error", "infer_jit_params",
            "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function",
            "prng", "served_by_python", "sharding_specs"]
