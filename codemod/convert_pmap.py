@@ -476,12 +476,21 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       new = [cst.Decorator(edits.parse_expression(
                  d if isinstance(d, str) else edits.render(d, indent + 1, indent, self._style)))
              for d in reversed(decorators)]
-      trailing = [dec.trailing_whitespace.comment for i, dec in enumerate(site.fundef.decorators)
-                  if i in site.decorators and dec.trailing_whitespace.comment is not None]
-      if trailing:  # after the decorator's last line, as it was
+      # The run's decorator-line comments, in source order: the first trailing one ends the
+      # first new decorator, as it ended the old one; the others go before the decorators.
+      ordered: list[cst.Comment] = []
+      for i in site.decorators:
+        dec = site.fundef.decorators[i]
+        if dec is not first:
+          ordered += [line.comment for line in dec.leading_lines if line.comment is not None]
+        if dec.trailing_whitespace.comment is not None:
+          ordered.append(dec.trailing_whitespace.comment)
+      ends_line = next((c for i in site.decorators
+                        if (c := site.fundef.decorators[i].trailing_whitespace.comment)), None)
+      if ends_line is not None:
         new[0] = new[0].with_changes(trailing_whitespace=cst.TrailingWhitespace(
-            whitespace=cst.SimpleWhitespace("  "), comment=trailing.pop(0)))
-      fallback += [c.value for c in trailing]
+            whitespace=cst.SimpleWhitespace("  "), comment=ends_line))
+      fallback += [c.value for c in ordered if c is not ends_line]
       kept = [line.comment.value for line in first.leading_lines if line.comment is not None]
       fallback += _missing_comments(originals, new, kept + fallback)
       leading = list(first.leading_lines) + [

@@ -114,9 +114,13 @@ class _Layout:
     if hang_ok:
       hang = indent + len(self.style.hang)
       candidates.append(head + "(\n" + " " * hang + self.fill(call.args, hang, reserve))
-    # The layout that fits in the fewest lines; aligned (listed first) on a tie.
-    return min(candidates, key=lambda t: (_overflow(t, column, self.width, reserve),
-                                          t.count("\n")))
+    # The layout that fits, with the fewest lines pushed far right, in the fewest lines;
+    # aligned (listed first) on a tie.
+    deep = self.width * _ALIGN_LIMIT
+    return min(candidates, key=lambda t: (
+        _overflow(t, column, self.width, reserve),
+        sum(len(line) - len(line.lstrip(" ")) > deep for line in t.split("\n")[1:]),
+        t.count("\n")))
 
   def flat_args(self, call: Call) -> str | None:
     """The arguments on one line, or None when one of them cannot be."""

@@ -277,3 +277,12 @@ class ExactLayoutTest(PmapCodemodTest):
         def step(x):
           return x
         '''), target="experimental")
+
+
+def test_comments_of_a_run_of_decorators_keep_their_order():
+  after, _ = rewrite(textwrap.dedent(CORPUS["nested_decorators"]))
+  order = [c for c in ("# outer: hosts", "# inner comes next", "# inner: devices")]
+  found = sorted(order, key=after.index)
+  # The first decorator line keeps its comment; the others come before, in source order.
+  assert "@jax.jit  # outer: hosts" in after, after
+  assert found[:2] == ["# inner comes next", "# inner: devices"], after
