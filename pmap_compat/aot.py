@@ -95,7 +95,9 @@ class PmapLowered(stages.Lowered):
 
   @classmethod
   def of(cls, lowered: stages.Lowered, fun_name: str) -> PmapLowered:
-    name_like_legacy(lowered.compiler_ir("stablehlo"), fun_name)
+    module = lowered.compiler_ir("stablehlo")
+    if module is not None:  # jit's lowerings always have one; the annotation allows None
+      name_like_legacy(module, fun_name)
     return _recast(cls, lowered)
 
   # Legacy's signature: jax 0.10's jit added a device_assignment keyword that pmap never had.
