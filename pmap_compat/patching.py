@@ -92,7 +92,9 @@ def _search(original: Any) -> tuple[list[_Binding], list[str]]:
   Asks the garbage collector for what refers to ``original`` (one pass over the tracked
   objects, and at most two more, only when references other than module globals exist)
   rather than walking every module's namespace in Python: a few objects refer to JAX's
-  pmap, hundreds of thousands are in the namespaces of a large program's modules.
+  pmap, hundreds of thousands are in the namespaces of a large program's modules. Classes
+  are found through their namespace dicts (attributes, and staticmethods one step
+  further), functions through their defaults and closure tuples.
   """
   modules = _module_dicts()
   bindings: list[_Binding] = []
@@ -109,19 +111,22 @@ def _search(original: Any) -> tuple[list[_Binding], list[str]]:
   if not held:
     return bindings, unreachable
   held_ids = {id(h) for h in held}
-  closures: list[tuple] = []
+  classes: list[type] = []
+  # Held one step further away: closure tuples (cells) and class dicts (staticmethods).
+  further: list[Any] = []
   for ref in gc.get_referrers(*held):
     if isinstance(ref, type):
-      if not _skipped(ref.__module__):
-        bindings += [_Binding(ref, k, v, None) for k, v in list(vars(ref).items())
-                     if v is original or (isinstance(v, staticmethod) and v.__func__ is original)]
+      classes.append(ref)
+    elif isinstance(ref, dict) and id(ref) not in modules and any(
+        isinstance(v, staticmethod) and id(v) in held_ids for v in list(ref.values())):
+      further.append(ref)
     elif isinstance(ref, types.FunctionType):
       if not _skipped(ref.__module__) and (
           id(ref.__defaults__) in held_ids or id(ref.__kwdefaults__) in held_ids):
         unreachable.append(f"{_where(ref)} (a default argument)")
     elif isinstance(ref, tuple) and any(isinstance(c, types.CellType) and id(c) in held_ids
                                         for c in ref):
-      closures.append(ref)
+      further.append(ref)
     elif id(ref) in modules:
       name = modules[id(ref)][0]
       if not _skipped(name):
@@ -132,14 +137,20 @@ def _search(original: Any) -> tuple[list[_Binding], list[str]]:
     if not (isinstance(ref, (dict, tuple, list, types.CellType, functools.partial,
                              staticmethod, classmethod)) or _skipped(kind.__module__)):
       unreachable.append(f"an attribute of a {kind.__module__}.{kind.__qualname__} instance")
-  if closures:
-    closure_ids = {id(c) for c in closures}
-    for ref in gc.get_referrers(*closures):
-      if (isinstance(ref, types.FunctionType) and id(ref.__closure__) in closure_ids
-          and not _skipped(ref.__module__)):
+  if further:
+    further_ids = {id(f) for f in further}
+    for ref in gc.get_referrers(*further):
+      if isinstance(ref, type):
+        classes.append(ref)
+      elif (isinstance(ref, types.FunctionType) and id(ref.__closure__) in further_ids
+            and not _skipped(ref.__module__)):
         names = [n for n, c in zip(ref.__code__.co_freevars, ref.__closure__ or (), strict=True)
                  if id(c) in held_ids]
         unreachable.append(f"{_where(ref)} (closure variable {', '.join(map(repr, names))})")
+  for cls in {id(c): c for c in classes}.values():
+    if not _skipped(cls.__module__):
+      bindings += [_Binding(cls, k, v, None) for k, v in list(vars(cls).items())
+                   if v is original or (isinstance(v, staticmethod) and v.__func__ is original)]
   return bindings, unreachable
 
 

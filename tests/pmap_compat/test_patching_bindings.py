@@ -41,6 +41,10 @@ EARLY = textwrap.dedent('''
       plain = J.pmap
 
 
+    class OnlyStatic:
+      pm = staticmethod(J.pmap)
+
+
     def double(v):
       return v * 2 + J.lax.axis_index("i")
 
@@ -59,6 +63,10 @@ EARLY = textwrap.dedent('''
 
     def by_class_attribute():
       return Runner.plain(double, axis_name="i")
+
+
+    def by_only_staticmethod():
+      return OnlyStatic.pm(double, axis_name="i")
 
 
     def by_default(pm=J.pmap):
@@ -89,7 +97,8 @@ LATE = textwrap.dedent('''
     from jax import pmap
 ''')
 
-REACHED = ("by_from_import", "by_alias", "by_staticmethod", "by_class_attribute")
+REACHED = ("by_from_import", "by_alias", "by_staticmethod", "by_class_attribute",
+           "by_only_staticmethod")
 
 
 @pytest.fixture
