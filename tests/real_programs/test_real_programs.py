@@ -1,0 +1,150 @@
+"""Real third-party pmap programs, unchanged, under every way of moving them off legacy pmap.
+
+Each program (programs/*.py: numpyro NUTS with parallel chains, brax PPO, the Flax ImageNet
+example's loop) runs in its own fresh interpreter of a real-programs environment
+(`.venv-real-jax<line>`, built by make from .ci/real-programs-jax<line>.txt) through
+run_mode.py, once per mode (catalog.py). On jax 0.6.0 every mode must give legacy
+`jax.pmap`'s results bit for bit; on jax 0.10.2 every mode must give that release's own
+`jax.pmap`'s. Every mode must also compile each step function once, as legacy pmap does, and
+really run ours: `patched()` modes build pmaps through pmap_compat, the codemod mode runs the
+converted copy of the library, and on 0.6.0 neither touches legacy pmap's compile path.
+
+The numpyro case at its smallest settings, in the cheapest modes, runs in `make test`; the
+rest is slow (`make test-all`). Runs are cached per test session (one per line, program, mode).
+With -n, each program's cases on one line go to one worker (xdist_group), sharing its runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import catalog  # noqa: E402
+import outcomes  # noqa: E402
+
+# The smallest settings that still take every path (warmup adaptation, several PPO epochs
+# with an evaluation, train steps after replicate and an eval step).
+KWARGS = {
+    "numpyro_nuts": {"num_warmup": 10, "num_samples": 10},
+    "brax_ppo": {},
+    "flax_imagenet": {},
+}
+TIMEOUT_S = 1800
+
+# (line, program, mode) cases that run in `make test`.
+FAST = {(catalog.LEGACY_LINE, "numpyro_nuts", "legacy"),
+        (catalog.LEGACY_LINE, "numpyro_nuts", "patched_before"),
+        (catalog.LEGACY_LINE, "numpyro_nuts", "patched_after")}
+
+# Known failures, each the exact case and why; strict, so a fix shows up as XPASS.
+KNOWN: dict[tuple[str, str, str, str], str] = {}
+
+
+class RealRuns:
+  """Runs (line, program, mode) once per test session and keeps the outcome."""
+
+  def __init__(self, root: str):
+    self.root = root
+    self._runs: dict[tuple[str, str, str], outcomes.Run | str] = {}
+
+  def get(self, line: str, program: str, mode: str) -> outcomes.Run:
+    key = (line, program, mode)
+    if key not in self._runs:
+      self._runs[key] = self._run(*key)
+    run = self._runs[key]
+    if isinstance(run, str):
+      pytest.fail(run)
+    return run
+
+  def _run(self, line: str, program: str, mode: str) -> outcomes.Run | str:
+    python = catalog.python_for(line)
+    out_dir = os.path.join(self.root, f"jax{line}", program, mode)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    cmd = [python, os.path.join(catalog.HERE, "run_mode.py"), program, mode, out_dir,
+           "--kwargs", json.dumps(KWARGS[program])]
+    done = subprocess.run(cmd, env=env, cwd=catalog.ROOT, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, check=False)
+    if done.returncode != 0:
+      return (f"{program} in mode {mode} on jax {line} failed (exit {done.returncode}):\n"
+              f"{' '.join(cmd)}\n{done.stderr[-6000:]}")
+    return outcomes.load(out_dir)
+
+
+@pytest.fixture(scope="session")
+def real_runs(tmp_path_factory) -> RealRuns:
+  """REAL_PROGRAMS_OUT=DIR keeps every run's files there (outcomes.py reads them)."""
+  return RealRuns(os.environ.get("REAL_PROGRAMS_OUT")
+                  or str(tmp_path_factory.mktemp("real_programs")))
+
+
+def _skip_without_release(line: str, program: catalog.Program) -> None:
+  skipped = catalog.skipped_libraries(line)
+  for name in program.distributions:
+    if name in skipped:
+      pytest.skip(f"{name} has no release for jax {line}: {skipped[name]}")
+
+
+def _cases(check: str):
+  for line, modes in ((catalog.LEGACY_LINE, ("legacy",) + catalog.CONVERTED),
+                      (catalog.NEWEST_LINE, ("jax_pmap",) + catalog.CONVERTED)):
+    for program in catalog.PROGRAMS:
+      for mode in modes:
+        if check == "results" and mode == catalog.REFERENCE[line]:
+          continue
+        marks = [pytest.mark.xdist_group(f"real-{line}-{program}")]
+        if (line, program, mode) not in FAST:
+          marks.append(pytest.mark.slow)
+        if (line, program, mode, check) in KNOWN:
+          marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[line, program, mode, check]))
+        yield pytest.param(line, program, mode, marks=marks, id=f"jax{line}-{program}-{mode}")
+
+
+@pytest.mark.parametrize("line,program,mode", list(_cases("results")))
+def test_results_match_the_reference_bit_for_bit(real_runs, line, program, mode):
+  _skip_without_release(line, catalog.PROGRAMS[program])
+  reference = real_runs.get(line, program, catalog.REFERENCE[line])
+  run = real_runs.get(line, program, mode)
+  _assert_ours_ran(run, line)
+  comparison = outcomes.compare(reference, run)
+  assert comparison.identical, (
+      f"{program} on jax {line}: {mode} vs {catalog.REFERENCE[line]}: {comparison.describe()}")
+
+
+@pytest.mark.parametrize("line,program,mode", list(_cases("compiles")))
+def test_each_step_function_compiles_once(real_runs, line, program, mode):
+  _skip_without_release(line, catalog.PROGRAMS[program])
+  run = real_runs.get(line, program, mode)
+  if mode in catalog.CONVERTED:
+    _assert_ours_ran(run, line)
+  steps = run.step_compiles()
+  print(f"{program} on jax {line}, {mode}: step compiles {steps}; "
+        f"all compiles {run.info['compiles']}")
+  assert steps == dict.fromkeys(steps, 1), (
+      f"{program} on jax {line}, {mode}: compiles per step function {steps} (legacy pmap: one "
+      f"each); every compile: {run.info['compiles']}")
+
+
+def _assert_ours_ran(run: outcomes.Run, line: str) -> None:
+  """The mode really took the converted path: otherwise a bit-identical result proves nothing."""
+  mode = run.info["mode"]
+  if mode in ("patched_before", "patched_after"):
+    assert run.info["pmap_compat_pmaps"], (
+        f"{mode}: the program ran without building any pmap through pmap_compat "
+        "(patched() did not reach the library's pmap)")
+  if mode == "codemod":
+    totals = run.codemod_totals()
+    assert totals is not None and totals[0] > 0 and totals[0] == totals[1], (
+        f"codemod did not convert every pmap site (found, converted, reported, errors = "
+        f"{totals}):\n{run.info['codemod_report']}")
+    for package, path in run.info["library_files"]:
+      assert path and "site-packages" not in path, f"{package} imported from {path}, not converted"
+  if mode in catalog.CONVERTED and line == catalog.LEGACY_LINE:
+    assert not run.info["legacy_pmap_compiles"], (
+        f"{mode}: legacy pmap still compiled {run.info['legacy_pmap_compiles']}")
