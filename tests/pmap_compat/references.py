@@ -1,11 +1,12 @@
-"""``compare_with_legacy`` / ``compare_call`` that also hold pmap_compat to 0.10.2's own
-``jax.pmap`` where that runs.
+"""``compare_with_legacy`` / ``compare_call`` that also hold pmap_compat to the release's
+own ``jax.pmap`` where legacy pmap is gone.
 
-On jax 0.6.0 they are support.compare's (legacy in-process, plus its recording). Off it,
-the recording of legacy is one reference (within the documented cross-version ulp), and
-0.10.2's ``jax.pmap``, where it returns, is a second one: same XLA, so bit for bit unless
-the test gives a tolerance. Where 0.10.2's pmap raises (nested pmaps, typed-key
-collectives, ...) only the recording applies.
+On every release support.compare's own applies: legacy in-process where the release has
+it (through 0.9.x), and legacy's recording. Where legacy pmap is gone (0.10.0 on) the
+recording is one reference (within the documented cross-version ulp), and the release's
+``jax.pmap``, where it returns, is a second one: same XLA, so bit for bit unless the test
+gives a tolerance. Where that pmap raises (nested pmaps, typed-key collectives, ...) only
+the recording applies.
 """
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from typing import Any
 from collections.abc import Callable
 
 from support import compare
-from support.jax_lines import on_legacy_line
+from support.legacy_pmap import has_legacy_pmap
 
 
 def compare_with_legacy(program: Callable[[Any], Any], impl: Any, *, rtol: float | None = None,
                         atol: float | None = None, jax_pmap: bool = True) -> compare.Outcome:
-  """``jax_pmap=False``: legacy's recording only (for a result of 0.10.2's jax.pmap that
-  cannot be compared, which the test says)."""
+  """``jax_pmap=False``: without legacy in-process, legacy's recording only (for a result
+  of the release's jax.pmap that cannot be compared, which the test says)."""
   legacy = compare.compare_with_legacy(program, impl, rtol=rtol, atol=atol)
-  if jax_pmap and not on_legacy_line():
+  if jax_pmap and not has_legacy_pmap():
     compare.compare_with_jax_pmap(program, impl, rtol=rtol, atol=atol)
   return legacy
 

@@ -6,7 +6,8 @@ leaf by leaf the same shape, dtype and values (bit-for-bit unless ``rtol`` /
 ``atol`` is given). When legacy raises, the implementation must raise an
 exception of the same type. ``program`` receives the pmap to use, so one
 program can nest pmaps, wrap them in ``jax.grad`` and so on. Off jax 0.6.0,
-legacy's recorded outcome is the reference (support/legacy_recordings.py).
+legacy's recorded outcome is a reference (support/legacy_recordings.py), and legacy
+in-process too where the release still has it.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from support import legacy_recordings
 from support.jax_lines import on_legacy_line
+from support.legacy_pmap import has_legacy_pmap, legacy_pmap
 
 PmapLike = Callable[..., Callable[..., Any]]
 
@@ -129,9 +131,11 @@ def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
 
   On jax 0.6.0 legacy runs in-process, and its outcome must also match the case's
   recording (support/legacy_recordings.py; written instead with RECORD_LEGACY=1). On
-  other JAX lines the recording is the reference. Returns legacy's outcome so a test can
-  make further assertions; off 0.6.0 that is the recorded exception, rebuilt, or the
-  implementation's value, which matched the recording.
+  other JAX releases the recording is a reference (within the cross-version bound), and
+  where the release still has legacy pmap (through 0.9.x, support/legacy_pmap.py) legacy
+  also runs in-process and must be matched as on 0.6.0. Returns legacy's outcome so a
+  test can make further assertions; without legacy in-process that is the recorded
+  exception, rebuilt, or the implementation's value, which matched the recording.
   """
   test = legacy_recordings.running_test()
   case = legacy_recordings.next_case(test) if test else None
@@ -141,6 +145,10 @@ def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
       raise RuntimeError("compare_with_legacy off jax 0.6.0 needs a recorded legacy result, "
                          "and those exist for pytest tests only")
     error = legacy_recordings.reference(case, ours.value, ours.error, rtol=rtol, atol=atol)
+    if has_legacy_pmap():
+      legacy = run_program(program, legacy_pmap)
+      _compare_outcomes(legacy, ours, "legacy jax.pmap", rtol, atol)
+      return legacy
     return Outcome(error=error) if error is not None else ours
   legacy = run_program(program, jax.pmap)
   ours = run_program(program, impl)

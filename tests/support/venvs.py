@@ -15,8 +15,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The supported JAX lines: .venv has the legacy one, .venv-jax<NEWEST> the newest.
 LEGACY = "0.6.0"
 NEWEST = "0.10.2"
-# Older lines `make venvs` also builds, for code that must run there too.
+# Older lines the recording and guide tests run code on too.
 OLDER = ("0.4.38", "0.7.2")
+# Every release `make venvs` builds an environment for, oldest first: the releases pip
+# serves for Python 3.11 from 0.4.35 to the newest (tests/test_release_smoke.py smokes
+# each; `make test-all` runs the default suites on each).
+RELEASES = ("0.4.35", "0.4.38", "0.5.3", "0.6.0", "0.6.2", "0.7.0", "0.7.2", "0.8.0",
+            "0.8.2", "0.9.0", "0.9.2", "0.10.0", NEWEST)
 
 
 def python_for(version: str) -> str:
