@@ -29,10 +29,10 @@ from typing import cast
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import edits, file_style, removed_names, site_comments, support_module
+from codemod import edits, file_style, imports, removed_names, site_comments, support_module
 from codemod.edits import Arg, Call, Copied
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -74,7 +74,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
              "the project CLI chooses and writes it itself)")
 
   def __init__(self, context: CodemodContext, target: str = "experimental",
-               multihost: bool = False, support_module: str = support_module.DEFAULT_NAME,
+               multihost: bool = False, support_module: str | None = support_module.DEFAULT_NAME,
                support_root: str | None = None, source: str | None = None,
                caller_writes_support: bool = False) -> None:
     super().__init__(context)
@@ -102,6 +102,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._lines: list[str] | None = None
     self._file_style: file_style.FileStyle | None = None
     self._imports_requested = False
+    self._support_names: list[str] = []
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._partial_aliases: frozenset[str] = frozenset()
 
@@ -152,6 +153,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         continue
       self.sites_found += 1
       self._convert(site)
+    if self.sites_converted:
+      refs.multihost_finding()
     for finding in refs.findings:
       self._warn(finding.line, finding.column, finding.severity, finding.message)
     self._plan_renames(refs)
@@ -620,25 +623,41 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     return "functools.partial"
 
   def _import_support(self, name: str) -> None:
-    AddImportsVisitor.add_needed_import(self.context, self.support_module, name)
+    if name not in self._support_names:
+      self._support_names.append(name)
 
   def _add_imports(self, partial: str, support_names: list[str]) -> None:
+    del partial  # the imports follow from the code written (see leave_Module)
     for name in support_names:
       self._import_support(name)
-    # AddImportsVisitor repeats an aliased import once per request, so ask once.
     if self._imports_requested:
       return
     self._imports_requested = True
-    ctx = self.context
-    AddImportsVisitor.add_needed_import(ctx, "jax")
-    if partial == "functools.partial":
-      AddImportsVisitor.add_needed_import(ctx, "functools")
-    if self._p == "P":
-      AddImportsVisitor.add_needed_import(ctx, "jax.sharding", "PartitionSpec", "P")
-    if self.target == "experimental":
-      AddImportsVisitor.add_needed_import(ctx, "jax.experimental.shard_map", "shard_map")
     for module, alias in self._pmap_imports:
-      RemoveImportsVisitor.remove_unused_import(ctx, module, "pmap", alias)
+      RemoveImportsVisitor.remove_unused_import(self.context, module, "pmap", alias)
+
+  def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:
+    """The imports the new code uses that the module does not bind yet."""
+    written = [_code(e) for e in (*self._call_sites.values(), *self._renames.values())]
+    written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
+                for d in new]
+    text = "\n".join(written)
+    candidates = [imports.Wanted("jax"), imports.Wanted("functools"),
+                  imports.Wanted("jax.sharding", "PartitionSpec", "P"),
+                  imports.Wanted("jax.experimental.shard_map", "shard_map")]
+    support = support_module.import_of(self.support_module)
+    if support is not None:
+      module_name, relative = support
+      candidates += [imports.Wanted(module_name, name, relative=relative)
+                     for name in self._support_names]
+    self.context.scratch[support_module.NAMES_KEY] = tuple(
+        name for name in self._support_names if imports.uses(text, name))
+    scope = self.get_metadata(ScopeProvider, module, None)
+    return [w for w in candidates if imports.uses(text, w.bound) and not imports.binds(scope, w)]
+
+  def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+    wanted = self._wanted_imports(original_node)
+    return imports.add(updated_node, wanted) if wanted else updated_node
 
   # ----- names newest JAX removed (--target jax) -----
 
@@ -653,11 +672,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._renames[node] = cst.Name(support_name)
       self._import_support(support_name)
       self._report(node, Severity.INFO, removed_names.SUPPORT_CALL_MESSAGE.format(
-          old=_code(node), new=support_name, module=self.support_module))
+          old=_code(node), new=support_name,
+          module=self.support_module or support_module.DEFAULT_NAME))
     for module, name, alias in refs.removed_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
-    if self._renames:
-      AddImportsVisitor.add_needed_import(self.context, "jax")
 
   # ----- reporting -----
 

@@ -318,10 +318,12 @@ def _json_layout(text: str, notebook: Any) -> _Layout:
   return _NBFORMAT_LAYOUT
 
 
-def write_notebook(code: CellCode, new_source: str, raw: bytes) -> bytes | None:
-  """The notebook with its code cells replaced by ``new_source``'s; None if unchanged."""
+def write_notebook(code: CellCode, new_source: str, raw: bytes,
+                   new_cell: tuple[int, str] | None = None) -> bytes | None:
+  """The notebook with its code cells replaced by ``new_source``'s, and ``new_cell``
+  (before code cell number, text) inserted; None if unchanged."""
   new_cells = _new_cells(code, new_source)
-  if all(new is None for new in new_cells):
+  if all(new is None for new in new_cells) and new_cell is None:
     return None
   bom = raw.startswith(b"\xef\xbb\xbf")
   text = raw.decode("utf-8-sig")
@@ -331,8 +333,40 @@ def write_notebook(code: CellCode, new_source: str, raw: bytes) -> bytes | None:
   for (cell, key), new in zip(code.sources, new_cells, strict=True):
     if new is not None:
       cell[key] = _lines(new) if isinstance(cell[key], list) else new
+  if new_cell is not None:
+    _insert_cell(code, *new_cell)
   out = layout.dumps(code.notebook).replace("\n", newline) + text[len(body):]
   return ("\ufeff" if bom else "").encode("utf-8") + out.encode("utf-8")
+
+
+def _insert_cell(code: CellCode, before: int, text: str) -> None:
+  """Inserts a code cell holding ``text`` into ``code.notebook`` before code cell
+  ``before``, shaped like that cell (nbformat 3 or 4, source as a list or a string)."""
+  target, key = code.sources[before]
+  # As Jupyter saves a cell: no line break after its last line.
+  lines = text.rstrip("\n").replace("\n", code.newline).splitlines(keepends=True)
+  new: dict = {"cell_type": "code"}
+  if key == "input":  # nbformat 3
+    new.update(collapsed=False, input=lines if isinstance(target[key], list) else "".join(lines),
+               language="python", metadata={}, outputs=[])
+  else:
+    new.update(execution_count=None, metadata={}, outputs=[],
+               source=lines if isinstance(target[key], list) else "".join(lines))
+    if "id" in target:
+      new["id"] = "pmap-to-shmap-support"
+  sheets = ([code.notebook["cells"]] if "cells" in code.notebook
+            else [w["cells"] for w in code.notebook["worksheets"]])
+  for cells in sheets:
+    for i, cell in enumerate(cells):
+      if cell is target:
+        cells.insert(i, {k: new[k] for k in sorted(new)} if _sorted(target) else new)
+        return
+  raise RuntimeError("the notebook cell to insert support code before was not found")
+
+
+def _sorted(cell: dict) -> bool:
+  keys = list(cell)
+  return keys == sorted(keys)
 
 
 # ----- MyST / jupytext markdown -----

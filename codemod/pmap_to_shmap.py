@@ -11,8 +11,11 @@ in the report; every other file was processed). The first that applies, in the o
 
 A thin layer over ``ConvertPmapCommand`` (which ``python -m libcst.tool codemod`` runs
 too): it adds notebooks, parallel jobs, the report, and the support module the
-converted files import, written once under ``--support-root`` (default: the directory
-holding every PATH).
+converted files import. By default each package gets its own copy inside its top-level
+package (``flax/_pmap_shard_map.py``: an installed package ships it), scripts outside
+packages share ``pmap_shard_map.py`` in the directory holding every PATH, and a
+notebook gets the support code as a cell of its own; ``--support-module`` /
+``--support-root`` put one module, for every ``.py`` file, where they say.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from collections.abc import Sequence
 
 from codemod import files, support_module
 from codemod.findings import FileResult, Finding, Severity, Totals
-from codemod.runner import Options, transform_file, write_result
+from codemod.runner import Options, support_placement, transform_file, write_result
 
 EXIT_OK, EXIT_CHANGES_PENDING, EXIT_INTERNAL_ERROR, EXIT_UNREADABLE_OR_UNWRITABLE = 0, 1, 2, 3
 
@@ -70,12 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
                  help="shard_map: rewrite to jax.jit(shard_map); shim: jax.pmap -> pmap_compat.pmap")
   p.add_argument("--multihost", action="store_true",
                  help="emit host-local <-> global conversions for multi-process code")
-  p.add_argument("--support-module", default=support_module.DEFAULT_NAME, metavar="MODULE",
-                 help="dotted name of the shared module the converted files import "
-                      f"(default: {support_module.DEFAULT_NAME})")
+  p.add_argument("--support-module", metavar="MODULE",
+                 help="dotted name of the one shared module every converted .py file imports "
+                      f"(default: {support_module.PACKAGE_NAME} inside each file's top-level "
+                      f"package, {support_module.DEFAULT_NAME} for scripts outside packages)")
   p.add_argument("--support-root", metavar="DIR",
-                 help="directory the support module is written under, the one on sys.path "
-                      "when the converted code runs (default: the directory holding every PATH)")
+                 help="directory that module is written under, the one on sys.path when the "
+                      "converted code runs (default: the directory holding every PATH)")
   return p
 
 
@@ -84,33 +88,51 @@ def default_support_root(paths: Sequence[str]) -> str:
   return os.path.commonpath(dirs)
 
 
-def _imports_support(result: FileResult, needle: bytes) -> bool:
+def _text_of(result: FileResult) -> bytes | None:
+  """The file's text after this run (as an earlier run left it, when unchanged)."""
   if result.internal_error:
-    return False
+    return None
   if result.changed:
-    return needle in (result.new_source or b"")
+    return result.new_source
   try:
     with open(result.path, "rb") as f:  # converted by an earlier run
-      return needle in f.read()
+      return f.read()
   except OSError:
-    return False  # already reported as unreadable
+    return None  # already reported as unreadable
 
 
-def _support_module_change(args, results: list[FileResult]) -> tuple[str, bytes] | None:
-  """(path, text) of the support module when a converted file imports it and the copy
-  under the support root is missing or stale; None otherwise."""
-  needle = _support_import(args)
-  if not any(_imports_support(r, needle) for r in results):
-    return None
-  if support_module.status_at(args.support_root, args.support_module) is (
-      support_module.Status.CURRENT):
-    return None
-  return (support_module.path_for(args.support_root, args.support_module),
-          support_module.source().encode("utf-8"))
+Key = tuple[str, str]  # (root, dotted name) of a support module
 
 
-def _support_import(args) -> bytes:
-  return f"from {args.support_module} import".encode()
+def _placement(path: str, text: str, options: Options, args) -> support_module.Placement | None:
+  if options.scripts_root is None and not path.endswith((".ipynb", ".md")):
+    return support_module.Placement(args.support_root, args.support_module, args.support_module)
+  return support_placement(path, text, options)
+
+
+def _support_users(args, options: Options, results: list[FileResult]) -> dict[Key, list[str]]:
+  """Each support module the files import after this run, with the files importing it."""
+  users: dict[Key, list[str]] = {}
+  for result in results:
+    text = _text_of(result)
+    if text is None:
+      continue
+    place = _placement(result.path, text.decode("utf-8", "replace"), options, args)
+    if place is not None and f"from {place.spelling} import".encode() in text:
+      users.setdefault((place.root, place.name), []).append(result.path)
+  return users
+
+
+def _planned_keys(args, options: Options, paths: list[str]) -> set[Key]:
+  """The support modules the files could import (where they go depends on the path only)."""
+  if options.scripts_root is None:
+    return {(args.support_root, args.support_module)}
+  keys = set()
+  for path in paths:
+    if not path.endswith((".ipynb", ".md")):
+      place = support_module.placement(path, "", options.scripts_root)
+      keys.add((place.root, place.name))
+  return keys
 
 
 def _run_all(files: list[str], options: Options, jobs: int) -> list[FileResult]:
@@ -156,40 +178,48 @@ def _main(argv: Sequence[str] | None) -> int:
     print(f"pmap-to-shmap: error: no such file or directory: {', '.join(missing)}",
           file=sys.stderr)
     return EXIT_INTERNAL_ERROR
+  explicit = args.support_module is not None or args.support_root is not None
+  args.support_module = args.support_module or support_module.DEFAULT_NAME
   args.support_root = args.support_root or default_support_root(args.paths)
   try:
     support_path = support_module.path_for(args.support_root, args.support_module)
   except ValueError as e:
     print(f"pmap-to-shmap: error: {e}", file=sys.stderr)
     return EXIT_INTERNAL_ERROR
-  if (args.strategy == "shard_map" and support_module.status_at(
-      args.support_root, args.support_module) is support_module.Status.FOREIGN):
-    print(f"pmap-to-shmap: error: "
-          f"{support_module.foreign_message(args.support_root, args.support_module)}",
-          file=sys.stderr)
-    return EXIT_INTERNAL_ERROR
   options = Options(target=args.target or default_target(), strategy=args.strategy,
-                    multihost=args.multihost, support_module=args.support_module)
+                    multihost=args.multihost, support_module=args.support_module,
+                    scripts_root=None if explicit else args.support_root)
   found = files.discover(args.paths, follow_symlinks=args.follow_symlinks)
+  keys = sorted(_planned_keys(args, options, found.sources))
+  foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
+  if args.strategy == "shard_map" and foreign:
+    for key in foreign:
+      print(f"pmap-to-shmap: error: {support_module.foreign_message(*key)}", file=sys.stderr)
+    return EXIT_INTERNAL_ERROR
+  support_dirs = {os.path.dirname(support_module.path_for(*key)) for key in keys}
   notices = found.notices + files.temp_files(
-      [*found.directories, os.path.dirname(support_path)], remove=args.in_place)
+      [*found.directories, *sorted(support_dirs - set(found.directories))],
+      remove=args.in_place)
   sources = [f for f in found.sources if os.path.realpath(f) != os.path.realpath(support_path)]
   results = _run_all(sources, options, args.jobs)
-  support = _support_module_change(args, results)
+  users = _support_users(args, options, results)
+  changes = {key: paths for key, paths in sorted(users.items())
+             if support_module.status_at(*key) is not support_module.Status.CURRENT}
 
   totals = Totals()
   lines: list[str] = []
   for notice in notices:
     totals.add_notice(notice.finding, notice.failed)
     lines.append(notice.finding.format(notice.path))
-  needle = _support_import(args)
-  old_support = support_module.read(args.support_root, args.support_module)
-  # Written before the files that import it: if it cannot be, they stay unchanged rather
-  # than import a module that is not there.
-  support_failure = _write_support(args) if support is not None and args.in_place else None
+  old_support = {key: support_module.read(*key) for key in changes}
+  # Written before the files that import them: where one cannot be, its files stay
+  # unchanged rather than import a module that is not there.
+  failures = {key: failure for key in changes
+              if args.in_place and (failure := _write_support(*key)) is not None}
+  unwritable = {path for key in failures for path in changes[key]}
   for result in results:
     if args.in_place:
-      if support_failure is not None and result.changed and _imports_support(result, needle):
+      if result.changed and result.path in unwritable:
         result.not_written("cannot write the support module it imports")
       else:
         write_result(result)
@@ -197,17 +227,18 @@ def _main(argv: Sequence[str] | None) -> int:
       sys.stdout.write(result.diff)
     totals.add(result)
     lines.extend(f.format(result.path) for f in result.findings)
-  if support_failure is not None:
-    totals.add_notice(support_failure.finding, support_failure.failed)
-    lines.append(support_failure.finding.format(_display_path(support_failure.path)))
-  elif support is not None:
-    path, text = support
-    verb = "written" if old_support is None else "updated from an older version"
-    lines.append(f"{_display_path(path)}:1:1 INFO support module {args.support_module} "
-                 f"{verb}; the converted files import it")
+  for key in changes:
+    if key in failures:
+      totals.add_notice(failures[key].finding, failures[key].failed)
+      lines.append(failures[key].finding.format(_display_path(failures[key].path)))
+      continue
+    path = support_module.path_for(*key)
+    verb = "written" if old_support[key] is None else "updated from an older version"
+    lines.append(f"{_display_path(path)}:1:1 INFO support module {key[1]} {verb}; the "
+                 "converted files import it")
     if not args.in_place and not args.check:
-      sys.stdout.write(_new_file_diff(_display_path(path), old_support or "",
-                                      text.decode("utf-8")))
+      sys.stdout.write(_new_file_diff(_display_path(path), old_support[key] or "",
+                                      support_module.source()))
   lines.append(totals.format())
   report = "\n".join(lines) + "\n"
   sys.stdout.flush()
@@ -216,7 +247,7 @@ def _main(argv: Sequence[str] | None) -> int:
     return EXIT_INTERNAL_ERROR
   if totals.io_errors or not report_written:
     return EXIT_UNREADABLE_OR_UNWRITABLE
-  if args.check and (totals.files_changed or support is not None):
+  if args.check and (totals.files_changed or changes):
     return EXIT_CHANGES_PENDING
   return EXIT_OK
 
@@ -236,15 +267,14 @@ def _write_report(path: str | None, report: str) -> bool:
   return path is None
 
 
-def _write_support(args) -> files.Notice | None:
+def _write_support(root: str, name: str) -> files.Notice | None:
   """Writes the support module; the failure, if it could not be written."""
   try:
-    support_module.write(args.support_root, args.support_module)
+    support_module.write(root, name)
   except OSError as e:
-    path = support_module.path_for(args.support_root, args.support_module)
+    path = support_module.path_for(root, name)
     return files.Notice(path, Finding(1, 1, Severity.ERROR, f"cannot write the support "
-                                      f"module {args.support_module}: {e.strerror or e}"),
-                        failed=True)
+                                      f"module {name}: {e.strerror or e}"), failed=True)
   return None
 
 

@@ -4,9 +4,9 @@
 for ``--target jax``, reported otherwise), the ``jax.tree_map`` family (rewritten for
 ``--target jax``), other removed modules (reported), the ``x[0]`` / ``unreplicate``
 idiom on pmap outputs, ``jax.local_device_count()``-sized reshapes, and multi-process
-code run without ``--multihost`` (converted sites raise at run time with more than one
-process, so this is a pointer, not a silent hazard). Rewrites are collected here and
-applied by the command.
+code run without ``--multihost`` (one entry per file with converted sites: they raise at
+run time with more than one process, so this is a pointer, not a silent hazard).
+Rewrites are collected here and applied by the command.
 """
 from __future__ import annotations
 
@@ -56,9 +56,10 @@ GUIDANCE = {
         "whose mesh spans the first n local devices for a mapped axis of size n"),
     "process": (
         Severity.WARNING,
-        "multi-process code (process_count / process_index): rerun the codemod with "
-        "--multihost so the converted sites convert host-local arrays to global ones "
-        "and back; without it they raise when more than one process runs"),
+        "multi-process code ({count} process_count / process_index calls in this file): "
+        "rerun the codemod with --multihost so the converted sites convert host-local "
+        "arrays to global ones and back; without it they raise when more than one "
+        "process runs"),
 }
 
 
@@ -75,6 +76,7 @@ class RelatedPatterns(cst.CSTVisitor):
     self.support_calls: list[tuple[cst.CSTNode, str]] = []  # callee -> support function
     self.removed_imports: list[tuple[str, str, str | None]] = []  # (module, name, alias)
     self.removed_spellings: set[str] = set(removed_names.LAST_NAMES)  # names to resolve
+    self.process_calls: list[cst.Call] = []  # process_count / process_index, without --multihost
     self._reshape_depth = 0
 
   def _names(self, node: cst.CSTNode) -> set[str]:
@@ -82,6 +84,14 @@ class RelatedPatterns(cst.CSTVisitor):
 
   def _add(self, node: cst.CSTNode, kind: str) -> None:
     self._finding(node, *GUIDANCE[kind])
+
+  def multihost_finding(self) -> None:
+    """The file is multi-process code and has converted sites: one WARNING, at its first
+    process_count / process_index call (the sites raise there unless --multihost)."""
+    if self.process_calls:
+      severity, message = GUIDANCE["process"]
+      self._finding(self.process_calls[0], severity,
+                    message.format(count=len(self.process_calls)))
 
   def _finding(self, node: cst.CSTNode, severity: Severity, message: str) -> None:
     pos = self.get_metadata(PositionProvider, node).start
@@ -146,7 +156,7 @@ class RelatedPatterns(cst.CSTVisitor):
     elif names & _REPLICATE:
       self._add(node, "replicate")
     elif names & _PROCESS and not self.multihost:
-      self._add(node, "process")
+      self.process_calls.append(node)
     elif names & _LOCAL_COUNT and self._reshape_depth:
       self._add(node, "local_count")
 

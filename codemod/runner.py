@@ -9,6 +9,7 @@ The bytes libcst writes back keep the file's encoding and newline style.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from codemod import files, notebook, removed_names, support_module
+from codemod import files, notebook, notebook_support, removed_names, support_module
 from codemod.findings import SITES_KEY, FileResult, Finding, Severity
 
 
@@ -27,7 +28,23 @@ class Options:
   target: str = "experimental"
   strategy: str = "shard_map"
   multihost: bool = False
-  support_module: str = support_module.DEFAULT_NAME
+  # How converted files import the support module; None puts the support code into the
+  # file itself (notebooks: nothing to import in Colab).
+  support_module: str | None = support_module.DEFAULT_NAME
+  # Set: each .py file imports the support module ``support_module.placement`` gives it
+  # (its package's copy, or the scripts' one under this directory), not ``support_module``.
+  scripts_root: str | None = None
+
+
+def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
+  """The support module a converted ``.py`` file imports (None for notebooks: inline)."""
+  if path.endswith((".ipynb", ".md")):
+    return None
+  if options.scripts_root is not None:
+    return support_module.placement(path, text, options.scripts_root)
+  if options.support_module is None:
+    return None
+  return support_module.Placement("", options.support_module, options.support_module)
 
 
 def make_command(options: Options, context: CodemodContext, source: str | None = None):
@@ -46,6 +63,7 @@ class Transformed:
   findings: list[Finding]
   sites_found: int
   sites_converted: int
+  support_names: tuple[str, ...] = ()  # the support functions the new code calls
 
 
 def transform_module(module: cst.Module, options: Options, filename: str = "<string>",
@@ -59,7 +77,8 @@ def transform_module(module: cst.Module, options: Options, filename: str = "<str
   found, converted = context.scratch.get(SITES_KEY, (0, 0))
   findings = sorted((Finding.from_warning(w) for w in context.warnings),
                     key=lambda f: (f.line, f.column))
-  return Transformed(new, findings, found, converted)
+  return Transformed(new, findings, found, converted,
+                     context.scratch.get(support_module.NAMES_KEY, ()))
 
 
 def transform_file(path: str, options: Options) -> FileResult:
@@ -148,6 +167,8 @@ def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
   text = raw.decode(module.encoding)
   if not _KEYWORDS.search(text) or support_module.is_support_module(text):
     return
+  place = support_placement(result.path, text, options)
+  options = dataclasses.replace(options, support_module=place and place.spelling)
   out = transform_module(module, options, result.path, source=text)
   _collect(result, out)
   new_text = out.module.code
@@ -162,22 +183,29 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
   except ValueError as e:
     result.findings.append(Finding(1, 1, Severity.ERROR, f"not a readable notebook: {e}"))
     return
+  support_cell = notebook_support.support_cell(code.cells)
+  source = notebook_support.masked(code.source, support_cell)
   try:
-    module = cst.parse_module(code.source)
+    module = cst.parse_module(source)
   except cst.ParserSyntaxError as e:
     _parse_error(result, e)
     result.findings = notebook.in_cells(code, result.findings)
     return
   hidden = _hidden_pmaps(code)
-  if not hidden and not _KEYWORDS.search(code.source):
+  if not hidden and not _KEYWORDS.search(source):
     return
-  out = transform_module(module, options, result.path, source=code.source)
+  out = transform_module(module, dataclasses.replace(options, support_module=None),
+                         result.path, source=source)
   _collect(result, out)
   result.findings = notebook.in_cells(code, result.findings + hidden)
-  new_raw = notebook.write_notebook(code, out.module.code, raw)
+  new_source, new_cell = notebook_support.placed(
+      out.support_names, code.cells,
+      notebook_support.unmasked(out.module.code, code.source, support_cell))
+  new_raw = notebook.write_notebook(code, new_source, raw, new_cell)
   if new_raw is not None:
     result.changed, result.new_source = True, new_raw
-    result.diff = _diff(code.source, out.module.code, result.path + " (code cells)")
+    result.diff = _diff(code.source, notebook_support.with_cell(new_source, new_cell),
+                        result.path + " (code cells)")
 
 
 def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> None:
@@ -192,18 +220,28 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   if code is None:
     return  # plain markdown
   hidden = _hidden_pmaps(code)
-  if not hidden and not _KEYWORDS.search(code.source):
+  support_cell = notebook_support.support_cell(code.cells)
+  source = notebook_support.masked(code.source, support_cell)
+  if not hidden and not _KEYWORDS.search(source):
     return  # no code the codemod handles
   try:
-    module = cst.parse_module(code.source)
+    module = cst.parse_module(source)
   except cst.ParserSyntaxError as e:
     _parse_error(result, e)
     result.findings = notebook.in_cells(code, result.findings)
     return
-  out = transform_module(module, options, result.path, source=code.source)
+  out = transform_module(module, dataclasses.replace(options, support_module=None),
+                         result.path, source=source)
   _collect(result, out)
   result.findings = notebook.in_cells(code, result.findings + hidden)
-  new_text = notebook.write_markdown(code, out.module.code)
+  new_source, new_cell = notebook_support.placed(
+      out.support_names, code.cells,
+      notebook_support.unmasked(out.module.code, code.source, support_cell))
+  new_text = notebook.write_markdown(code, new_source)
+  if new_text is not None and new_cell is not None:
+    written = notebook.read_markdown(new_text)
+    assert written is not None  # it was a markdown notebook before
+    new_text = notebook_support.insert_markdown_cell(new_text, written, *new_cell)
   if new_text is not None:
     result.changed, result.new_source = True, new_text.encode("utf-8")
     result.diff = _diff(text, new_text, result.path)

@@ -13,14 +13,31 @@ import enum
 import hashlib
 import os
 import re
+from dataclasses import dataclass
 
 from codemod import files
 
 VERSION = 2
 DEFAULT_NAME = "pmap_shard_map"
+NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
+
+
+def import_of(spelling: str | None) -> tuple[str, int] | None:
+  """(module, leading dots) of how a file imports the support module: ``pmap_shard_map``,
+  ``flax._pmap_shard_map`` or ``.._pmap_shard_map``; None where the support code is put
+  into the file itself (a notebook)."""
+  if spelling is None:
+    return None
+  module = spelling.lstrip(".")
+  return module, len(spelling) - len(module)
 _HEADER = "# Written by pmap-to-shmap: support module v{version} sha256:{digest}. Do not edit.\n"
 _HEADER_RE = re.compile(
     r"# Written by pmap-to-shmap: support module v(\d+) sha256:([0-9a-f]{64})\. Do not edit\.")
+
+
+def body() -> str:
+  """The module's text without its header line: ``support_source.py``."""
+  return _body()
 
 
 def _body() -> str:
@@ -33,6 +50,61 @@ def source() -> str:
   body = _body()
   digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
   return _HEADER.format(version=VERSION, digest=digest) + body
+
+
+PACKAGE_NAME = "_pmap_shard_map"  # the module inside a package: private to it
+_PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
+_RELATIVE_IMPORT = re.compile(r"^[ \t]*from[ \t]+\.", re.M)
+
+
+@dataclass(frozen=True)
+class Placement:
+  """Where a converted file's support module lives and how the file imports it."""
+  root: str      # the directory on sys.path that `name` is relative to
+  name: str      # dotted name under root: pmap_shard_map, flax._pmap_shard_map
+  spelling: str  # what the file writes after `from`: name, or ``.._pmap_shard_map``
+
+
+def package_of(path: str) -> tuple[str, list[str]] | None:
+  """(directory holding the top-level package, package names down to the file's
+  directory) for a file inside a package; None for a script.
+
+  A package is a chain of directories with ``__init__.py``; in a project with a ``src/``
+  layout (``src`` next to pyproject.toml, setup.py or setup.cfg) a directory below
+  ``src`` counts without one (a namespace package).
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  parts: list[str] = []
+  while os.path.isfile(os.path.join(directory, "__init__.py")):
+    directory, name = os.path.split(directory)
+    parts.insert(0, name)
+  if parts:
+    return directory, parts
+  below: list[str] = []
+  directory = os.path.dirname(os.path.abspath(path))
+  while True:
+    parent, name = os.path.split(directory)
+    if name == "src" and below and any(os.path.isfile(os.path.join(parent, project))
+                                       for project in _PROJECT_FILES):
+      return directory, below
+    if parent == directory or not name.isidentifier():
+      return None
+    below.insert(0, name)
+    directory = parent
+
+
+def placement(path: str, text: str, scripts_root: str) -> Placement:
+  """The support module a file at ``path`` imports: inside its top-level package when it
+  is in one (an installed package ships it), imported the way the file imports its own
+  package (relatively if it uses relative imports); else ``pmap_shard_map`` under
+  ``scripts_root``, one copy for all the scripts of a run."""
+  package = package_of(path)
+  if package is None or not all(part.isidentifier() for part in package[1]):
+    return Placement(scripts_root, DEFAULT_NAME, DEFAULT_NAME)
+  root, parts = package
+  name = f"{parts[0]}.{PACKAGE_NAME}"
+  spelling = "." * len(parts) + PACKAGE_NAME if _RELATIVE_IMPORT.search(text) else name
+  return Placement(root, name, spelling)
 
 
 class Status(enum.Enum):

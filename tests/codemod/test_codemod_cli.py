@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from codemod import pmap_to_shmap, support_module
+from codemod import notebook_support, pmap_to_shmap, support_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
@@ -145,9 +145,12 @@ def test_notebook_code_cells_are_converted(tmp_path, capsys):
   cells = ["".join(c["source"]) for c in new["cells"]]
   assert cells[0].startswith("%matplotlib inline\nimport jax\n")
   assert cells[1] == "jax.pmap(f) in prose\n"
-  assert cells[2].startswith("!nvidia-smi\n") and "jax.pmap" not in cells[2]
-  assert "on_pmap_mesh(" in cells[2] and "from pmap_shard_map import on_pmap_mesh" in cells[0]
-  assert f"{path}:2:8 INFO cell 2: pmap converted" in err
+  # Nothing to import in Colab: the support code is a cell before the converted one.
+  assert notebook_support.names_in(cells[2]) == ("on_pmap_mesh",)
+  assert cells[3].startswith("!nvidia-smi\n") and "jax.pmap" not in cells[3]
+  assert "on_pmap_mesh(" in cells[3] and "pmap_shard_map" not in path.read_text()
+  assert not (tmp_path / "pmap_shard_map.py").exists()
+  assert f"{path}:2:8 INFO cell 3, line 2: pmap converted" in err
   code, _, _ = run_cli("--check", path, capsys=capsys)
   assert code == 0
 
@@ -206,6 +209,7 @@ def test_byte_order_mark_is_kept(tmp_path, capsys):
 # ----- the support module the converted files import -----
 
 def test_support_module_is_written_once_next_to_the_paths_and_shown_in_the_diff(tree, capsys):
+  # pkg/ has no __init__.py: site.py is a script, so it imports the scripts' copy.
   code, out, err = run_cli(tree, capsys=capsys)
   assert code == 0
   assert f"+++ b/{str(tree / 'pmap_shard_map.py').lstrip(os.sep)}" in out and "--- /dev/null" in out
@@ -271,8 +275,11 @@ def test_notebook_json_layout_is_kept_so_only_changed_cells_differ(
   new = path.read_text(encoding="utf-8")
   changed = json.loads(new)
   assert json.dumps(changed, indent=indent, ensure_ascii=ensure_ascii) + newline == new
-  # Every changed line is a line of a code cell's source (a string in its "source" list).
-  changed_lines = [l[2:] for l in difflib.ndiff(original.splitlines(), new.splitlines())
+  # Every changed line is a line of a code cell's source (a string in its "source" list),
+  # the support cell inserted before the converted one aside.
+  assert notebook_support.names_in("".join(changed["cells"].pop(2)["source"])) is not None
+  without = json.dumps(changed, indent=indent, ensure_ascii=ensure_ascii) + newline
+  changed_lines = [l[2:] for l in difflib.ndiff(original.splitlines(), without.splitlines())
                    if l[:2] in ("- ", "+ ")]
   sources = {line for cell in nb["cells"] + changed["cells"] if cell["cell_type"] == "code"
              for line in cell["source"]}

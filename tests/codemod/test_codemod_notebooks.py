@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from codemod import ipython_syntax, pmap_to_shmap
+from codemod import ipython_syntax, notebook_support, pmap_to_shmap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDED = os.path.join(os.path.dirname(__file__), "recorded", "ipython_syntax.json")
@@ -56,10 +56,30 @@ def _lines(text: str) -> list[str]:
 
 
 def _as_py(tmp_path: pathlib.Path, code: str) -> tuple[str, list[str]]:
-  """``code`` converted as a .py file: (its new text, its findings)."""
+  """``code`` converted as a .py file: (its new text, its findings), without the support
+  module's import (a notebook gets the support code as a cell instead)."""
   status, new, report = _convert(tmp_path / "py", "cell.py", code.encode())
   assert status == 0, report
-  return new.decode(), _findings(report, "cell.py")
+  return _without_support_import(new.decode()), _findings(report, "cell.py")
+
+
+def _without_support_import(text: str) -> str:
+  return "".join(l for l in _lines(text) if not l.startswith("from pmap_shard_map import"))
+
+
+def _user_cells(cells: list[dict]) -> list[dict]:
+  """The cells but the support cell the codemod inserts before the first converted one."""
+  return [c for c in cells
+          if notebook_support.names_in("".join(c.get("source", c.get("input", "")))) is None]
+
+
+_SUPPORT_BLOCK = re.compile(r"(`{3,}|~{3,})[^\n]*\n# Support code pmap-to-shmap added .*?\n\1\r?\n"
+                            r"\r?\n", re.S)
+
+
+def _without_support_cell(markdown: str) -> str:
+  """A markdown notebook without the support code cell the codemod inserts."""
+  return _SUPPORT_BLOCK.sub("", markdown, count=1)
 
 
 def _as_cell(tmp_path: pathlib.Path, code: str) -> tuple[str, list[str]]:
@@ -67,7 +87,8 @@ def _as_cell(tmp_path: pathlib.Path, code: str) -> tuple[str, list[str]]:
   nb = json.dumps(_notebook(_lines(code)), indent=1).encode()
   status, new, report = _convert(tmp_path / "nb", "cell.ipynb", nb)
   assert status == 0, report
-  return "".join(json.loads(new)["cells"][0]["source"]), _findings(report, "cell.ipynb")
+  return ("".join(_user_cells(json.loads(new)["cells"])[0]["source"]),
+          _findings(report, "cell.ipynb"))
 
 
 # ----- valid Python is never IPython syntax -----
@@ -140,7 +161,7 @@ def test_cell_magics_are_recognised_only_on_the_first_line(tmp_path):
   nb = _notebook(_lines(python_body), _lines(opaque), _lines(writefile))
   code, new, report = _convert(tmp_path, "cells.ipynb", json.dumps(nb, indent=1).encode())
   assert code == 0, report
-  cells = ["".join(c["source"]) for c in json.loads(new)["cells"]]
+  cells = ["".join(c["source"]) for c in _user_cells(json.loads(new)["cells"])]
   body, _ = _as_py(tmp_path / "body", python_body.split("\n", 1)[1])
   assert cells[0] == "%%time\n" + body
   assert cells[1] == opaque and cells[2] == writefile  # not Python: left alone
@@ -235,8 +256,9 @@ def test_nbformat3_notebook_is_converted_like_the_same_nbformat4_one(tmp_path):
   _, new4, report4 = _convert(tmp_path / "v4", "old.ipynb",
                               json.dumps(_notebook(*sources), indent=1).encode())
   converted = json.loads(new)
-  cells = converted["worksheets"][0]["cells"]
-  assert [cells[0]["input"], cells[2]["input"]] == [c["source"] for c in json.loads(new4)["cells"]]
+  cells = _user_cells(converted["worksheets"][0]["cells"])
+  assert [cells[0]["input"], cells[2]["input"]] == [
+      c["source"] for c in _user_cells(json.loads(new4)["cells"])]
   assert cells[1] == heading and cells[3] == other  # not Python code: left alone
   assert converted["nbformat"] == 3 and "cells" not in converted
   assert json.dumps(converted, indent=1, sort_keys=True, ensure_ascii=False) + "\n" == new.decode()
@@ -299,17 +321,21 @@ def test_crlf_cells_keep_their_line_endings(tmp_path):
   original = json.dumps(nb, indent=1).encode()
   code, new, report = _convert(tmp_path / "crlf", "nb.ipynb", original)
   assert code == 0, report
-  cells = [c["source"] for c in json.loads(new)["cells"]]
+  cells = [c["source"] for c in _user_cells(json.loads(new)["cells"])]
   assert cells[2:] == [mixed, untouched]
   for old, now in zip([imports, site], cells[:2], strict=True):
     assert now != old and all(l.endswith("\r\n") for l in now[:-1]) and now[-1] == old[-1]
   lf = _notebook(*[[l.replace("\r\n", "\n") for l in c] for c in (imports, site)])
   _, new_lf, _ = _convert(tmp_path / "lf", "nb.ipynb", json.dumps(lf, indent=1).encode())
   assert [[l.replace("\r\n", "\n") for l in c] for c in cells[:2]] == [
-      c["source"] for c in json.loads(new_lf)["cells"]]
-  # In the file itself, only lines of the changed cells' sources differ.
+      c["source"] for c in _user_cells(json.loads(new_lf)["cells"])]
+  # In the file itself, only lines of the changed cells' sources differ (the support cell
+  # inserted before the converted one aside).
+  converted = json.loads(new)
+  assert json.dumps(converted, indent=1).encode() == new
+  without = json.dumps(dict(converted, cells=_user_cells(converted["cells"])), indent=1)
   changed_lines = [l[2:] for l in difflib.ndiff(original.decode().splitlines(),
-                                                new.decode().splitlines()) if l[:2] in ("- ", "+ ")]
+                                                without.splitlines()) if l[:2] in ("- ", "+ ")]
   assert changed_lines and all(json.loads(l.strip().rstrip(",")) in imports + site + cells[0]
                                + cells[1] for l in changed_lines), changed_lines
 
@@ -339,8 +365,10 @@ def test_json_layout_is_kept_so_only_the_changed_cell_differs(tmp_path, layout, 
   sources = {l for c in nb["cells"] + converted["cells"] if c["cell_type"] == "code"
              for l in c["source"]}
   if layout.get("indent") is not None:
+    # (The support cell inserted before the converted one aside.)
+    without = dump(dict(converted, cells=_user_cells(converted["cells"])))
     changed_lines = [l[2:] for l in difflib.ndiff(original.decode("utf-8-sig").splitlines(),
-                                                  new.decode("utf-8-sig").splitlines())
+                                                  without.decode("utf-8-sig").splitlines())
                      if l[:2] in ("- ", "+ ")]
     assert changed_lines and all(json.loads(l.strip().rstrip(",")) in sources
                                  for l in changed_lines), changed_lines
@@ -357,7 +385,7 @@ def test_markdown_notebook_keeps_line_endings_and_ipython_syntax(tmp_path):
   text = head + first.replace("\n", "\r\n") + tail
   code, new, report = _convert(tmp_path / "md", "page.md", text.encode())
   assert code == 0, report
-  new_text = new.decode()
+  new_text = _without_support_cell(new.decode())
   assert new_text.startswith(head) and new_text.endswith(tail)  # prose, fences, cell 2
   cell, findings = _as_cell(tmp_path, first)
   assert "jax.pmap" not in cell
@@ -372,7 +400,8 @@ def test_markdown_cells_of_another_kernel_are_left_alone(tmp_path):
   python = "```{code-cell} python3\nimport jax\n" + SITE + "```\n"
   code, new, report = _convert(tmp_path / "md", "mixed.md", (julia + "\n" + python).encode())
   assert code == 0 and "ERROR" not in report, report
-  assert new.decode().startswith(julia + "\n") and "jax.pmap" not in new.decode()
+  assert new.decode().startswith(julia + "\n")
+  assert "jax.pmap" not in _without_support_cell(new.decode())
 
 
 def test_pmap_inside_ipython_syntax_is_reported_not_silently_left(tmp_path):
@@ -385,7 +414,7 @@ def test_pmap_inside_ipython_syntax_is_reported_not_silently_left(tmp_path):
   hidden = [l for l in report.splitlines() if "pmap inside IPython syntax" in l]
   assert [l.split(":")[1:3] for l in hidden] == [["2", "1 WARNING cell 1, line 2"],
                                                 ["1", "1 WARNING cell 2, line 1"]]
-  cells_after = ["".join(c["source"]) for c in json.loads(new)["cells"]]
+  cells_after = ["".join(c["source"]) for c in _user_cells(json.loads(new)["cells"])]
   assert cells_after[:2] == ["".join(c) for c in cells[:2]]  # left exactly as they were
   assert "jax.pmap(" not in cells_after[2]  # the visible site is converted
 
@@ -411,7 +440,7 @@ def test_automagic_cell_is_kept_and_the_rest_converted(tmp_path):
   code, new, report = _convert(tmp_path, "demo.ipynb", json.dumps(_mixed_notebook(*cells)).encode())
   assert code == 0, report
   assert "ERROR" not in report, report
-  out = json.loads(new)["cells"]
+  out = _user_cells(json.loads(new)["cells"])
   assert "".join(out[3]["source"]) == "timeit jnp.dot(x, x.T).block_until_ready()"
   assert "jax.pmap" not in "".join(out[4]["source"])
   # The finding names the notebook's own cell (markdown cells count) and the line in it.
