@@ -5,8 +5,10 @@
 #                      suite, and every bit-exact comparison with legacy jax.pmap.
 #   .venv-jax0.10.2    jax==jaxlib==0.10.2 (newest release served): converted code,
 #                      recordings checked across versions, the guide's 0.10.2 blocks.
-#   .venv-jax0.4.38,   older JAX lines a team may still run today; used to show that
-#   .venv-jax0.7.2     `python -m pmap_compat.testing record` works there.
+#   .venv-jaxX.Y.Z     every other release pip serves for Python 3.11 from 0.4.35 on
+#                      (EXTRA_JAX): `make test` smokes each (tests/test_release_smoke.py),
+#                      `make test-all` runs the default suites on each where the packages
+#                      import (SUITE_JAX); 0.4.38 and 0.7.2 also run the recording CLI.
 #
 # .venv gets exactly the versions in .ci/constraints-jax0.6.0.txt; the extra
 # environments get the project with --no-deps and only what the code run there imports
@@ -18,7 +20,11 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 NEWEST_JAX := 0.10.2
 NEWEST_PY := .venv-jax$(NEWEST_JAX)/bin/python
-EXTRA_JAX := $(NEWEST_JAX) 0.7.2 0.4.38
+EXTRA_JAX := $(NEWEST_JAX) 0.4.35 0.4.38 0.5.3 0.6.2 0.7.0 0.7.2 0.8.0 0.8.2 0.9.0 0.9.2 0.10.0
+# The releases besides 0.6.0 and the newest where both packages import (older ones stop at
+# import with a message naming the nearest release they run on, which the smoke checks).
+SUITE_JAX := 0.6.2 0.7.0 0.7.2 0.8.0 0.8.2 0.9.0 0.9.2 0.10.0
+RELEASE_SUITES := tests/shard_map_impl tests/pmap_compat
 EXTRA_STAMPS := $(foreach v,$(EXTRA_JAX),.venv-jax$(v)/.installed)
 # What runs in-process on jax 0.10.2 (tests marked jax06_only skip themselves there);
 # the rest of the suite is about jax 0.6.0 or starts its own interpreters.
@@ -88,13 +94,17 @@ test-jax0.6.0: venvs .venv-real-jax0.6.0/.installed
 test-jax$(NEWEST_JAX): venvs
 	$(NEWEST_PY) $(PYTEST) -m "not slow" $(NEWEST_SUITES) $(PYTEST_ARGS)
 
-test-all: test-all-jax0.6.0 test-all-jax$(NEWEST_JAX)
+test-all: test-all-jax0.6.0 test-all-jax$(NEWEST_JAX) $(foreach v,$(SUITE_JAX),test-suites-jax$(v))
 
 test-all-jax0.6.0: venvs $(REAL_STAMPS)
 	$(PY) $(PYTEST) $(PYTEST_ARGS)
 
 test-all-jax$(NEWEST_JAX): venvs
 	$(NEWEST_PY) $(PYTEST) $(NEWEST_SUITES) $(PYTEST_ARGS)
+
+# The default suites in-process on one other release (`make test-suites-jax0.8.2`).
+test-suites-jax%: .venv-jax%/.installed
+	.venv-jax$*/bin/python $(PYTEST) $(RELEASE_SUITES) $(PYTEST_ARGS)
 
 # Records legacy jax.pmap's result of every compare_with_legacy call into tests/data/legacy
 # (replacing all recordings, so those of removed tests go), running the tests that make
