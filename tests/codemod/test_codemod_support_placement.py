@@ -1,0 +1,285 @@
+"""Where the support module goes, proved where the converted code runs.
+
+Code inside a package imports a copy that ships with the package (``mypkg/_pmap_shard_map.py``):
+the converted package is built into a wheel, installed into a throwaway environment and
+imported from outside the source tree. A notebook gets the support functions it uses as a
+cell of its own: the converted notebook runs with no project file next to it. Both are
+compared with the unconverted code under legacy ``jax.pmap`` (jax 0.6.0)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import zipfile
+
+from codemod import notebook_support, pmap_to_shmap, support_module
+
+ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+
+OPS = '''\
+import jax
+import numpy as np
+
+
+def double(x):
+  return jax.pmap(lambda v: v * 2, axis_name="i")(x)
+
+
+def total(x):
+  return jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")(x)
+'''
+RELATIVE = '''\
+import jax
+
+from . import ops
+
+
+def scaled(x, scale):
+  step = jax.pmap(lambda v, s: v * s, in_axes=(0, None))
+  return ops.double(step(x, scale))
+'''
+RUN = '''\
+import json
+import numpy as np
+import mypkg.parallel.ops as ops
+import mypkg.parallel.relative as relative
+x = np.arange(12, dtype=np.float32).reshape(4, 3)
+print(json.dumps({"file": ops.__file__, "double": ops.double(x).tolist(),
+                  "total": ops.total(x).tolist(),
+                  "scaled": relative.scaled(x, np.float32(3)).tolist()}))
+'''
+
+
+def _package(root: pathlib.Path) -> pathlib.Path:
+  (root / "mypkg" / "parallel").mkdir(parents=True)
+  (root / "mypkg" / "__init__.py").write_text('"""A library with pmap sites."""\n')
+  (root / "mypkg" / "parallel" / "__init__.py").write_text("")
+  (root / "mypkg" / "parallel" / "ops.py").write_text(OPS)
+  (root / "mypkg" / "parallel" / "relative.py").write_text(RELATIVE)
+  return root
+
+
+def _run(args: list[str], cwd: pathlib.Path, **env: str) -> subprocess.CompletedProcess:
+  full = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  full.update(ENV, **env)
+  return subprocess.run(args, cwd=cwd, env=full, capture_output=True, text=True, timeout=300,
+                        check=False)
+
+
+def _wheel(source: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+  """A wheel of every file of the ``mypkg`` package under ``source``, as a build backend's
+  package discovery would ship it (setuptools' find_packages: the package's .py files)."""
+  name = "mypkg-0.1-py3-none-any.whl"
+  dist = "mypkg-0.1.dist-info"
+  entries = {str(p.relative_to(source)): p.read_bytes()
+             for p in sorted((source / "mypkg").rglob("*.py"))}
+  entries[f"{dist}/METADATA"] = b"Metadata-Version: 2.1\nName: mypkg\nVersion: 0.1\n"
+  entries[f"{dist}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n")
+  record = []
+  for path, data in entries.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record.append(f"{path},sha256={digest},{len(data)}")
+  record.append(f"{dist}/RECORD,,")
+  entries[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+  with zipfile.ZipFile(out / name, "w") as wheel:
+    for path, data in entries.items():
+      wheel.writestr(path, data)
+  return out / name
+
+
+def test_package_support_ships_in_the_installed_wheel(tmp_path):
+  legacy_tree = _package(tmp_path / "legacy")
+  tree = _package(tmp_path / "converted")
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tree)]) == 0
+  ops = (tree / "mypkg" / "parallel" / "ops.py").read_text()
+  relative = (tree / "mypkg" / "parallel" / "relative.py").read_text()
+  # Inside the package, imported as each file imports its own package.
+  assert "from mypkg._pmap_shard_map import on_pmap_mesh\n" in ops
+  assert "from .._pmap_shard_map import on_pmap_mesh\n" in relative
+  assert (tree / "mypkg" / "_pmap_shard_map.py").read_text() == support_module.source()
+  assert not (tree / "pmap_shard_map.py").exists()
+
+  # Installed from a wheel into a throwaway environment that sees .venv's packages.
+  venv = tmp_path / "venv"
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                 timeout=120)
+  python = venv / "bin" / "python"
+  site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+              tmp_path).stdout.strip()
+  pathlib.Path(site, "outer_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+  wheel = _wheel(tree, tmp_path)
+  install = _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                  "--no-index", "--quiet", str(wheel)], tmp_path)
+  assert install.returncode == 0, install.stderr
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  converted = _run([str(python), "-I", "-c", RUN], elsewhere)
+  assert converted.returncode == 0, converted.stderr
+  got = json.loads(converted.stdout)
+  assert got.pop("file").startswith(site)  # the installed copy, not the source tree
+  legacy = _run([sys.executable, "-c", RUN], elsewhere, PYTHONPATH=str(legacy_tree))
+  assert legacy.returncode == 0, legacy.stderr
+  expected = json.loads(legacy.stdout)
+  expected.pop("file")
+  assert got == expected
+
+
+def test_package_detection(tmp_path):
+  (tmp_path / "proj" / "src" / "nspkg" / "sub").mkdir(parents=True)
+  (tmp_path / "proj" / "pyproject.toml").write_text("[project]\nname = 'nspkg'\n")
+  namespaced = tmp_path / "proj" / "src" / "nspkg" / "sub" / "m.py"
+  assert support_module.package_of(str(namespaced)) == (str(tmp_path / "proj" / "src"),
+                                                        ["nspkg", "sub"])
+  place = support_module.placement(str(namespaced), "from . import x\n", str(tmp_path))
+  assert (place.name, place.spelling) == ("nspkg._pmap_shard_map", ".._pmap_shard_map")
+  # A src/ directory that is not a project's (say ~/src/repo/scripts) is no package.
+  (tmp_path / "src" / "repo" / "scripts").mkdir(parents=True)
+  script = tmp_path / "src" / "repo" / "scripts" / "train.py"
+  assert support_module.package_of(str(script)) is None
+  assert support_module.placement(str(script), "", str(tmp_path)) == support_module.Placement(
+      str(tmp_path), "pmap_shard_map", "pmap_shard_map")
+
+
+def test_scripts_outside_packages_share_the_root_copy(tmp_path, capsys):
+  (tmp_path / "scripts").mkdir()
+  (tmp_path / "scripts" / "train.py").write_text(OPS)
+  _package(tmp_path)
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tmp_path)]) == 0
+  assert "from pmap_shard_map import on_pmap_mesh" in (
+      tmp_path / "scripts" / "train.py").read_text()
+  assert (tmp_path / "pmap_shard_map.py").read_text() == support_module.source()
+  assert (tmp_path / "mypkg" / "_pmap_shard_map.py").read_text() == support_module.source()
+  err = capsys.readouterr().err
+  assert "INFO support module mypkg._pmap_shard_map written" in err
+  assert "INFO support module pmap_shard_map written" in err
+  assert pmap_to_shmap.main(["--check", str(tmp_path)]) == 0
+
+
+def test_explicit_support_module_is_used_by_every_file(tmp_path):
+  tree = _package(tmp_path / "tree")
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", "--support-module",
+                             "shared_support", str(tree)]) == 0
+  assert "from shared_support import on_pmap_mesh" in (
+      tree / "mypkg" / "parallel" / "relative.py").read_text()
+  assert (tree / "shared_support.py").exists()
+  assert not (tree / "mypkg" / "_pmap_shard_map.py").exists()
+
+
+def test_foreign_file_where_the_package_copy_goes_is_never_overwritten(tmp_path, capsys):
+  tree = _package(tmp_path)
+  (tree / "mypkg" / "_pmap_shard_map.py").write_text("# mine\n")
+  assert pmap_to_shmap.main(["--in-place", str(tree)]) == pmap_to_shmap.EXIT_INTERNAL_ERROR
+  assert "not written by pmap-to-shmap" in capsys.readouterr().err
+  assert (tree / "mypkg" / "parallel" / "ops.py").read_text() == OPS
+
+
+# ----- notebooks -----
+
+def _cell(source: str) -> dict:
+  return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+          "source": source.splitlines(keepends=True)}
+
+
+NOTEBOOK_CELLS = [
+    "example_directory = 'examples/demo'\n",  # a setup cell before the imports
+    "import json\nimport jax\nimport numpy as np\n",
+    "x = np.arange(12, dtype=np.float32).reshape(4, 3)\n"
+    "double = jax.pmap(lambda v: v * 2, axis_name='i')\n"
+    "def run(axes):\n"
+    "  return jax.pmap(lambda v, s: jax.lax.psum(v * s, 'i'), 'i', in_axes=axes)(x, 2.0)\n",
+    "result = {'double': double(x).tolist(), 'total': run((0, None)).tolist()}\n",
+]
+EXECUTE = '''\
+import importlib.util, json, sys
+assert importlib.util.find_spec("pmap_shard_map") is None  # nothing to import it from
+namespace = {"__name__": "__main__"}
+for cell in json.load(open(sys.argv[1]))["cells"]:
+  if cell["cell_type"] == "code":
+    exec(compile("".join(cell["source"]), "<cell>", "exec"), namespace)
+print(json.dumps(namespace["result"]))
+'''
+
+
+def _execute(path: pathlib.Path, where: pathlib.Path) -> dict:
+  """Runs the notebook's code cells in order in a fresh interpreter in an empty directory
+  (isolated: the working directory and PYTHONPATH are not on sys.path)."""
+  where.mkdir()
+  run = _run([sys.executable, "-I", "-c", EXECUTE, str(path)], where)
+  assert run.returncode == 0, run.stderr
+  return json.loads(run.stdout)
+
+
+def test_converted_notebook_runs_alone_as_legacy_did(tmp_path):
+  nb = {"cells": [_cell(c) for c in NOTEBOOK_CELLS], "metadata": {}, "nbformat": 4,
+        "nbformat_minor": 5}
+  original = tmp_path / "legacy.ipynb"
+  original.write_text(json.dumps(nb, indent=1))
+  path = tmp_path / "demo.ipynb"
+  path.write_text(json.dumps(nb, indent=1))
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
+  assert sorted(os.listdir(tmp_path)) == ["demo.ipynb", "legacy.ipynb"]  # no module written
+  cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+  # The support cell sits right before the first converted cell, with just what it uses;
+  # the setup cell is untouched, and the new imports went to the import cell.
+  assert cells[0] == NOTEBOOK_CELLS[0]
+  assert notebook_support.names_in(cells[2]) == ("on_pmap_mesh", "specs_from_axes")
+  assert "def device_put_replicated" not in cells[2] and "def host_local_io" not in cells[2]
+  assert "import jax" not in cells[2]  # the notebook imports it before
+  assert cells[1].startswith(NOTEBOOK_CELLS[1]) and "from jax.sharding import" in cells[1]
+  assert "jax.pmap" not in cells[3]
+  assert _execute(path, tmp_path / "run") == _execute(original, tmp_path / "run_legacy")
+  # A second run leaves it alone.
+  before = path.read_bytes()
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
+  assert path.read_bytes() == before
+
+
+def test_support_cell_grows_when_a_rerun_converts_more(tmp_path):
+  path = tmp_path / "grow.ipynb"
+  first = ["import jax\n", "f = jax.pmap(lambda v: v + 1)\n"]
+  path.write_text(json.dumps({"cells": [_cell(c) for c in first], "metadata": {},
+                              "nbformat": 4, "nbformat_minor": 5}, indent=1))
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
+  nb = json.loads(path.read_text())
+  assert notebook_support.names_in("".join(nb["cells"][1]["source"])) == ("on_pmap_mesh",)
+  nb["cells"].append(_cell("def g(axes):\n  return jax.pmap(lambda v: v, in_axes=axes)\n"))
+  path.write_text(json.dumps(nb, indent=1))
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
+  cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+  assert len(cells) == 4
+  assert notebook_support.names_in(cells[1]) == ("on_pmap_mesh", "specs_from_axes")
+  assert "def specs_from_axes" in cells[1]
+
+
+def test_markdown_notebook_gets_a_support_code_cell(tmp_path):
+  text = textwrap.dedent("""\
+      ---
+      jupytext:
+        text_representation:
+          format_name: myst
+      ---
+
+      ```{code-cell} ipython3
+      import jax
+      ```
+
+      Prose.
+
+      ```{code-cell} ipython3
+      step = jax.pmap(lambda x: x * 2, axis_name='d')
+      ```
+      """)
+  path = tmp_path / "page.md"
+  path.write_text(text)
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
+  new = path.read_text()
+  support_at = new.index("```{code-cell} ipython3\n# Support code pmap-to-shmap added")
+  assert new.index("Prose.") < support_at < new.index("step = jax.jit(")
+  assert pmap_to_shmap.main(["--check", str(path)]) == 0
