@@ -249,18 +249,7 @@ class ExactLayoutTest(PmapCodemodTest):
         '''), target="experimental")
 
   def test_kfac_pragma_site(self):
-    self.assertCodemod(textwrap.dedent('''
-        import functools
-        import jax
-
-        @functools.partial(
-            jax.pmap,  # pyrefly: ignore[bad-argument-type]
-            axis_name="i",
-            donate_argnums=0,
-        )
-        def step(x):
-          return x
-        '''), textwrap.dedent('''
+    self.assertCodemod(textwrap.dedent(CORPUS["kfac_pragma"]), textwrap.dedent('''
         import functools
         import jax
         from jax.sharding import PartitionSpec as P
