@@ -85,7 +85,13 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
         dynamic, kwargs = _drop_mapped_axes(specs, (dynamic, kwargs))
       remaining = iter(dynamic)
       full = [args[i] if i in static_argnums else next(remaining) for i in range(len(args))]
-      out = fun(*full, **kwargs)
+      if _PMAP_EMBEDS_CONSTANTS:
+        # jit keeps the arrays fun closes over as constants of the per-device code, where
+        # pmap had them (shard_map alone passes them in as operands, and XLA may then
+        # optimise loops over them differently, changing results in the last bits).
+        out = jax.jit(fun, static_argnums=static_argnums)(*full, **kwargs)
+      else:
+        out = fun(*full, **kwargs)
       return _restore_mapped_axes(out_specs, out) if drop_device_axis else out
 
     return shard_map_partial(per_device, mesh=mesh, in_specs=specs,
@@ -101,6 +107,17 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
       setattr(sharded, attr, getattr(named, attr))
   _SITES[sharded] = fun
   return sharded
+
+
+def _legacy_pmap_in_use():
+  """Does this JAX's jax.pmap lower the function itself per device (legacy pmap), with the
+  arrays it closes over as constants? The shard_map-based pmap (JAX_PMAP_SHMAP_MERGE, the
+  only one from jax 0.10) passes them in as operands, as shard_map does."""
+  return (hasattr(jax.sharding, "PmapSharding")
+          and not getattr(jax.config, "jax_pmap_shmap_merge", False))
+
+
+_PMAP_EMBEDS_CONSTANTS = _legacy_pmap_in_use()
 
 
 _SITES = weakref.WeakKeyDictionary()  # what on_pmap_mesh returned -> the function it maps

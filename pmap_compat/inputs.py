@@ -38,7 +38,7 @@ from jax._src.sharding_impls import GSPMDSharding, NamedSharding
 from pmap_compat import blocks, errors, jax_line, outputs
 from pmap_compat.jax_line import PmapSharding, prng
 
-__all__ = ["Plan", "place", "place_leaves", "shard_arg_fallback"]
+__all__ = ["Plan", "committed_on_mesh", "onto_program_mesh", "place", "place_leaves", "shard_arg_fallback"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +163,33 @@ def place_leaves(leaves: Sequence[Any], targets: Sequence[Any],
             else jax.device_put(x, s) if isinstance(x, core.Tracer) else place(x, s)
             for x, s in zip(leaves, targets, strict=True)]
   return None if all(p is x for p, x in zip(placed, leaves, strict=True)) else placed
+
+
+def onto_program_mesh(leaves: Sequence[Any], targets: Sequence[Any]) -> list | None:
+  """Committed arrays whose devices already hold exactly the blocks the program takes,
+  under another mesh (``device_put_replicated``'s, a user's ``jax.device_put``), as the
+  same buffers under the program's own sharding; every other leaf as it is. None when no
+  leaf needed it.
+
+  jit keys its traces and programs on the mesh an input's sharding names, and a pmap's
+  outputs sit on the pmap's mesh: handed over as they came, the first step's inputs and
+  the next step's (its outputs) would compile the step twice. Host values and one-device
+  arrays name no mesh and are left to jit's dispatch: they name none at any step.
+  """
+  moved = [_rewrap(x, t) if _same_blocks_other_mesh(x, t) else x
+           for x, t in zip(leaves, targets, strict=True)]
+  return None if all(m is x for m, x in zip(moved, leaves, strict=True)) else moved
+
+
+def committed_on_mesh(x: Any) -> bool:
+  """A committed array of a standard dtype over a mesh of several devices."""
+  return (type(x) is ArrayImpl and x._committed and isinstance(x.sharding, NamedSharding)
+          and len(x.sharding.device_set) > 1 and not dtypes.issubdtype(x.dtype, dtypes.extended))
+
+
+def _same_blocks_other_mesh(x: Any, target: Any) -> bool:
+  return (committed_on_mesh(x) and x.sharding != target and not x.is_deleted()
+          and blocks.same_blocks(x.sharding, target, x.shape, ordered=True))
 
 
 def shard_arg_fallback(x: Any, target: PmapSharding) -> Any:

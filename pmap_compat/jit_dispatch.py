@@ -67,11 +67,13 @@ class _Miss:
   ``(outputs, fastpath_data, rebuild)``, with fast-path data only for plain top-level
   calls."""
 
-  __slots__ = ("_jit_miss", "_cache_miss", "_strict", "_direct")
+  __slots__ = ("_jit_miss", "_cache_miss", "_align", "_strict", "_direct")
 
-  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]], strict: bool):
+  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]],
+               align: Callable[[tuple, dict], tuple[tuple, dict] | None], strict: bool):
     self._jit_miss = jax_line.jit_cache_miss(jitted)
     self._cache_miss = cache_miss
+    self._align = align  # inputs over another mesh onto the program's (program.on_program_mesh)
     self._strict = strict  # strict replication: every call needs our Python
     # Decided at the first call: pmap may be applied before jax.distributed.initialize,
     # but once a computation has run the process count is fixed.
@@ -83,7 +85,12 @@ class _Miss:
       direct = self._direct = not self._strict and not multihost.is_multiprocess()
     if direct and _state.frame is None and _trace_ctx.trace is _eval_trace:
       try:
-        return self._jit_miss(*args, **kwargs)
+        aligned = self._align(args, kwargs)
+        if aligned is None:
+          return self._jit_miss(*args, **kwargs)
+        # Not cached for this signature: C++ would hand the executable the inputs as they
+        # came, on the other mesh.
+        return jax_line.served_by_python(self._jit_miss(*aligned[0], **aligned[1])[0])
       except (ValueError, TypeError) as err:
         if not _for_the_slow_path(err):
           raise  # e.g. the user's own error while tracing: not run a second time
@@ -100,12 +107,13 @@ class PmapFunction:
   # ours, and that function may itself be a PmapFunction (nested pmaps).
   __slots__ = ("_call", "_cache_miss", "__dict__", "__weakref__")
 
-  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]], strict: bool,
+  def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]],
+               align: Callable[[tuple, dict], tuple[tuple, dict] | None], strict: bool,
                static_argnums: tuple[int, ...]):
     self._cache_miss = cache_miss
     staged = jax_line.jitted_function(jitted)
     self._call = jax_line.jit_call_cache(
-        getattr(staged, "__name__", "pmap"), staged, _Miss(jitted, cache_miss, strict),
+        getattr(staged, "__name__", "pmap"), staged, _Miss(jitted, cache_miss, align, strict),
         static_argnums)
 
   def __call__(self, *args, **kwargs):

@@ -22,10 +22,11 @@ import numpy as np
 from jax import lax
 from jax._src import api_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jax.tree_util import tree_flatten, tree_unflatten
+from jax.tree_util import tree_flatten, tree_leaves, tree_unflatten
 
 from pmap_compat import axes as axes_lib
-from pmap_compat import arguments, body_arguments, errors, key_collectives, meshes, multihost
+from pmap_compat import arguments, body_arguments, embedded_constants, errors, inputs
+from pmap_compat import key_collectives, meshes, multihost
 from pmap_compat import nesting
 from pmap_compat.config import PmapConfig
 from shard_map_impl import shard_map
@@ -156,12 +157,17 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
   axis_sizes = {n: s for n, s in mesh.shape.items() if n != meshes.SPREAD_AXIS}
   manual = tuple(axis_sizes)
   found: dict[str, Any] = {}
+  # Tracing errors (e.g. a tracer used as a bool) name the user's function and arguments.
+  dbg = body_arguments.debug_info(fun, *call.rebuild(call.leaves), call.static)
+  info_name = getattr(fun, "__name__", None) or type(fun).__name__
 
   def body(*blocks):
     leaves = [b if d is None else lax.squeeze(b, (d,))
               for b, d in zip(blocks, call.in_axes, strict=True)]
     with nesting.outer_body(dict(axis_sizes), (name,)):
-      out = key_collectives.call_with_key_collectives(lambda xs: call_fun(fun, call, xs), leaves)
+      out = embedded_constants.call(
+          dbg, info_name, lambda xs: key_collectives.call_with_key_collectives(
+              lambda ys: call_fun(fun, call, ys), xs), leaves)
     out_axes = out_axes_normalised(cfg, out)
     outs, found["tree"] = tree_flatten(out)
     found["axes"] = out_axes
@@ -171,8 +177,6 @@ def stage_over(mesh: Mesh, cfg: PmapConfig, fun: Callable, call: CallArgs, name:
     flags = [_varies(y, manual) for y in unmapped] if strict else []
     return mapped, unmapped, flags
   in_specs = tuple(in_spec(d, name) for d in call.in_axes)
-  # Tracing errors (e.g. a tracer used as a bool) name the user's function and arguments.
-  dbg = body_arguments.debug_info(fun, *call.rebuild(call.leaves), call.static)
   mapped, unmapped, flags = shard_map(body, mesh=mesh, in_specs=in_specs,
                                       out_specs=(P(name), P(), P()), check_rep=False,
                                       debug_info=dbg)(*call.leaves)
@@ -331,3 +335,19 @@ def input_shardings(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, s
     mesh = meshes.build_mesh([(name, size)], cfg.backend, cfg.devices, spread)
   name = mesh.axis_names[0]
   return call, mesh, [NamedSharding(mesh, in_spec(d, name)) for d in call.in_axes]
+
+
+def on_program_mesh(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict,
+                    meshes_used: dict) -> tuple[tuple, dict] | None:
+  """The call's ``(args, kwargs)`` with committed inputs that hold the program's blocks
+  under another mesh rewrapped onto the program's sharding (``inputs.onto_program_mesh``),
+  so a first step fed by ``device_put_replicated`` and the steps fed by its outputs share
+  one trace and one executable; None when no input needed it (decided without matching
+  the arguments when no input is a committed multi-device array)."""
+  if not any(inputs.committed_on_mesh(x) for x in tree_leaves((args, kwargs))):
+    return None
+  call, mesh, shardings = input_shardings(cfg, fun, args, kwargs, False, meshes_used)
+  if mesh is None or len(mesh.axis_names) > 1:
+    return None
+  moved = inputs.onto_program_mesh(call.leaves, shardings)
+  return None if moved is None else call.rebuild(moved)

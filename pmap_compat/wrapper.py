@@ -218,6 +218,8 @@ def make_wrapper(fun: Callable, cfg: PmapConfig) -> Callable:
     pmapped = fastpath.make_dispatcher(fun, checked_cache_miss, cfg.static)
   else:
     pmapped = jit_dispatch.PmapFunction(entry.top.jitted, checked_cache_miss,
+                                        lambda a, k: program.on_program_mesh(
+                                            cfg, fun, a, k, entry.top.meshes),
                                         strict=cfg.strict_replication,
                                         static_argnums=cfg.static)
   functools.update_wrapper(pmapped, fun)
