@@ -223,7 +223,9 @@ def unpatch() -> None:
 @contextlib.contextmanager
 def patched() -> Iterator[None]:
   """``with pmap_compat.patched(): ...`` runs the block with ``jax.pmap`` being ours (see
-  the module docstring for the names it reaches and the ones it cannot)."""
+  the module docstring for the names it reaches and the ones it cannot). Entering the
+  outermost block searches the process's objects (about 0.15 s measured with numpyro, flax,
+  optax and brax imported, on a busy 2-core machine): enter it around a loop, not in it."""
   _patch(stacklevel=4)  # this generator, contextlib's __enter__, the with statement
   try:
     yield
