@@ -23,6 +23,11 @@ version-independent recording), and every comparison is
 against 0.10.2's own pmap where that runs the example), and within the documented
 cross-version bound (`CROSS_VERSION_MAX_ULP`) between jax 0.10.2 and legacy on 0.6.0.
 
+`Runner.per_call(case, mode)` checks call by call instead: the example recorded under
+legacy `jax.pmap` with `record --calls`, then `check --per-call` in a jax 0.10.2 mode
+(`PER_CALL_MODES`): every recorded call of every pmap site on its recorded inputs, within
+`PER_CALL_MAX_ULP`, with the recorded outputs handed back (`pmap_compat.testing.per_call`).
+
 A fresh process per run keeps module-level pmap objects, caches and patching
 from leaking between modes. Multi-process cases start several children as one
 `jax.distributed` job over 127.0.0.1 and compare process by process. Results
@@ -630,6 +635,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--multihost", action="store_true", help="pass --multihost to the codemod")
   parser.add_argument("--modes", default=",".join(MODES[1:]),
                       help=f"comma-separated, from {', '.join(MODES[1:])}")
+  parser.add_argument("--per-call", action="store_true",
+                      help=f"also check call by call on jax {NEWEST_JAX} (check --per-call "
+                      "against a per-call legacy recording) in the modes of that line")
   args = parser.parse_args(argv)
   modes = args.modes.split(",")
   unknown = [m for m in modes if m not in MODES[1:]]
@@ -654,6 +662,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       for verdict in verdicts:
         failed += not verdict.ok
         print(_verdict_line(verdict))
+    for mode in PER_CALL_MODES if args.per_call else ():
+      result = runner.per_call(case, mode)
+      failed += not result.ok and not (mode == NEWEST_PMAP and result.error)
+      print(f"{mode} per call: {result.summary}" + (f"; {result.largest}" if result.largest
+                                                      else ""))
   return 1 if failed or not legacy.ok else 0
 
 
