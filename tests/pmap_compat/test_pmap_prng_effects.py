@@ -39,7 +39,7 @@ def test_typed_keys_broadcast_and_out_axes():
 def test_typed_key_per_device_fold_in_axis_index():
   compare_with_legacy(lambda pm: pm(lambda k: jax.random.bits(
       jax.random.fold_in(k, lax.axis_index("i")), (2,)), "i", in_axes=None, axis_size=8)(
-          jax.random.key(1)) if pm is not jax.pmap else pm(lambda k, _: jax.random.bits(
+          jax.random.key(1)) if pm is pmap else pm(lambda k, _: jax.random.bits(
               jax.random.fold_in(k, lax.axis_index("i")), (2,)), "i", in_axes=(None, 0))(
                   jax.random.key(1), np.zeros(8)), pmap)
 

@@ -38,7 +38,7 @@ def collective(x):
 
 def strict(pm, fun, **kwargs):
   """``check_replicated`` only exists in pmap_compat; it sends every call down the slow path."""
-  return pm(fun, **kwargs) if pm is jax.pmap else pm(fun, check_replicated=True, **kwargs)
+  return pm(fun, check_replicated=True, **kwargs) if pm is pmap else pm(fun, **kwargs)
 
 
 @pytest.mark.parametrize("make", sorted(INPUTS))

@@ -19,7 +19,7 @@ import numpy as np
 
 from support import legacy_recordings
 from support.jax_lines import on_legacy_line
-from support.legacy_pmap import has_legacy_pmap, legacy_pmap
+from support.legacy_pmap import has_legacy_pmap, legacy_reference
 
 PmapLike = Callable[..., Callable[..., Any]]
 
@@ -146,7 +146,7 @@ def compare_with_legacy(program: Callable[[PmapLike], Any], impl: PmapLike, *,
                          "and those exist for pytest tests only")
     error = legacy_recordings.reference(case, ours.value, ours.error, rtol=rtol, atol=atol)
     if has_legacy_pmap():
-      legacy = run_program(program, legacy_pmap)
+      legacy = run_program(program, legacy_reference())
       _compare_outcomes(legacy, ours, "legacy jax.pmap", rtol, atol)
       return legacy
     return Outcome(error=error) if error is not None else ours

@@ -46,8 +46,16 @@ def legacy_pmap(*args: Any, **kwargs: Any) -> Callable[..., Any]:
     return jax.pmap(*args, **kwargs)
 
 
+def legacy_reference() -> Callable[..., Any]:
+  """Legacy pmap as a program receives it (only where ``has_legacy_pmap()``): ``jax.pmap``
+  itself where that builds legacy's (no flag, or the flag off), so a program can tell it
+  apart by identity; else ``legacy_pmap``."""
+  flag = getattr(config, "pmap_shmap_merge", None)
+  return legacy_pmap if flag is not None and flag.value else jax.pmap
+
+
 def reference_pmap() -> tuple[str, Callable[..., Any]]:
   """(name, pmap): legacy ``jax.pmap`` where this JAX has it, else its own ``jax.pmap``."""
   if has_legacy_pmap():
-    return "legacy jax.pmap", legacy_pmap
+    return "legacy jax.pmap", legacy_reference()
   return "jax.pmap", jax.pmap
