@@ -37,8 +37,9 @@ class Run:
     """Compiles of each step function (catalog's names), from JAX's compile log."""
     counts = dict.fromkeys(self.program.steps, 0)
     for name, count in self.info["compiles"].items():
+      own = normalized_name(name)
       for step, aliases in self.program.steps.items():
-        if normalized_name(name) in aliases:
+        if own in aliases and (own != catalog.PARTIAL or name == own):
           counts[step] += count
     return counts
 
