@@ -106,7 +106,9 @@ def _experimental_shard_map() -> None:
 
 
 def facts() -> dict[str, str]:
-  mesh_types = str(jax.make_mesh((jax.local_device_count(),), ("i",)).axis_types)
+  # 0.4.35's meshes have no axis types: every axis behaves as Auto.
+  mesh_types = str(getattr(jax.make_mesh((jax.local_device_count(),), ("i",)), "axis_types",
+                           "Auto"))
   return {
       **_pmap_facts(),
       "`PmapSharding`, `jax.device_put_replicated` / `_sharded`": _availability(
