@@ -439,14 +439,18 @@ def _nested(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, tracers
 
 def _nested_jax_shard_map(trace: EagerTrace, prim: core.Primitive, fun: Any,
                           tracers: Sequence[Any], **params: Any) -> Any:
-  """JAX 0.10's own shard_map inside an eager body of ours (its bind yields a FlatTree)."""
+  """JAX's own (core) shard_map inside an eager body of ours (where its bind yields a
+  FlatTree, the results go back in one)."""
   results: list = []
   def staged(*xs: Any):
-    out = prim.bind(*xs, subfuns=(fun,), **params)
+    out = (prim.bind(*xs, subfuns=(fun,), **params) if "debug_info" in params
+           else prim.bind(fun, *xs, **params))
     results.append(out)
     return list(out)
-  outs = _run_staged(trace, lu.wrap_init(staged, debug_info=params["debug_info"]), tracers)
-  return results[-1].update(outs)
+  debug_info: Any = params.get("debug_info") or fun.debug_info
+  outs = _run_staged(trace, lu.wrap_init(staged, debug_info=debug_info), tracers)
+  update = getattr(results[-1], "update", None)
+  return outs if update is None else update(outs)
 
 
 def _inside_jax_eager(trace: core.Trace, prim: core.Primitive, fun: lu.WrappedFun,

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import PyTreeDef, tree_leaves, tree_structure, tree_unflatten
 
-from shard_map_impl.jax_line import (CHECK_ARG, INPUTS_MUST_MATCH_EXPLICIT_SPECS, WORDING_0_10,
+from shard_map_impl.jax_line import (CHECK_ARG, INPUTS_MUST_MATCH_EXPLICIT_SPECS, PASSED_ARGS_WORDING,
+                                     VMAPPED_AXES_LEAVE_MESH, WORDING_CORE,
                                      vmapped_mesh_axes, without_size_one_axes)
 from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, spec_axes, unmentioned_axes
 
@@ -135,8 +136,9 @@ def auto_from_axis_names(f: object, mesh: AnyMesh, axis_names: Any) -> frozenset
   names = frozenset(mesh.axis_names) - vmapped_mesh_axes()
   manual = frozenset(axis_names) or names
   if not manual <= names:
+    shown = names if VMAPPED_AXES_LEAVE_MESH else mesh.axis_names
     raise ValueError(f"jax.shard_map requires axis_names={frozenset(axis_names)} to be a "
-                     f"subset of mesh.axis_names={names}")
+                     f"subset of mesh.axis_names={shown}")
   already = frozenset(getattr(mesh, "manual_axes", ()))
   return frozenset(a for a in mesh.axis_names if a not in manual and a not in already)
 
@@ -221,7 +223,7 @@ def bad_spec_leaves(kind: str, mesh: AnyMesh | None, bad_type: list, bad_auto: l
   assert mesh is not None, "axis problems are found against a mesh"
   shown = manual_names(mesh, auto) if manual is None else manual
   what = (f"must refer to an axis marked as manual ({shown})"
-          if WORDING_0_10 else f"cannot refer to an axis marked auto ({auto})")
+          if WORDING_CORE else f"cannot refer to an axis marked auto ({auto})")
   return ValueError(
       f"shard_map {arg} argument {what}, "
       "but:\n\n" + "\n\n".join(lines)
@@ -260,7 +262,7 @@ def rank_error(kind: str, f: Callable, tree: PyTreeDef, specs: Specs,
 
 
 def _passed_args() -> str:
-  return "the passed args" if WORDING_0_10 else "args"
+  return "the passed args" if PASSED_ARGS_WORDING else "args"
 
 
 def _mesh_line(mesh: AnyMesh) -> str:
@@ -309,9 +311,9 @@ def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree: PyTreeD
     need = [a for a in unmentioned if a not in auto]
     got = [a for a in mesh.axis_names if a in rep]
     missing = [a for a in need if a not in rep]
-    if WORDING_0_10:  # 0.10 picks its wording counting auto axes too
+    if WORDING_CORE:  # the core shard_map picks its wording counting auto axes too
       need = unmentioned
-    if len(need) > 1 and WORDING_0_10:  # 0.10's wording: in varying axes
+    if len(need) > 1 and WORDING_CORE:  # its wording: in varying axes
       varying = [a for a in mesh.axis_names if a not in rep | auto | partial]
       split = [a for a in mesh.axis_names if a in spec_axes(names) and a not in auto]
       lines.append(
@@ -339,5 +341,5 @@ def replication_error(f: Callable, mesh: AnyMesh, auto: frozenset, tree: PyTreeD
       "Check if these output values are meant to be replicated over those mesh "
       "axes. If not, consider revising the corresponding out_specs entries. If "
       f"so, consider disabling the check by passing the {CHECK_ARG}=False "
-      f"argument to {'`jax.shard_map`' if WORDING_0_10 else 'shard_map'}.")
+      f"argument to {'`jax.shard_map`' if WORDING_CORE else 'shard_map'}.")
 

@@ -1,13 +1,18 @@
-"""The one place that knows which JAX line (0.6.0 or 0.10.2) is installed.
+"""The one place that asks the installed JAX what it has.
 
-Everything the rule modules need that moved, was renamed or behaves
-differently between the two supported releases is defined here once, under a
-line-neutral name.  Rule modules import these names and never look at
+JAX's internals move between releases one item at a time (0.7-0.9 mix forms of
+0.6 and 0.10 and have some of their own), so there is no "line" to switch on:
+each capability below is decided by asking JAX directly (an attribute, a
+signature's parameters, a config flag, what a method returns), never by its
+version number. Rule modules import these line-neutral names and never look at
 ``jax.__version__`` themselves.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -17,110 +22,184 @@ from jax._src import core
 from jax._src import custom_derivatives as cd
 from jax._src import debugging
 from jax._src import dtypes
+from jax._src import linear_util as lu
 from jax._src import pjit
 from jax._src import sharding_impls
+from jax._src.interpreters import ad
+from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
+from jax.sharding import PartitionSpec
 
-# 0.10 is the line whose internals this module calls "new"; 0.6 the legacy one.
-NEW_LINE = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
+
+def _params(fn: Any) -> tuple[str, ...]:
+  """Parameter names of ``fn`` (empty where it has no Python signature)."""
+  try:
+    return tuple(inspect.signature(fn).parameters)
+  except (TypeError, ValueError):
+    return ()
+
 
 # --- moved modules and primitives --------------------------------------------
 
-if NEW_LINE:
-  from jax._src.random import prng  # noqa: F401  (re-exported)
-  from jax._src import shard_map as _jax_shard_map  # type: ignore[attr-defined, unused-ignore]  # other JAX line
-  jit_p: core.Primitive = pjit.jit_p  # type: ignore[attr-defined, unused-ignore]  # other JAX line
-else:
-  from jax._src import prng  # type: ignore[no-redef, unused-ignore]  # noqa: F401
-  from jax.experimental import shard_map as _jax_shard_map  # type: ignore[no-redef, unused-ignore]
-  jit_p = pjit.pjit_p  # type: ignore[attr-defined, unused-ignore]
+# JAX's shard_map module: jax._src.shard_map where JAX has it (the home of
+# jax.shard_map), else jax.experimental.shard_map (imported only there: where
+# jax._src.shard_map exists, the experimental module is a deprecated alias).
+JAX_SHARD_MAP_IN_CORE = importlib.util.find_spec("jax._src.shard_map") is not None
+_jax_shard_map: Any = importlib.import_module(
+    "jax._src.shard_map" if JAX_SHARD_MAP_IN_CORE else "jax.experimental.shard_map")
+
+# The PRNG internals: jax._src.prng, or jax._src.random.prng where random is a package.
+prng: Any = importlib.import_module(
+    "jax._src.prng" if importlib.util.find_spec("jax._src.prng") is not None
+    else "jax._src.random.prng")
+
+# The jit primitive (``jit_p``; formerly ``pjit_p``).
+jit_p: core.Primitive = getattr(pjit, "jit_p", None) or pjit.pjit_p  # type: ignore[attr-defined, unused-ignore]
 
 jax_shard_map_p: core.Primitive = _jax_shard_map.shard_map_p
-# The trace of JAX's eager shard_map bodies where ours may be bound (0.10; 0.6: none).
-jax_eager_trace_type: type | None = getattr(_jax_shard_map, "ShardMapTrace", None) if NEW_LINE else None
+# The trace of JAX's eager shard_map bodies where ours may be bound (only the
+# core shard_map's eager trace binds foreign shard_map-like primitives through it).
+jax_eager_trace_type: type | None = (getattr(_jax_shard_map, "ShardMapTrace", None)
+                                     if JAX_SHARD_MAP_IN_CORE else None)
 
-# 0.10's own debug-print primitive (0.6 prints through debug_callback).
+# JAX's own debug-print primitive where it has one (else prints go through debug_callback).
 debug_print_p: core.Primitive | None = getattr(debugging, "debug_print_p", None)
 
-# Primitives that exist on one line only (absent ones are simply not listed).
+# Primitives that exist on some releases only (absent ones are simply not listed).
 mesh_cast_prims: tuple[core.Primitive, ...] = tuple(
     p for p in (getattr(pjit, "mesh_cast_p", None), getattr(pjit, "reshard_p", None))
     if p is not None)
-# 0.6's jaxpr-form custom_vjp (only the untyped rewrite mode, a 0.6 mode, needs it).
+# The jaxpr-form custom_vjp (only the untyped rewrite mode needs it).
 custom_vjp_call_jaxpr_p: core.Primitive | None = getattr(cd, "custom_vjp_call_jaxpr_p", None)
 custom_vjp_prims: tuple[core.Primitive, ...] = tuple(
     p for p in (getattr(cd, "custom_vjp_call_jaxpr_p", None),
                 getattr(cd, "custom_vjp_call_p", None))
     if p is not None)
 
+# --- JAX's shard_map equation --------------------------------------------------
+
+# The params of JAX's staged shard_map equation, read off its lowering rule's
+# keyword parameters (everything after the context and the operands), e.g.
+# jaxpr, mesh, in_names, out_names, check_rep, rewrite, auto (experimental module);
+# jaxpr, mesh, in_specs, out_specs, check_vma, manual_axes | newly_manual_axes (core).
+EQN_PARAMS: tuple[str, ...] = _params(_jax_shard_map._shard_map_lowering)[2:]
+# The equation names its manual axes: "auto" (the complement), "manual_axes" (all
+# manual ones) or "newly_manual_axes" (only those not manual outside already).
+MANUAL_PARAM: str = next(p for p in ("newly_manual_axes", "manual_axes", "auto")
+                         if p in EQN_PARAMS)
+# The equation's check flag ("check_vma" or "check_rep").
+CHECK_PARAM: str = "check_vma" if "check_vma" in EQN_PARAMS else "check_rep"
+# The equation's specs: PartitionSpecs ("in_specs") or per-dimension axis-name dicts.
+EQN_HAS_SPECS = "in_specs" in EQN_PARAMS
+# A separate ``rewrite`` param (the efficient-transpose flag; else it equals the check).
+EQN_HAS_REWRITE = "rewrite" in EQN_PARAMS
+# Only the newly manual axes count as the region's own (nested regions are partial).
+COUNTS_NEWLY_MANUAL = MANUAL_PARAM == "newly_manual_axes"
+
 # --- public API conventions ------------------------------------------------------
 
+_PUBLIC_SHARD_MAP: Any = getattr(jax, "shard_map", None) or _jax_shard_map.shard_map
+_PUBLIC_PARAMS = _params(_PUBLIC_SHARD_MAP)
 # The check flag's public name, as error messages spell it.
-CHECK_ARG = "check_vma" if NEW_LINE else "check_rep"
-# 0.10: a fully manual shard_map over Explicit axes takes inputs only as in_specs
-# shard them (0.6 reshards them).
-INPUTS_MUST_MATCH_EXPLICIT_SPECS = NEW_LINE
+CHECK_ARG = "check_vma" if "check_vma" in _PUBLIC_PARAMS else "check_rep"
+
+# Avals carry a ManualAxisType (varying, unreduced, reduced axes); else just ``vma``.
+AVALS_HAVE_MANUAL_AXIS_TYPE = hasattr(core, "ManualAxisType")
+# A fully manual shard_map over Explicit axes takes inputs only as in_specs shard them
+# (older ones reshard them): arrived with ManualAxisType avals.
+INPUTS_MUST_MATCH_EXPLICIT_SPECS = AVALS_HAVE_MANUAL_AXIS_TYPE
 
 
 def without_size_one_axes(spec: Any, mesh: Any) -> Any:
-  """``spec`` as 0.10 types it: size-1 mesh axes dropped where its config says so."""
-  if NEW_LINE and config.remove_size_one_mesh_axis_from_type.value:  # type: ignore[attr-defined, unused-ignore]
-    from jax._src.named_sharding import remove_size_one_mesh_axis  # type: ignore[attr-defined, unused-ignore]
-    return remove_size_one_mesh_axis(spec, mesh)
+  """``spec`` as JAX types it: size-1 mesh axes dropped where its shard_map does so
+  (``jax_remove_size_one_mesh_axis_from_type``, where JAX's shard_map reads it)."""
+  drop = getattr(_jax_shard_map, "remove_size_one_mesh_axis", None)
+  if drop is not None and config.remove_size_one_mesh_axis_from_type.value:  # type: ignore[attr-defined, unused-ignore]
+    return drop(spec, mesh)
   return spec
 
 
-# A residual replicated along every axis: spec P() on 0.10, {0: ()} on 0.6.
-RESIDUAL_SPEC_OMITS_UNSPLIT_DIM = NEW_LINE
-# Error messages in 0.10's vocabulary (manual / varying axes, `jax.shard_map`).
-WORDING_0_10 = NEW_LINE
-# 0.10 rejects spec entries naming axes outside the mesh up front.
-SPECS_NAME_MESH_AXES_ONLY = NEW_LINE
-# 0.10 runs partially manual shard_maps eagerly; 0.6 asks for an enclosing jit.
-EAGER_PARTIAL_AUTO = NEW_LINE
-# 0.10 runs call primitives (core.call, closed_call) inside an eager body; 0.6 refuses.
-EAGER_INLINES_CALLS = NEW_LINE
-# 0.6 also takes a thunk for out_specs (resolved once the body is traced).
-OUT_SPECS_MAY_BE_THUNKS = not NEW_LINE
-# 0.10 reads in_specs=None as "no argument is mapped"; 0.6 rejects it.
-IN_SPECS_NONE_MEANS_UNMAPPED = NEW_LINE
-# 0.10's shard_map names its body's results result[i] by flat position.
-BODY_RESULTS_BY_FLAT_INDEX = NEW_LINE
-# 0.10 rejects a mesh argument that differs from the context mesh (jax.set_mesh).
-CONTEXT_MESH_MUST_MATCH = NEW_LINE
-# JAX's Infer (0.10): the in_specs default asking for inference.
+# A residual replicated along every axis: spec P() where equations carry
+# PartitionSpecs, {0: ()} where they carry axis-name dicts.
+RESIDUAL_SPEC_OMITS_UNSPLIT_DIM = EQN_HAS_SPECS
+# Error messages in the core shard_map's vocabulary (axes "marked as manual", outputs
+# "only varying across", `jax.shard_map`); else the experimental module's.
+WORDING_CORE = JAX_SHARD_MAP_IN_CORE
+# Divisibility errors name "the passed args" (else "args"): the wording of the core
+# shard_maps that no longer carry the pmap-on-shard_map prototype (``_prepare_pmap``).
+PASSED_ARGS_WORDING = JAX_SHARD_MAP_IN_CORE and not hasattr(_jax_shard_map, "_prepare_pmap")
+# Spec entries naming axes outside the mesh are rejected up front (core shard_map).
+SPECS_NAME_MESH_AXES_ONLY = JAX_SHARD_MAP_IN_CORE
+# The core shard_map runs partially manual shard_maps eagerly; the experimental one
+# asks for an enclosing jit.
+EAGER_PARTIAL_AUTO = JAX_SHARD_MAP_IN_CORE
+
+
+def _eager_trace_refuses_calls() -> bool:
+  """Whether JAX's eager shard_map trace refuses call primitives (core.call,
+  closed_call): asked of its ``process_call``, which then raises before looking at
+  its arguments (one that runs the call fails on the empty ones instead)."""
+  trace_type = getattr(_jax_shard_map, "ShardMapTrace", None)
+  if trace_type is None:
+    return True
+  try:
+    trace_type.process_call(None, None, None, (), {})
+  except NotImplementedError:
+    return True
+  except Exception:  # noqa: BLE001  (it went on to run the call)
+    return False
+  return False
+
+
+# Call primitives (core.call, closed_call) run inside an eager body (else refused).
+EAGER_INLINES_CALLS = not _eager_trace_refuses_calls()
+# out_specs may be a thunk (resolved once the body is traced) where JAX's shard_map
+# still threads an out-specs thunk through its bind (``out_specs_thunk``/``out_names_thunk``).
+OUT_SPECS_MAY_BE_THUNKS = bool({"out_specs_thunk", "out_names_thunk"}
+                               & set(_params(_jax_shard_map._shard_map_staging)))
+# in_specs=None reads as "no argument is mapped" (the core shard_map; else rejected).
+IN_SPECS_NONE_MEANS_UNMAPPED = JAX_SHARD_MAP_IN_CORE
+# The body's results are named result[i] by flat position (where the staging rule
+# no longer threads an out-specs thunk, i.e. traces the body from flat values).
+BODY_RESULTS_BY_FLAT_INDEX = not OUT_SPECS_MAY_BE_THUNKS and JAX_SHARD_MAP_IN_CORE
+# A mesh argument that differs from the context mesh (jax.set_mesh) is rejected.
+CONTEXT_MESH_MUST_MATCH = JAX_SHARD_MAP_IN_CORE
+# JAX's Infer: the in_specs default asking for inference.
 INFER_SENTINEL: Any = getattr(_jax_shard_map, "Infer", object())
 
-# --- the replication / varying-manual-axes check flag ------------------------
+# --- PartitionSpecs ------------------------------------------------------------
 
 def spec_entries(spec: Any) -> tuple:
-  """A PartitionSpec's per-dimension entries (0.10 refuses ``*spec`` once it has
-  unreduced/reduced axes; 0.6's has no ``partitions``)."""
-  return spec.partitions if NEW_LINE else tuple(spec)
+  """A PartitionSpec's per-dimension entries (newer ones refuse ``*spec`` once they
+  have unreduced/reduced axes and expose ``partitions``; older ones are tuples)."""
+  entries = getattr(spec, "partitions", None)
+  return tuple(spec) if entries is None else tuple(entries)
 
 
-# --- unreduced/reduced axes (0.10's partial-sum types; 0.6 has none) ----------
+# --- unreduced/reduced axes (partial-sum types; absent on older releases) ------
 
 NO_AXES: frozenset = frozenset()
+# PartitionSpecs carry unreduced/reduced axes.
+SPECS_HAVE_PARTIAL_SUMS = hasattr(PartitionSpec(), "unreduced")
 
 
 def spec_partial_sums(spec: Any) -> tuple[frozenset, frozenset]:
-  """A PartitionSpec's (unreduced, reduced) axes (always empty on 0.6)."""
+  """A PartitionSpec's (unreduced, reduced) axes (always empty where it has none)."""
   return (frozenset(getattr(spec, "unreduced", NO_AXES)),
           frozenset(getattr(spec, "reduced", NO_AXES)))
 
 
 def with_spec_partial_sums(spec: Any, unreduced: frozenset, reduced: frozenset) -> Any:
-  """``spec`` with its unreduced/reduced axes replaced (0.6 only takes none)."""
+  """``spec`` with its unreduced/reduced axes replaced."""
   if spec_partial_sums(spec) == (unreduced, reduced):
     return spec
-  assert NEW_LINE, "jax 0.6 PartitionSpecs have no unreduced/reduced axes"
+  assert SPECS_HAVE_PARTIAL_SUMS, "this jax's PartitionSpecs have no unreduced/reduced axes"
   return spec.update(unreduced=unreduced, reduced=reduced)
 
 
 def partial_sums_of(aval: Any) -> tuple[frozenset, frozenset]:
-  """A per-device value's (unreduced, reduced) manual axes (0.10's aval type)."""
+  """A per-device value's (unreduced, reduced) manual axes (ManualAxisType avals)."""
   mat = getattr(aval, "mat", None)
   if mat is None:
     return NO_AXES, NO_AXES
@@ -130,56 +209,72 @@ def partial_sums_of(aval: Any) -> tuple[frozenset, frozenset]:
 def cast_to_unreduced(x: Any, axes: tuple) -> Any:
   """Mark ``x`` (varying over ``axes``) as an unreduced partial sum over them."""
   from jax._src.lax import parallel as lax_parallel
-  return lax_parallel.vary_unreduced_cast(x, axes)  # type: ignore[attr-defined, unused-ignore]  # other JAX line
+  return lax_parallel.vary_unreduced_cast(x, axes)  # type: ignore[attr-defined, unused-ignore]  # newer JAX only
 
 
 def implicit_casts() -> bool:
-  """Whether shard_map casts outputs to what out_specs declare (0.10's jax_auto_pcast)."""
-  return config.auto_pcast.value if NEW_LINE else True  # type: ignore[attr-defined, unused-ignore]
+  """Whether shard_map casts outputs to what out_specs declare (``jax_auto_pcast``
+  where JAX has that flag; always otherwise)."""
+  flag = getattr(config, "auto_pcast", None)
+  return True if flag is None else bool(flag.value)
+
+
+# Cotangent types differ from tangent types (unreduced and reduced axes swap).
+_HAS_CT_AVALS = hasattr(core.ShapedArray, "to_ct_aval")
 
 
 def cotangent_aval(aval: Any) -> Any:
-  """The aval of a cotangent of a value typed ``aval`` (0.10 swaps its unreduced and
-  reduced axes: a reduced value's cotangent is an unreduced partial sum)."""
-  return aval.to_ct_aval() if NEW_LINE else aval.to_tangent_aval()
+  """The aval of a cotangent of a value typed ``aval`` (where JAX types cotangents
+  apart, a reduced value's cotangent is an unreduced partial sum)."""
+  return aval.to_ct_aval() if _HAS_CT_AVALS else aval.to_tangent_aval()
 
 
 def undefined_primal_aval(aval: Any) -> Any:
-  """What ``ad.UndefinedPrimal`` holds for an input typed ``aval`` (0.10: its cotangent's
-  type, which backward_pass checks the accumulated cotangent against)."""
-  return aval.to_ct_aval() if NEW_LINE else aval
+  """What ``ad.UndefinedPrimal`` holds for an input typed ``aval`` (its cotangent's
+  type where JAX types cotangents apart: backward_pass checks against it)."""
+  return aval.to_ct_aval() if _HAS_CT_AVALS else aval
+
+
+# --- the replication / varying-manual-axes check flag ------------------------
+
+# JAX's internal flag making collectives track varying axes: _check_vma or _check_rep.
+_CHECK_FLAG: Any = (config._check_vma if hasattr(config, "_check_vma")  # type: ignore[attr-defined, unused-ignore]
+                    else config._check_rep)  # type: ignore[attr-defined, unused-ignore]
 
 
 def check_flag(check: bool) -> contextlib.AbstractContextManager:
   """JAX's internal flag making collectives track varying axes (check_rep/check_vma)."""
-  return config._check_vma(check) if NEW_LINE else config._check_rep(check)  # type: ignore[attr-defined]
+  return _CHECK_FLAG(check)
 
 
 def check_flag_value() -> bool:
-  return (config._check_vma.value if NEW_LINE  # type: ignore[attr-defined, unused-ignore]
-          else config._check_rep.value)  # type: ignore[attr-defined, unused-ignore]
+  return bool(_CHECK_FLAG.value)
 
 
 def varying_axes_typed() -> bool:
   """Whether checked bodies type values with varying manual axes.
 
-  Optional on 0.6 (``jax_varying_axes_in_types``), always so on 0.10.
+  Optional where JAX has ``jax_varying_axes_in_types``, always so otherwise.
   """
-  return True if NEW_LINE else config.varying_axes_in_types.value  # type: ignore[attr-defined, unused-ignore]
+  flag = getattr(config, "varying_axes_in_types", None)
+  return True if flag is None else bool(flag.value)
 
 
 # --- avals --------------------------------------------------------------------
 
-# 0.10: a value entering a nested shard_map keeps varying over the enclosing
-# body's axes; 0.6 types it by the inner in_specs alone.
-SHARD_KEEPS_OUTER_VMA = NEW_LINE
+# JAX's shard_aval handler convention: (mesh, manual_axes, check_vma, spec, aval), or
+# (mesh, auto, check_rep, names, aval) in the experimental module's.
+_SHARD_HANDLER_TAKES_SPEC = "spec" in _params(core.shard_aval_handlers[core.ShapedArray])
+# A value entering a nested shard_map keeps varying over the enclosing body's axes
+# (the spec-taking handlers add the aval's own vma); else typed by in_specs alone.
+SHARD_KEEPS_OUTER_VMA = _SHARD_HANDLER_TAKES_SPEC
 
 
 def vma_of(aval: Any) -> frozenset:
   """The manual axes a per-device value may vary along (empty if untyped)."""
-  if NEW_LINE:
-    mat = getattr(aval, "mat", None)
-    return frozenset(mat.varying) if mat is not None else frozenset()
+  mat = getattr(aval, "mat", None)
+  if mat is not None:
+    return frozenset(mat.varying)
   return frozenset(getattr(aval, "vma", frozenset()))
 
 
@@ -187,24 +282,23 @@ def with_manual_type(aval: core.ShapedArray, vma: frozenset,
                      partial_sums: tuple[frozenset, frozenset], **updates: Any
                      ) -> core.ShapedArray:
   """``aval.update(**updates)`` with its varying manual axes set to ``vma`` and its
-  (unreduced, reduced) axes to ``partial_sums`` (0.6 types neither of the latter)."""
-  if NEW_LINE:
+  (unreduced, reduced) axes to ``partial_sums`` (where avals type them)."""
+  if AVALS_HAVE_MANUAL_AXIS_TYPE:
     unreduced, reduced = partial_sums
-    mat = core.ManualAxisType(varying=frozenset(vma), unreduced=unreduced,  # type: ignore[attr-defined, unused-ignore]  # other JAX line
+    mat = core.ManualAxisType(varying=frozenset(vma), unreduced=unreduced,  # type: ignore[attr-defined, unused-ignore]  # newer JAX only
                               reduced=reduced)
     return aval.update(manual_axis_type=mat, **updates)
-  assert not any(partial_sums), "jax 0.6 avals have no unreduced/reduced axes"
+  assert not any(partial_sums), "this jax's avals have no unreduced/reduced axes"
   return aval.update(vma=frozenset(vma), **updates)
 
 
 def call_shard_handler(handler: Callable, mesh: Any, auto: frozenset, check: bool,
                        names: Any, spec: Any, aval: Any) -> Any:
-  """A ``core.shard_aval_handlers`` entry (e.g. refs), in its line's convention.
+  """A ``core.shard_aval_handlers`` entry (e.g. refs), in JAX's convention.
 
-  0.6: ``(mesh, auto, check_rep, names, aval)``;
-  0.10: ``(mesh, manual_axes, check_vma, spec, aval)``.
+  ``(mesh, auto, check_rep, names, aval)`` or ``(mesh, manual_axes, check_vma, spec, aval)``.
   """
-  if NEW_LINE:
+  if _SHARD_HANDLER_TAKES_SPEC:
     manual = frozenset(a for a in mesh.axis_names if a not in auto)
     return handler(mesh, manual, check, spec, aval)
   return handler(mesh, auto, check, names, aval)
@@ -212,18 +306,22 @@ def call_shard_handler(handler: Callable, mesh: Any, auto: frozenset, check: boo
 
 def call_unshard_handler(handler: Callable, mesh: Any, check: bool, names: Any, spec: Any,
                          aval: Any) -> Any:
-  """A ``core.unshard_aval_handlers`` entry: names (0.6) or spec (0.10)."""
-  return handler(mesh, check, spec if NEW_LINE else names, aval)
+  """A ``core.unshard_aval_handlers`` entry: names or spec, as the shard handlers."""
+  return handler(mesh, check, spec if _SHARD_HANDLER_TAKES_SPEC else names, aval)
 
 
 def vmapped_mesh_axes() -> frozenset:
-  """Mesh axes an enclosing vmap maps over explicitly (0.10; none on 0.6)."""
+  """Mesh axes an enclosing vmap maps over explicitly (none where JAX has no such vmap)."""
   env = core.get_axis_env()
   return frozenset(getattr(env, "explicit_mesh_axis_names", ()))
 
 
+# ``core.get_aval`` where JAX still has it, else its successor ``core.typeof``.
+_GET_AVAL: Callable[[Any], core.AbstractValue] = getattr(core, "get_aval", None) or core.typeof
+
+
 def get_aval(x: Any) -> core.AbstractValue:
-  return core.typeof(x) if NEW_LINE else core.get_aval(x)  # type: ignore[attr-defined, unused-ignore]
+  return _GET_AVAL(x)
 
 
 # --- binding a primitive whose first operand is a function -------------------
@@ -231,10 +329,10 @@ def get_aval(x: Any) -> core.AbstractValue:
 def eager_default_mesh() -> Any:
   """The concrete mesh an eager shard_map on an AbstractMesh starts from, or None.
 
-  0.10: the context mesh of ``jax.set_mesh`` (arguments' meshes still win);
-  0.6: none, the arguments must name it.
+  The core shard_map takes the context mesh of ``jax.set_mesh`` (arguments' meshes
+  still win); the experimental one: none, the arguments must name it.
   """
-  if not NEW_LINE:
+  if not JAX_SHARD_MAP_IN_CORE:
     return None
   from jax._src import mesh as mesh_lib
   found = mesh_lib.get_concrete_mesh()
@@ -242,11 +340,8 @@ def eager_default_mesh() -> Any:
 
 
 def split_bind(args: Sequence[Any], params: dict[str, Any]) -> tuple[Any, list, dict]:
-  """(body, operands, params) of a ``bind`` call in either line's convention.
-
-  0.6 passes the body as the first operand; 0.10's jaxpr interpreters pass it
-  as ``subfuns=(body,)``.
-  """
+  """(body, operands, params) of a ``bind`` call in either convention: the body as the
+  first operand, or as ``subfuns=(body,)`` (newer jaxpr interpreters)."""
   if "subfuns" in params:
     params = dict(params)
     body, = params.pop("subfuns")
@@ -254,9 +349,13 @@ def split_bind(args: Sequence[Any], params: dict[str, Any]) -> tuple[Any, list, 
   return args[0], list(args[1:]), params
 
 
+# Primitive.get_bind_params returns the params (with ``subfuns``) or (subfuns, params).
+_BIND_PARAMS_CARRY_SUBFUNS = isinstance(core.Primitive("probe").get_bind_params({}), dict)
+
+
 def bind_params_of(body: Any, bind_params: dict[str, Any]) -> Any:
   """What ``Primitive.get_bind_params`` returns for ``body`` and ``bind_params``."""
-  if NEW_LINE:
+  if _BIND_PARAMS_CARRY_SUBFUNS:
     return dict(bind_params, subfuns=(body,))
   return [body], bind_params
 
@@ -272,42 +371,53 @@ def bind_on_current_trace(rule: Callable[[core.Trace], Any]) -> Any:
 def trace_to_jaxpr(fun: Any, in_avals: Sequence[core.AbstractValue]
                    ) -> tuple[core.Jaxpr, list, list]:
   """(jaxpr, out avals, consts) of ``fun`` (an ``lu.WrappedFun``)."""
-  traced = pe.trace_to_jaxpr_dynamic(fun, list(in_avals))
-  if not NEW_LINE:
-    jaxpr, out_avals, consts, attrs = traced  # type: ignore[misc, unused-ignore]
+  traced: Any = pe.trace_to_jaxpr_dynamic(fun, list(in_avals))
+  if len(traced) == 4:  # older JAX also returns the jax attrs the body mutated
+    jaxpr, out_avals, consts, attrs = traced
     if attrs:
       raise NotImplementedError("shard_map bodies may not mutate jax attrs")
     return jaxpr, out_avals, consts
-  jaxpr, out_avals, consts = traced  # type: ignore[misc, unused-ignore]
+  jaxpr, out_avals, consts = traced
   return jaxpr, out_avals, consts
 
 
+_TRACER_TAKES_SOURCE_INFO = "source_info" in _params(pe.DynamicJaxprTrace.to_jaxpr_tracer)
+_canonicalize_value: Callable[[Any], Any] | None = getattr(dtypes, "canonicalize_value", None)
+
+
 def to_jaxpr_tracer(trace: pe.DynamicJaxprTrace, x: Any, source_info: Any) -> Any:
-  if NEW_LINE:  # 0.10 stages only canonical constants (no raw numpy arrays)
-    if not isinstance(x, core.Tracer):
-      x = dtypes.canonicalize_value(x)  # type: ignore[attr-defined, unused-ignore]  # other JAX line
+  if _TRACER_TAKES_SOURCE_INFO:
+    if _canonicalize_value is not None and not isinstance(x, core.Tracer):
+      x = _canonicalize_value(x)  # stage only canonical constants (no raw numpy arrays)
     return trace.to_jaxpr_tracer(x, source_info)  # type: ignore[call-arg, unused-ignore]
-  return trace.to_jaxpr_tracer(x)
+  return trace.to_jaxpr_tracer(x)  # type: ignore[call-arg, unused-ignore]
+
+
+_HAS_EMIT_EQN = hasattr(pe.DynamicJaxprTrace, "emit_eqn")
 
 
 def emit_eqn(trace: pe.DynamicJaxprTrace, in_tracers: Sequence[Any],
              out_avals: Sequence[core.AbstractValue], prim: core.Primitive,
              params: dict[str, Any], effects: Any, source_info: Any) -> list:
   """Add one equation to ``trace``'s jaxpr; returns its output tracers."""
-  if NEW_LINE:
+  if _HAS_EMIT_EQN:
     return trace.emit_eqn(list(in_tracers), list(out_avals), prim, params,  # type: ignore[attr-defined, unused-ignore]
                           effects, source_info)
   outs = [pe.DynamicJaxprTracer(trace, a, source_info) for a in out_avals]
   eqn = pe.new_jaxpr_eqn([trace.getvar(t) for t in in_tracers],  # type: ignore[attr-defined, unused-ignore]
                          [trace.makevar(t) for t in outs], prim, params,  # type: ignore[attr-defined, unused-ignore]
                          effects, source_info)
-  trace.frame.add_eqn(eqn)
+  trace.frame.add_eqn(eqn)  # type: ignore[arg-type, unused-ignore]
   return outs
+
+
+# Effects keyed by a body's input positions (core.positional_effects / eqn_effects).
+_POSITIONAL_EFFECTS = hasattr(core, "positional_effects")
 
 
 def body_effects(jaxpr: core.Jaxpr, axis_names: Sequence[Any]) -> Any:
   """The effects a shard_map equation with this body has outside."""
-  effects = core.positional_effects(jaxpr) if NEW_LINE else jaxpr.effects  # type: ignore[attr-defined, unused-ignore]
+  effects = core.positional_effects(jaxpr) if _POSITIONAL_EFFECTS else jaxpr.effects  # type: ignore[attr-defined, unused-ignore]
   return core.filter_named_axis_effects(effects, axis_names)
 
 
@@ -318,67 +428,83 @@ def no_context() -> Iterator[None]:
 
 # --- lowering -------------------------------------------------------------------
 
-# On 0.10 a Shardy manual computation takes the dimension variables, effect
-# tokens and hoisted jaxpr constants as leading region arguments; on 0.6 the
-# region sees dimension variables from outside and threads no tokens.
-SHARDY_REGION_THREADS_STATE = NEW_LINE
+_SUBCOMP_PARAMS = _params(mlir.jaxpr_subcomp)
+_CALL_LOWERING_PARAMS = _params(mlir.call_lowering)
+# Lowering threads jaxpr constants (``const_lowering``): a Shardy manual computation
+# then takes the dimension variables, effect tokens and hoisted jaxpr constants as
+# leading region arguments; else the region sees dimension variables from outside
+# and threads no tokens.
+SHARDY_REGION_THREADS_STATE = "const_lowering" in _SUBCOMP_PARAMS
 
 
 def ir_type(module_ctx: Any, aval: core.AbstractValue) -> Any:
-  if NEW_LINE:
+  if "ctx" in _params(mlir.aval_to_ir_type):
     return mlir.aval_to_ir_type(module_ctx, aval)  # type: ignore[call-arg, unused-ignore]
-  return mlir.aval_to_ir_type(aval)  # type: ignore[call-arg, unused-ignore]
+  return mlir.aval_to_ir_type(aval)  # type: ignore[call-arg, arg-type, unused-ignore]
 
 
 def jaxpr_constants(jaxpr: core.Jaxpr) -> list[tuple[Any, core.AbstractValue]]:
-  """Large constants held in the jaxpr's literals, lowered as arguments (0.10)."""
-  return list(core.jaxpr_const_args(jaxpr)) if NEW_LINE else []  # type: ignore[attr-defined, unused-ignore]
+  """Large constants held in the jaxpr's literals, lowered as arguments (where
+  lowering threads constants)."""
+  if not SHARDY_REGION_THREADS_STATE:
+    return []
+  return list(core.jaxpr_const_args(jaxpr))  # type: ignore[attr-defined, unused-ignore]
 
 
 def lower_inline(ctx: Any, module_ctx: Any, jaxpr: core.Jaxpr, tokens: Any,
                  args: Sequence[Any], *, dim_var_values: Sequence[Any],
                  const_lowering: dict | None = None) -> tuple[Sequence[Any], Any]:
   """``jaxpr`` lowered in place (inside the current insertion point)."""
-  if NEW_LINE:
-    return mlir.jaxpr_subcomp(  # type: ignore[call-arg, unused-ignore]  # other JAX line
-        module_ctx, jaxpr, ctx.name_stack, tokens, (), *args, dim_var_values=dim_var_values,
-        const_lowering=ctx.const_lowering if const_lowering is None else const_lowering,
-        outer_traceback=None)
-  return mlir.jaxpr_subcomp(module_ctx, jaxpr, ctx.name_stack, tokens, (), *args,
-                            dim_var_values=dim_var_values)
+  extra: dict[str, Any] = {}
+  if "const_lowering" in _SUBCOMP_PARAMS:
+    extra["const_lowering"] = ctx.const_lowering if const_lowering is None else const_lowering
+  if "outer_traceback" in _SUBCOMP_PARAMS:
+    extra["outer_traceback"] = None
+  subcomp: Any = mlir.jaxpr_subcomp  # its keywords differ per release
+  return subcomp(module_ctx, jaxpr, ctx.name_stack, tokens, (), *args,
+                 dim_var_values=dim_var_values, **extra)
 
 
 def lower_call(ctx: Any, name: str, jaxpr: core.Jaxpr, module_ctx: Any,
                avals_in: Sequence[Any], avals_out: Sequence[Any], args: Sequence[Any],
                arg_names: Sequence[str], result_names: Sequence[str]) -> tuple[Any, Any]:
   """``jaxpr`` lowered as a called function ``name``; (outputs, tokens out)."""
-  # Closed here, not by pe.close_jaxpr (which 0.6's call_lowering applies to a bare
+  # Closed here, not by pe.close_jaxpr (which older call_lowerings apply to a bare
   # Jaxpr): that cache is keyed weakly on the jaxpr but its value holds the jaxpr, so
   # every body ever lowered would stay alive until evicted (~27 KB per fresh pmap).
   closed = core.ClosedJaxpr(jaxpr, ())
-  if NEW_LINE:
-    return mlir.call_lowering(  # type: ignore[call-arg, unused-ignore]  # other JAX line
-        name, closed, None, module_ctx, avals_in, avals_out, ctx.tokens_in,  # type: ignore[arg-type, unused-ignore]  # other JAX line
-        *args, dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
-        arg_names=list(arg_names), result_names=list(result_names))
-  return mlir.call_lowering(
-      name, ctx.name_stack, closed, None, module_ctx, avals_in, avals_out, ctx.tokens_in,
-      *args, dim_var_values=ctx.dim_var_values, arg_names=list(arg_names),
-      result_names=list(result_names))
+  call: Any = mlir.call_lowering  # its parameters differ per release
+  extra: dict[str, Any] = {}
+  if "const_lowering" in _CALL_LOWERING_PARAMS:
+    extra["const_lowering"] = ctx.const_lowering
+  lead = (name, ctx.name_stack) if "name_stack" in _CALL_LOWERING_PARAMS else (name,)
+  return call(*lead, closed, None, module_ctx, avals_in, avals_out, ctx.tokens_in,
+              *args, dim_var_values=ctx.dim_var_values, arg_names=list(arg_names),
+              result_names=list(result_names), **extra)
+
+
+_SDY_LIST: Any = (getattr(sharding_impls, "SdyArrayList", None)
+                  or sharding_impls.SdyArrayShardingList)  # type: ignore[attr-defined, unused-ignore]
+_SDY_LIST_BUILD_TAKES_CACHE = "cache" in _params(_SDY_LIST.build)
 
 
 def build_sdy_shardings(module_ctx: Any, shardings: Sequence[Any]) -> Any:
   """The attribute listing one Shardy sharding per operand/result."""
-  if NEW_LINE:
-    return sharding_impls.SdyArrayList(tuple(shardings)).build(  # type: ignore[attr-defined, unused-ignore]
-        module_ctx.sharding_attr_cache)
-  return sharding_impls.SdyArrayShardingList(list(shardings)).build()  # type: ignore[attr-defined, unused-ignore]
+  listed = _SDY_LIST(tuple(shardings) if _SDY_LIST_BUILD_TAKES_CACHE else list(shardings))
+  if _SDY_LIST_BUILD_TAKES_CACHE:
+    return listed.build(module_ctx.sharding_attr_cache)
+  return listed.build()
+
+
+# NamedSharding marks axes manual outside by a private argument (older) or through
+# its abstract mesh's axis types.
+_NAMED_SHARDING_MANUAL_AXES_ARG = hasattr(jax.sharding.NamedSharding, "_manual_axes")
 
 
 def region_sharding(mesh: Any, spec: Any, outer_manual: frozenset) -> Any:
   """The NamedSharding of a region operand, axes manual outside marked so."""
   from jax.sharding import NamedSharding
-  if NEW_LINE:
+  if not _NAMED_SHARDING_MANUAL_AXES_ARG:
     from jax._src.mesh import AxisType
     abstract = mesh.abstract_mesh
     if outer_manual:
@@ -388,35 +514,54 @@ def region_sharding(mesh: Any, spec: Any, outer_manual: frozenset) -> Any:
 
 
 def gspmd_conversion_axes(manual: frozenset, newly_manual: Sequence[Any]) -> Any:
-  """The axes whose total size decides whether GSPMD converts to/from manual.
-
-  0.6 counts every manual axis of the region, 0.10 only those it makes manual.
-  """
-  return newly_manual if NEW_LINE else manual
+  """The axes whose total size decides whether GSPMD converts to/from manual: those
+  the equation names (newly manual ones, or every manual axis of the region)."""
+  return newly_manual if COUNTS_NEWLY_MANUAL else manual
 
 
-def region_is_partial(mesh: Any, auto: frozenset, newly_manual: frozenset) -> bool:
+def region_is_partial(mesh: Any, auto: frozenset, newly_manual: frozenset, *,
+                      shardy: bool) -> bool:
   """Whether a region leaves array dimensions open to the compiler.
 
-  0.6 does so where the shard_map has auto axes; 0.10 wherever the region
-  itself makes fewer than all mesh axes manual (also nested in another).
+  Where the shard_map has auto axes, in the experimental module (equations naming
+  ``auto``) and in GSPMD regions of equations naming all their ``manual_axes``;
+  otherwise (Shardy there, everything where equations name ``newly_manual_axes``)
+  wherever the region itself makes fewer than all mesh axes manual (also nested in
+  another).
   """
-  return len(newly_manual) < len(mesh.axis_names) if NEW_LINE else bool(auto)
+  if MANUAL_PARAM == "auto" or (MANUAL_PARAM == "manual_axes" and not shardy):
+    return bool(auto)
+  return len(newly_manual) < len(mesh.axis_names)
+
+
+_SDY_OPEN_WRT_AXIS_TYPES = "modify_wrt_axis_types" in _params(
+    jax.sharding.NamedSharding._to_sdy_sharding)
 
 
 def sdy_region_sharding(sharding: Any, ndim: int, partially_manual: bool) -> Any:
-  """Shardy sharding of a region operand; auto axes may shard open dimensions."""
-  if NEW_LINE:
+  """Shardy sharding of a region operand; auto axes may shard open dimensions.
+
+  Newer JAX opens them itself (``modify_wrt_axis_types``); where the sharding lists
+  ``dim_shardings``, JAX's shard_map opens every dimension of a partially manual
+  region, where it lists ``dimension_shardings`` only those not sharded already.
+  """
+  if _SDY_OPEN_WRT_AXIS_TYPES:
     return sharding._to_sdy_sharding(ndim, modify_wrt_axis_types=partially_manual)
   result = sharding._to_sdy_sharding(ndim)
   if partially_manual:
-    for dim in result.dimension_shardings:
-      if not dim.axes:
+    dims = getattr(result, "dim_shardings", None)
+    open_all = dims is not None
+    for dim in (result.dimension_shardings if dims is None else dims):
+      if open_all or not dim.axes:
         dim.is_open = True  # let the compiler shard auto axes here
   return result
 
 
 # --- transformation rules (autodiff, partial eval, DCE, discharge, vmap) ------
+
+# JAX's LinearizeTrace knows whether it feeds a VJP (threaded into linearize_subtrace).
+_LINEARIZE_THREADS_IS_VJP = "is_vjp" in _params(ad.LinearizeTrace.__init__)
+
 
 def linearize_subtrace(fun: Any, trace: Any, nonzero_in: Sequence[bool],
                        debug_info: core.DebugInfo) -> tuple[Any, Callable]:
@@ -424,20 +569,22 @@ def linearize_subtrace(fun: Any, trace: Any, nonzero_in: Sequence[bool],
 
   The primal fun returns the non-forwarded residuals, then the primal outputs;
   aux is ``(res_avals, nonzero_out, lin_jaxpr, env, in_fwd, out_fwd)``.
-  0.10 also threads whether the linearization feeds a VJP.
   """
-  from jax._src.interpreters import ad
-  if NEW_LINE:
-    return ad.linearize_subtrace(fun, trace.is_vjp, trace.tag, nonzero_in, debug_info)
-  return ad.linearize_subtrace(fun, trace.tag, nonzero_in, debug_info)
+  linearize: Any = ad.linearize_subtrace  # its parameters differ per release
+  if _LINEARIZE_THREADS_IS_VJP:
+    return linearize(fun, trace.is_vjp, trace.tag, nonzero_in, debug_info)
+  return linearize(fun, trace.tag, nonzero_in, debug_info)
+
+
+_RECIPE_TAKES_TRACE = "trace" in _params(pe.new_eqn_recipe)
 
 
 def new_eqn_recipe(trace: pe.JaxprTrace, in_tracers: Sequence[Any], out_tracers: Sequence[Any],
                    prim: core.Primitive, params: dict[str, Any], effects: Any,
                    source_info: Any) -> Any:
-  """A partial-eval equation recipe (0.10 also takes the trace)."""
-  make: Any = pe.new_eqn_recipe  # its signature differs per line
-  if NEW_LINE:
+  """A partial-eval equation recipe (newer ones also take the trace)."""
+  make: Any = pe.new_eqn_recipe  # its signature differs per release
+  if _RECIPE_TAKES_TRACE:
     return make(trace, in_tracers, out_tracers, prim, params, effects, source_info)
   return make(in_tracers, out_tracers, prim, params, effects, source_info)
 
@@ -445,18 +592,18 @@ def new_eqn_recipe(trace: pe.JaxprTrace, in_tracers: Sequence[Any], out_tracers:
 def eqn_effects(jaxpr: core.Jaxpr, invars: Sequence[Any], axis_names: Sequence[Any]) -> Any:
   """Effects of an equation applying body ``jaxpr`` to ``invars`` (for ``new_jaxpr_eqn``).
 
-  0.10 keys input effects by the body's positions and resolves them to the
-  equation's operands; 0.6 uses the body's effects as they are.
+  Input effects keyed by the body's positions are resolved to the equation's operands
+  where JAX keys them so; else the body's effects are used as they are.
   """
-  effects = core.eqn_effects(jaxpr, invars) if NEW_LINE else jaxpr.effects  # type: ignore[attr-defined, unused-ignore]
+  effects = core.eqn_effects(jaxpr, invars) if _POSITIONAL_EFFECTS else jaxpr.effects  # type: ignore[attr-defined, unused-ignore]
   return core.filter_named_axis_effects(effects, axis_names)
 
 
 def discharge_state(jaxpr: core.Jaxpr) -> tuple[core.Jaxpr, list]:
   """``jaxpr`` with its ref inputs discharged: (pure jaxpr, its constants)."""
   from jax._src.state import discharge
-  discharge_fn: Any = discharge.discharge_state  # its signature differs per line
-  if NEW_LINE:
+  discharge_fn: Any = discharge.discharge_state  # its signature differs per release
+  if "closed_jaxpr" in _params(discharge_fn):
     closed = discharge_fn(core.ClosedJaxpr(jaxpr, ()))
     return closed.jaxpr, list(closed.consts)
   body, consts = discharge_fn(jaxpr, ())
@@ -464,35 +611,46 @@ def discharge_state(jaxpr: core.Jaxpr) -> tuple[core.Jaxpr, list]:
 
 
 def ragged_batch_dims() -> tuple[type, ...]:
-  """Batch-dimension types for ragged vmap (0.6 only; 0.10 removed them)."""
-  from jax._src.interpreters import batching
-  if NEW_LINE:
-    return ()
-  return (batching.RaggedAxis,)
+  """Batch-dimension types for ragged vmap (where JAX still has them)."""
+  ragged = getattr(batching, "RaggedAxis", None)
+  return () if ragged is None else (ragged,)
+
+
+# vmap over Explicit mesh axes hides them from the body (core.remove_explicit_mesh_axis_names);
+# where JAX cannot, its shard_map ignores them.
+_VMAP_HIDES_EXPLICIT_AXES = hasattr(core, "remove_explicit_mesh_axis_names")
+# JAX's axis environment tracks the mesh axes a vmap spent (explicit_mesh_axis_names):
+# shard_map's errors then name the mesh's axes without them (as a set).
+VMAPPED_AXES_LEAVE_MESH = hasattr(core.get_axis_env(), "explicit_mesh_axis_names")
 
 
 def explicit_vmap_axes(axis_data: Any) -> tuple | None:
-  """Explicit mesh axes a vmap maps over (0.10; None on 0.6, whose shard_map ignores them)."""
-  return axis_data.explicit_mesh_axis if NEW_LINE else None
+  """Explicit mesh axes a vmap maps over (None where JAX's shard_map ignores them)."""
+  return axis_data.explicit_mesh_axis if _VMAP_HIDES_EXPLICIT_AXES else None
 
 
 def without_explicit_mesh_axes(axes: tuple | None) -> contextlib.AbstractContextManager:
-  """Context hiding the vmapped-away explicit mesh ``axes`` (0.10)."""
-  if NEW_LINE and axes:
+  """Context hiding the vmapped-away explicit mesh ``axes``."""
+  if _VMAP_HIDES_EXPLICIT_AXES and axes:
     return core.remove_explicit_mesh_axis_names(axes)  # type: ignore[attr-defined, unused-ignore]
   return no_context()
+
+
+# Derived bodies may leave their argument names and result paths unknown.
+_HAS_UNKNOWN_NAMES = hasattr(lu.WrappedFun, "with_unknown_names")
 
 
 def name_derived_body(fun: Any, rename: Callable[[Any], Any]) -> Any:
   """A body derived from a user's (jvp, linearize, partial eval, transpose half).
 
-  0.6's shard_map traces it under names derived from the user's (``rename``);
-  0.10's leaves its argument names and result paths unknown, which tracing
-  errors then report as such.
+  Older shard_maps trace it under names derived from the user's (``rename``); newer
+  ones leave its argument names and result paths unknown, which tracing errors then
+  report as such.
   """
-  return fun.with_unknown_names() if NEW_LINE else rename(fun)
+  return fun.with_unknown_names() if _HAS_UNKNOWN_NAMES else rename(fun)
 
 
-# 0.10's ad.backward_pass evaluates a jaxpr's non-linear equations itself; on
-# 0.6 the linear part must be split off (partial evaluation) first.
-BACKWARD_PASS_EVALUATES_NONLINEAR = NEW_LINE
+# ad.backward_pass evaluates a jaxpr's non-linear equations itself (its accumulator
+# form, whose cotangent argument is ``cts_in``); else the linear part must be split
+# off (partial evaluation) first.
+BACKWARD_PASS_EVALUATES_NONLINEAR = "cts_in" in _params(ad.backward_pass)

@@ -50,7 +50,8 @@ class _Region:
     self.manual = frozenset(manual_axes_of(mesh, auto))
     # Made manual here (not already in an enclosing region), in mesh order.
     self.newly = [a for a in mesh.axis_names if a in self.manual and a not in self.outer_manual]
-    self.partial = region_is_partial(mesh, auto, frozenset(self.newly))
+    self.partial = region_is_partial(mesh, auto, frozenset(self.newly), shardy=False)
+    self.sdy_partial = region_is_partial(mesh, auto, frozenset(self.newly), shardy=True)
     # JAX annotates SPMDAxisContext and manual_proto with Mesh; an AbstractMesh works too.
     self.body_ctx = ctx.module_context.replace(
         axis_context=sharding_impls.SPMDAxisContext(mesh, self.manual))  # type: ignore[arg-type]
@@ -101,7 +102,7 @@ class _Region:
 
   def sdy_sharding(self, names: AxisNames, aval: core.ShapedArray) -> Any:
     sharding, phys = self.global_sharding(names, aval)
-    return sdy_region_sharding(sharding, phys.ndim, self.partial)
+    return sdy_region_sharding(sharding, phys.ndim, self.sdy_partial)
 
 
 def _dim_labels(names: dict, aval: core.AbstractValue) -> str:

@@ -1,6 +1,8 @@
-"""shard_map_impl and pmap_compat run on jax 0.6.0 and 0.10.2: `pip install` next to either
-keeps it, and on any other release both packages stop at import naming the supported
-ones (pmap_compat.testing still imports there)."""
+"""shard_map_impl and pmap_compat run on every jax release from 0.6.0 (the first with
+varying-manual-axes types) to 0.10.2: `pip install` next to the two the suite runs on in
+full keeps them, shard_map_impl imports on the others, and on a JAX without those types
+both packages stop at import naming the nearest release they run on (pmap_compat.testing
+still imports there)."""
 from __future__ import annotations
 
 import json
@@ -11,13 +13,14 @@ import tomllib
 import jax
 import pytest
 
-from shard_map_impl.supported_jax import SUPPORTED
+from shard_map_impl.supported_jax import OLDEST, SUPPORTED, TESTED
 from support.venvs import LEGACY, NEWEST, OLDER, ROOT, python_for, run_python
 
 
 def test_the_supported_lines_are_the_ones_the_suite_runs_on():
   assert SUPPORTED == (LEGACY, NEWEST)
   assert jax.__version__ in SUPPORTED
+  assert TESTED[0] == OLDEST == LEGACY and TESTED[-1] == NEWEST
 
 
 def declared_dependencies() -> list[str]:
@@ -53,16 +56,29 @@ def test_both_packages_import_on_the_newest_line(statement):
   assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("version", OLDER)
+# The older environments `make venvs` builds: those with varying-manual-axes types import
+# shard_map_impl, the others stop naming the nearest release that has them.
+IMPORTS = [v for v in OLDER if v in TESTED]
+STOPS = [v for v in OLDER if v not in TESTED]
+
+
+@pytest.mark.parametrize("version", IMPORTS)
+def test_shard_map_impl_imports_on_the_other_tested_releases(version):
+  proc = run_python(version, ["-c", "import shard_map_impl; print(shard_map_impl.shard_map)"],
+                    timeout=120)
+  assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("version", STOPS)
 @pytest.mark.parametrize("statement", ["import shard_map_impl", "from pmap_compat import pmap",
                                        "import pmap_compat; pmap_compat.patched"])
-def test_other_jax_fails_at_import_naming_the_supported_releases(version, statement):
+def test_jax_without_varying_axes_types_fails_at_import_naming_the_nearest(version, statement):
   proc = run_python(version, ["-c", statement], timeout=120)
   assert proc.returncode != 0
   last = proc.stderr.strip().splitlines()[-1]
-  assert last.startswith("ImportError: shard_map_impl and pmap_compat support jax "
-                         f"{LEGACY} and {NEWEST}"), proc.stderr
-  assert f"this is jax {version}" in last
+  assert last.startswith(f"ImportError: shard_map_impl and pmap_compat need jax {OLDEST} or "
+                         "newer"), proc.stderr
+  assert f"this is jax {version}" in last and f"Install jax=={OLDEST}" in last
 
 
 @pytest.mark.parametrize("version", [NEWEST, *OLDER])

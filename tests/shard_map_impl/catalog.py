@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has
 from reference import pvary
 
 lax = jax.lax
@@ -860,7 +860,7 @@ def nested_shard_map_other_axis(sm, mesh):
   others = frozenset(n for n in mesh.axis_names if n != a)
   def inner(x):
     # 0.10 requires the inner mesh to be the (partly manual) context mesh.
-    inner_mesh = mesh if on_legacy_line() else jax.sharding.get_abstract_mesh()
+    inner_mesh = mesh if not has("core_shard_map") else jax.sharding.get_abstract_mesh()
     return sm(lambda v: lax.psum(v, b), inner_mesh, in_specs=P(None, b), out_specs=P())(x)
   outer = sm(inner, mesh, in_specs=P(a), out_specs=P(a), auto=others)
   return outer, (arr(8, 4),)

@@ -1,9 +1,10 @@
 """JAX's own shard_map on the running JAX line: the reference ours is compared with.
 
-jax 0.6.0: ``jax.experimental.shard_map.shard_map``; jax 0.10.2: ``jax.shard_map``.
+``jax.experimental.shard_map.shard_map`` before JAX has ``jax.shard_map`` (0.6.0),
+``jax.shard_map`` from then on (0.6.2 and newer).
 ``jax_shard_map`` takes the 0.6 call form the test programs are written in
 (``f, mesh, in_specs, out_specs, check_rep=, auto=``) and translates it to
-``jax.shard_map``'s keywords on 0.10 (``check_vma``, ``axis_names``).
+``jax.shard_map``'s keywords where that is the reference (``check_vma``, ``axis_names``).
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import jax
 import pytest
 from jax._src import config
 
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has, requires
 
-LEGACY = on_legacy_line()
+# The reference is jax.experimental.shard_map (JAX has no jax.shard_map yet).
+LEGACY = not has("core_shard_map")
 
 if LEGACY:
   from jax.experimental.shard_map import shard_map as _experimental_shard_map
@@ -25,22 +27,23 @@ if LEGACY:
 else:
   from jax._src.shard_map import shard_map_p as jax_shard_map_p  # noqa: F401
 
-# Settings of jax_varying_axes_in_types a test can run under: 0.10 always types vma.
-VMA_MODES = (True, False) if LEGACY else (True,)
+# Settings of jax_varying_axes_in_types a test can run under (without the switch, JAX
+# always types vma).
+VMA_MODES = (True, False) if has("vma_switch") else (True,)
 # The check flag's keyword in JAX's shard_map, and in its error messages.
 CHECK_ARG = "check_rep" if LEGACY else "check_vma"
 
 
 def pvary(x: Any, axes: Any) -> Any:
-  """Mark ``x`` device-varying over ``axes`` (lax.pvary on 0.6, lax.pcast on 0.10)."""
-  if LEGACY:
+  """Mark ``x`` device-varying over ``axes`` (lax.pcast where JAX has it, else lax.pvary)."""
+  if not has("pcast"):
     return jax.lax.pvary(x, axes)
   return jax.lax.pcast(x, axes, to="varying")
 
 
 def use_mesh(mesh: Any) -> Any:
-  """The context mesh manager (jax.sharding.use_mesh on 0.6, jax.set_mesh on 0.10)."""
-  return jax.sharding.use_mesh(mesh) if LEGACY else jax.set_mesh(mesh)
+  """The context mesh manager (jax.set_mesh where JAX has it, else jax.sharding.use_mesh)."""
+  return jax.set_mesh(mesh) if has("set_mesh") else jax.sharding.use_mesh(mesh)
 
 
 def jax_shard_map(f: Callable, mesh: Any, in_specs: Any, out_specs: Any,
@@ -54,12 +57,12 @@ def jax_shard_map(f: Callable, mesh: Any, in_specs: Any, out_specs: Any,
 
 @contextlib.contextmanager
 def vma_mode(vma: bool) -> Iterator[None]:
-  """jax_varying_axes_in_types for one run (0.6 only; 0.10 has no switch)."""
-  if LEGACY:
+  """jax_varying_axes_in_types for one run (where JAX has the switch; else always on)."""
+  if has("vma_switch"):
     with config.varying_axes_in_types(vma):  # type: ignore[attr-defined]
       yield
   else:
-    assert vma, "jax 0.10 always types varying manual axes"
+    assert vma, "this jax always types varying manual axes"
     yield
 
 
@@ -71,6 +74,5 @@ def settings(shardy: bool, vma: bool) -> Iterator[None]:
 
 
 def vma_params(*values: bool) -> list:
-  """pytest params for a vma flag; vma-off runs are 0.6-only."""
-  return [pytest.param(v, marks=() if v else (pytest.mark.jax06_only(
-      reason="jax_varying_axes_in_types=False exists only on 0.6"),)) for v in values]
+  """pytest params for a vma flag; vma-off runs need the jax_varying_axes_in_types switch."""
+  return [pytest.param(v, marks=() if v else (requires("vma_switch"),)) for v in values]

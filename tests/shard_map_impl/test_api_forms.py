@@ -16,6 +16,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import shard_map_impl
 from support.compare import assert_trees_equal
+from support.jax_lines import requires
 from support.meshes import make_mesh
 
 lax = jax.lax
@@ -122,7 +123,7 @@ PROGRAMS = {
 JIT_ONLY = {"ref_operand"}
 
 
-@pytest.mark.jax010_only(reason="jax.shard_map's call form is JAX's own only from 0.10")
+@requires("core_shard_map", "its call form is the reference's own")
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_matches_jax_shard_map(name, jit):
@@ -179,7 +180,7 @@ def _nested_program(outer, inner):
   return outer(body, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x"), axis_names={"x"})
 
 
-@pytest.mark.jax010_only(reason="jax.shard_map (context-mesh nesting) is JAX's own from 0.10")
+@requires("core_shard_map", "context-mesh nesting with JAX's own")
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("outer,inner", [("ours", "jax"), ("jax", "ours"), ("ours", "ours")])
 def test_nested_with_jax_shard_map_either_way(outer, inner, jit):

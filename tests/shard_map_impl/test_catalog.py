@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest
 
+from support.jax_lines import requires
 from support.meshes import make_mesh
 from catalog import CASES
 from differential import compare_case
@@ -67,7 +68,7 @@ def _params():
     marks = () if _is_default(i, c, shape, mode, shardy, vma) else (pytest.mark.slow,)
     ident = f"{c.name}-{'x'.join(map(str, shape))}-{mode}-{_label(shardy, vma)}"
     if not vma:
-      marks += (pytest.mark.jax06_only(reason="jax_varying_axes_in_types=False exists only on 0.6"),)
+      marks += (requires("vma_switch"),)
     yield pytest.param(c, shape, mode, shardy, vma, id=ident, marks=marks)
 
 

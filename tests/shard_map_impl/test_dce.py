@@ -19,7 +19,7 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 
 import shard_map_impl
 from reference import jax_shard_map
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has
 from support.meshes import make_mesh
 
 IMPLS = {"jax": jax_shard_map, "ours": shard_map_impl.shard_map}
@@ -48,7 +48,7 @@ def nested(sm, mesh):
   The inner one names the full mesh on 0.6, the context mesh (x already
   manual) on 0.10, as each line's JAX requires."""
   def body(a, b):
-    inner_mesh = mesh if on_legacy_line() else jax.sharding.get_abstract_mesh()
+    inner_mesh = mesh if not has("core_shard_map") else jax.sharding.get_abstract_mesh()
     inner = sm(lambda v, w: (jnp.sin(v), jnp.cos(w) * 2), inner_mesh,
                in_specs=(P(), P()), out_specs=(P(), P()))
     s, c = inner(a, b)

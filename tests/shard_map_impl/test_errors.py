@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import shard_map_impl
 from reference import jax_shard_map
+from support.jax_lines import requires
 from support.meshes import make_mesh
 
 lax = jax.lax
@@ -93,8 +94,8 @@ ERRORS = {
 EAGER_ONLY = {"device_put_explicit_device"}
 # auto= naming an axis outside the mesh has no jax.shard_map (axis_names) spelling.
 LEGACY_FORM_ONLY = {"auto_not_subset"}
-CASES = [pytest.param(n, m, marks=[pytest.mark.jax06_only(
-             reason="auto= outside the mesh has no jax.shard_map spelling")]
+CASES = [pytest.param(n, m, marks=[requires(
+             "experimental_shard_map", "auto= outside the mesh has no jax.shard_map spelling")]
              if n in LEGACY_FORM_ONLY else [])
          for n in sorted(ERRORS) for m in ("eager", "jit")
          if not (m == "jit" and n in EAGER_ONLY)]
@@ -123,7 +124,7 @@ def test_rank0_output_hint_like_jax():
   assert hint in str(_raise(build, shard_map_impl.shard_map))
 
 
-@pytest.mark.jax06_only(reason="on 0.10 in_specs=None means no argument is mapped")
+@requires("experimental_shard_map", "jax.shard_map reads in_specs=None as no argument mapped")
 def test_in_specs_none_suggests_p():
   build = ERRORS["in_specs_none"]
   for sm in (jax_shard_map, shard_map_impl.shard_map):

@@ -17,8 +17,9 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import shard_map_impl
 from differential import assert_same_observations, observe
+from support.jax_lines import requires
 
-pytestmark = pytest.mark.jax010_only(reason="jax.smap is new in 0.10")
+pytestmark = requires("smap")
 
 lax = jax.lax
 X = np.arange(32.0, dtype=np.float32).reshape(8, 4)

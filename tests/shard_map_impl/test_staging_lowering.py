@@ -20,6 +20,7 @@ import shard_map_impl
 from shard_map_impl import eqn_params
 from catalog import CASES
 from reference import LEGACY, jax_shard_map, pvary, use_mesh, vma_mode, vma_params
+from support.jax_lines import requires
 from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
@@ -67,7 +68,7 @@ def test_typecheck_rejects_bad_in_names():
     core.check_jaxpr(closed.jaxpr.replace(eqns=[bad]))
 
 
-@pytest.mark.jax06_only(reason="jax_varying_axes_in_types=False exists only on 0.6")
+@requires("vma_switch")
 def test_typecheck_rejects_unreplicated_output_non_vma():
   mesh = make_mesh((8,))
   with vma_mode(False):

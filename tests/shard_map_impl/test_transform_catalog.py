@@ -27,7 +27,7 @@ from jax._src import config as jax_config
 from jax.sharding import PartitionSpec as P
 
 from reference import VMA_MODES, jax_shard_map, pvary, vma_mode, vma_params
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has
 from support.meshes import make_mesh
 from support.compare import assert_trees_equal
 
@@ -71,7 +71,7 @@ def jrand(*shape: int, seed: int = 0) -> jax.Array:
 def inner_mesh(mesh: Any) -> Any:
   """The mesh a shard_map nested in another's body names: the full mesh on 0.6;
   on 0.10 the context mesh (the outer one's axes already manual), as JAX requires."""
-  return mesh if on_legacy_line() else jax.sharding.get_abstract_mesh()
+  return mesh if not has("core_shard_map") else jax.sharding.get_abstract_mesh()
 
 
 def total(f: Callable) -> Callable:
@@ -825,7 +825,7 @@ def our_shard_map() -> Callable:
   0.10 ``jax.shard_map``'s keywords (auto axes become ``axis_names``), the form
   pmap_compat uses there."""
   import shard_map_impl
-  if on_legacy_line():
+  if not has("core_shard_map"):
     return shard_map_impl.shard_map
 
   def keyword_form(f, mesh, in_specs, out_specs, check_rep=True, auto=frozenset()):

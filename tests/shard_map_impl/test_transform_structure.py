@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from reference import jax_shard_map, vma_mode, vma_params
 from shard_map_impl import eqn_params
+from support.jax_lines import requires
 from support.meshes import make_mesh
 
 COLLECTIVES = ("all_reduce", "all_gather", "collective_permute", "all_to_all",
@@ -327,8 +328,8 @@ JAXPR_CASES = {
 }
 
 
-@pytest.mark.jax010_only(reason="0.10's equations carry jax.shard_map's own params, so "
-                         "jaxprs print alike")
+@requires("core_shard_map", "equations carry jax.shard_map's own params, so jaxprs "
+          "print alike")
 @pytest.mark.parametrize("name", sorted(JAXPR_CASES))
 def test_printed_jaxpr_matches_jax(name):
   """The whole transformed program prints as JAX's: every equation the rules
@@ -352,7 +353,7 @@ def _vmap_over_explicit_axis(smap):
     return jax.make_jaxpr(jax.vmap(f))(x), jax.jit(jax.vmap(f))(x)
 
 
-@pytest.mark.jax010_only(reason="vmap over Explicit mesh axes is 0.10's")
+@requires("explicit_vmap_axes")
 def test_vmap_over_explicit_mesh_axis():
   """vmap of an array whose batch dimension is sharded on an Explicit axis:
   the body sees that dimension whole, the result keeps the sharding, as in JAX."""
