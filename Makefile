@@ -74,9 +74,9 @@ demo: venvs
 # on jax 0.6 only. Each run keeps its own cache (the options differ).
 LINT_PATHS := shard_map_impl pmap_compat codemod tools bench examples tests
 MYPY_JAX06 := --cache-dir .mypy_cache/jax0.6.0 \
-  --always-false NEW_LINE --always-true LEGACY_PMAP_RUNTIME
+  --always-true LEGACY_PMAP_RUNTIME
 MYPY_NEWEST := --cache-dir .mypy_cache/jax$(NEWEST_JAX) --python-executable $(NEWEST_PY) \
-  --always-true NEW_LINE --always-false LEGACY_PMAP_RUNTIME --exclude '^pmap_compat/fastpath\.py$$'
+  --always-false LEGACY_PMAP_RUNTIME --exclude '^pmap_compat/fastpath\.py$$'
 lint: $(STAMP) .venv-jax$(NEWEST_JAX)/.installed
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy $(MYPY_JAX06)
