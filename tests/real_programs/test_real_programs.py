@@ -41,12 +41,22 @@ FAST = {(catalog.LEGACY_LINE, "numpyro_nuts", "legacy"),
         (catalog.LEGACY_LINE, "numpyro_nuts", "patched_before"),
         (catalog.LEGACY_LINE, "numpyro_nuts", "patched_after")}
 
+# How jax 0.10.2's own pmap names every program it compiles.
+JAX_PMAP_COMPILE = "jit(_fun)"
 # JAX's own behaviour, not ours: the compile-count check cannot attribute its compiles.
 JAX_PMAP_NAMES = ("jax 0.10.2's own jax.pmap compiles every pmapped function as `_fun`, so its "
                   "compiles cannot be attributed to the step functions")
 
 # Known failures, each the exact case and why; strict, so a fix shows up as XPASS.
-KNOWN: dict[tuple[str, str, str, str], str] = {}
+_PREBUILT = ("the Flax example's module-level `cross_replica_mean = jax.pmap(...)` is built at "
+             "import, before patched() is entered: it stays legacy pmap (patched()'s documented "
+             "limit) and no UnpatchedPmapWarning names it")
+KNOWN: dict[tuple[str, str, str, str], str] = {
+    (catalog.LEGACY_LINE, "flax_imagenet", "patched_after", "results"): _PREBUILT,
+    (catalog.LEGACY_LINE, "flax_imagenet", "patched_after", "compiles"): _PREBUILT,
+    (catalog.NEWEST_LINE, "flax_imagenet", "patched_after", "results"): _PREBUILT,
+    (catalog.NEWEST_LINE, "flax_imagenet", "patched_after", "compiles"): _PREBUILT,
+}
 
 
 class RealRuns:
@@ -159,3 +169,6 @@ def _assert_ours_ran(run: outcomes.Run, line: str) -> None:
   if mode in catalog.CONVERTED and line == catalog.LEGACY_LINE:
     assert not run.info["legacy_pmap_compiles"], (
         f"{mode}: legacy pmap still compiled {run.info['legacy_pmap_compiles']}")
+  if mode in catalog.CONVERTED and line == catalog.NEWEST_LINE:
+    own = run.info["compiles"].get(JAX_PMAP_COMPILE)
+    assert not own, f"{mode}: jax {line}'s own pmap still compiled {own} program(s)"
