@@ -48,7 +48,7 @@ its outputs, so the run follows the recorded trajectory. It reports per site and
 tolerance, sites recorded but never reached and sites reached but never recorded (all
 three fail the check), and, as information, how the replayed run's final outputs compare
 with the recording. Tolerance per call: bit for bit on the recording's jax, else
-`PER_CALL_MAX_ULP` (4) ulp; the same --rtol / --atol / --max-ulp replace it.
+`PER_CALL_MAX_ULP` (6) ulp; the same --rtol / --atol / --max-ulp replace it.
 
 A site is the function given to `jax.pmap` / `pmap_compat.pmap`, identified by its
 module and qualified name (which the codemod keeps; file and line are shown as a hint).

@@ -30,9 +30,12 @@ from pmap_compat.testing.comparison import (LeafReport, Report, Tolerance, choos
 
 # Default per-call bound across jax/jaxlib versions. One call of a site has no loop to
 # compound rounding: measured from legacy jax.pmap on jax 0.6.0 to jax 0.10.2 (its own
-# jax.pmap, pmap_compat.patched() and the codemod output) at most 2 ulp at leaf scale on
-# the shipped examples (README, "Recording and checking"); twice that is the bound.
-PER_CALL_MAX_ULP = 4
+# jax.pmap, pmap_compat.patched() and the codemod output alike) at most 3 ulp at leaf scale
+# on the shipped examples (dropout_prng; end to end they reach 7); twice that is the bound.
+# Deep networks round more within one step (a ResNet18 train step: 23 ulp at leaf scale,
+# and gradients that are zero but for rounding differ absolutely): give them --max-ulp /
+# --atol from a measurement (README, "Recording and checking").
+PER_CALL_MAX_ULP = 6
 
 
 def _process_directory(directory: str) -> str:
@@ -108,6 +111,21 @@ def place_like(recorded: recordings.Leaf, actual: Any) -> Any:
   if isinstance(actual, (bool, int, float, complex)):
     return type(actual)(value.item())
   return value
+
+
+# Argument kinds a site treats alike (pmap and jit take any of them as an array).
+_ARRAYS = {recordings.JAX_ARRAY, recordings.NUMPY_ARRAY, recordings.NUMPY_SCALAR,
+           "python.bool", "python.int", "python.float", "python.complex"}
+
+
+def _as_recorded(leaves: list[recordings.Leaf],
+                 recorded: list[recordings.Leaf]) -> list[recordings.Leaf]:
+  """The program's arguments with array kinds named as recorded: numpy where the recording
+  has a jax.Array (say, the global arrays of converted multi-host code) is the same input."""
+  kinds = {leaf.path: leaf.kind for leaf in recorded}
+  return [dataclasses.replace(leaf, kind=kinds[leaf.path])
+          if leaf.kind in _ARRAYS and kinds.get(leaf.path) in _ARRAYS else leaf
+          for leaf in leaves]
 
 
 @dataclasses.dataclass
@@ -213,7 +231,8 @@ class Replayer:
     recorded_in, recorded_out = self.stored.call(reached.entry, index)
     flat, treedef = jax.tree_util.tree_flatten((args, kwargs))
     structure, leaves = calls.host_leaves((args, kwargs))
-    inputs = compare(recorded_in, recordings.Recording(structure, leaves, {}), self.tolerance)
+    inputs = compare(recorded_in, recordings.Recording(structure, _as_recorded(
+        leaves, recorded_in.leaves), {}), self.tolerance)
     if not inputs.structure and len(flat) == len(recorded_in.leaves):
       args, kwargs = jax.tree_util.tree_unflatten(
           treedef, [place_like(r, a) for r, a in zip(recorded_in.leaves, flat, strict=True)])
