@@ -94,7 +94,8 @@ def _compile(jitted: Any, args: tuple, kwargs: dict) -> Executable:
   caches and donation); the program is named as legacy named its programs."""
   params, args_flat = jax_line.infer_jit_params(jitted._fun, jitted._jit_info, args, kwargs)
   try:
-    lowering = pjit._resolve_and_lower(args_flat, **params.params, pgle_profiler=None,
+    lowering = pjit._resolve_and_lower(jax_line.lowering_args(args_flat), **params.params,
+                                       pgle_profiler=None,
                                        lowering_platforms=None,
                                        lowering_parameters=mlir.LoweringParameters())
   except jax_line.DeviceAssignmentMismatchError as err:

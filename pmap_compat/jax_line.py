@@ -96,6 +96,15 @@ if hasattr(_pjit, "_infer_params"):
 else:
   infer_jit_params = _pjit._trace_for_jit  # type: ignore[attr-defined, unused-ignore]
 
+def lowering_args(args_flat: list) -> list:
+  """What jit's lowering (``pjit._resolve_and_lower``) takes for each argument: its meta
+  type (aval, sharding, format, committed) where jit converts to one (0.8.2 on: typed key
+  arrays have no ``format`` there), the argument itself before."""
+  if hasattr(_pjit, "convert_to_metaty"):
+    return [_pjit.convert_to_metaty(a) for a in args_flat]
+  return list(args_flat)
+
+
 # jit's wording of a DeviceAssignmentMismatchError, ``(fun_name, fails, args_flat,
 # api_name, arg_names) -> str`` (pjit's until 0.6.0, stages' from 0.6.2).
 device_assignment_mismatch_error: Any
@@ -189,6 +198,6 @@ PRNGKeyArray = prng.PRNGKeyArray
 
 __all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH",
            "DeviceAssignmentMismatchError", "PRNGKeyArray", "PmapSharding", "bind_parts",
-           "device_assignment_mismatch_error", "infer_jit_params",
+           "device_assignment_mismatch_error", "infer_jit_params", "lowering_args",
            "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function",
            "prng", "served_by_python", "sharding_specs"]
