@@ -229,10 +229,28 @@ def cotangent_aval(aval: Any) -> Any:
   return aval.to_ct_aval() if _HAS_CT_AVALS else aval.to_tangent_aval()
 
 
+# backward_pass checks accumulated cotangents against the accumulator's own aval
+# (``ad.ct_check(accum, ct)``: an UndefinedPrimal then holds the cotangent type), not
+# against the primal's ``to_ct_aval()`` (``ct_check(primal, ct)``).
+_UNDEFINED_PRIMAL_HOLDS_CT = _HAS_CT_AVALS and _params(getattr(ad, "ct_check", None))[:1] == (
+    "accum",)
+
+
 def undefined_primal_aval(aval: Any) -> Any:
   """What ``ad.UndefinedPrimal`` holds for an input typed ``aval`` (its cotangent's
-  type where JAX types cotangents apart: backward_pass checks against it)."""
-  return aval.to_ct_aval() if _HAS_CT_AVALS else aval
+  type where backward_pass checks cotangents against it, else the primal type)."""
+  return aval.to_ct_aval() if _UNDEFINED_PRIMAL_HOLDS_CT else aval
+
+
+def psum_invariant(args: Sequence[Any], axes: tuple) -> list:
+  """``psum_invariant`` of each of ``args`` over ``axes``: one multi-operand bind taking
+  ``axis_index_groups`` where JAX's primitive has multiple results, else one bind per
+  operand with ``axes`` alone (newer JAX; its abstract eval takes no groups)."""
+  from jax._src.lax import parallel as lax_parallel
+  prim = lax_parallel.psum_invariant_p
+  if prim.multiple_results:
+    return list(prim.bind(*args, axes=axes, axis_index_groups=None))
+  return [prim.bind(x, axes=axes) for x in args]
 
 
 # --- the replication / varying-manual-axes check flag ------------------------

@@ -28,10 +28,9 @@ from jax._src import core
 from jax._src import custom_derivatives as cd
 from jax._src import linear_util as lu
 from jax._src.interpreters import partial_eval as pe
-from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import replication
-from shard_map_impl.jax_line import get_aval
+from shard_map_impl.jax_line import get_aval, psum_invariant
 from shard_map_impl.replication import in_names_to_rep
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, unmentioned_axes
 
@@ -262,7 +261,7 @@ def match(mesh: AnyMesh, x: Any, have: Rep, want: Rep):
   bound = core.get_axis_env().axis_sizes
   up = tuple(a for a in mesh.axis_names if a in want and a not in have and a in bound)
   if up:
-    x, = lax_parallel.psum_invariant_p.bind(x, axes=up, axis_index_groups=None)
+    x, = psum_invariant([x], up)
   return vary(mesh, x, have, want)
 
 

@@ -21,7 +21,7 @@ from jax._src.lax import control_flow
 from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import replication
-from shard_map_impl.jax_line import custom_vjp_call_jaxpr_p, jit_p
+from shard_map_impl.jax_line import custom_vjp_call_jaxpr_p, jit_p, psum_invariant
 from shard_map_impl.per_device import manual_axes_of
 from shard_map_impl.primitive import register_trace_rule, shard_map_p
 from shard_map_impl.rewrite import (RewriteRule, RewriteTrace, as_list, common_rep,
@@ -42,9 +42,7 @@ def _psum(mesh: AnyMesh, in_reps: Sequence[frozenset], *args: Any, axes: Hashabl
   # Operands replicated along a reduced axis are first made varying there, so
   # the sum counts each device's copy, as psum does.
   args = tuple(vary(mesh, x, r & reduced, frozenset()) for x, r in zip(args, in_reps, strict=True))
-  outs = lax_parallel.psum_invariant_p.bind(*args, axes=axes,
-                                            axis_index_groups=axis_index_groups)
-  return list(outs), [r | reduced for r in in_reps]
+  return psum_invariant(args, axes), [r | reduced for r in in_reps]
 
 
 def _keeps_varying(prim: core.Primitive) -> RewriteRule:
