@@ -108,18 +108,20 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
+    # libcst's runner writes the module itself (a name, never None: that is for notebooks).
+    written = self.support_module or support_module.DEFAULT_NAME
     if self.support_root is not None:
-      status = support_module.status_at(self.support_root, self.support_module)
+      status = support_module.status_at(self.support_root, written)
       if status is support_module.Status.FOREIGN:
         self._warn(1, 1, Severity.ERROR, support_module.foreign_message(
-            self.support_root, self.support_module))
+            self.support_root, written))
         return tree
     new = super().transform_module_impl(tree)
     if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
       raise RuntimeError("a site planned for conversion was not rewritten")
     self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
     if self.sites_converted and self.support_root is not None:
-      support_module.write(self.support_root, self.support_module)
+      support_module.write(self.support_root, written)
     elif self.sites_converted and not self.caller_writes_support:
       self._warn(1, 1, Severity.WARNING,
                  f"the converted sites import {self.support_module}, which this run does not "

@@ -94,8 +94,10 @@ def insertion_index(body: list) -> int:
                None)
   if start is None:
     start = 1 if _skips_first(body) else 0
-    while start < len(body) and isinstance(imports[start], cst.ImportFrom) and (
-        _module_of(imports[start])[0] == "__future__"):
+    while start < len(body):
+      node = imports[start]
+      if not isinstance(node, cst.ImportFrom) or _module_of(node)[0] != "__future__":
+        break
       start += 1
   end = start
   while end < len(body) and imports[end] is not None:

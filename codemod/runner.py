@@ -168,7 +168,8 @@ def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
   if not _KEYWORDS.search(text) or support_module.is_support_module(text):
     return
   place = support_placement(result.path, text, options)
-  options = dataclasses.replace(options, support_module=place and place.spelling)
+  options = dataclasses.replace(options,
+                                support_module=place.spelling if place is not None else None)
   out = transform_module(module, options, result.path, source=text)
   _collect(result, out)
   new_text = out.module.code

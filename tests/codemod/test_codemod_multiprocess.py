@@ -34,14 +34,21 @@ def run():
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
+  return _run_programs(tmp_path_factory, PROGRAM, multihost_only=False, local_devices=4)
+
+
+def _run_programs(tmp_path_factory, source, *, multihost_only, local_devices):
+  """Each process's results for ``source`` as written (legacy), converted with
+  --multihost and (unless ``multihost_only``) without it."""
   programs = tmp_path_factory.mktemp("programs")
-  (programs / "legacy.py").write_text(PROGRAM)
-  (programs / "converted_default.py").write_text(rewrite(PROGRAM, target="experimental")[0])
+  (programs / "legacy.py").write_text(source)
+  if not multihost_only:
+    (programs / "converted_default.py").write_text(rewrite(source, target="experimental")[0])
   (programs / "converted_multihost.py").write_text(
-      rewrite(PROGRAM, target="experimental", multihost=True)[0])
+      rewrite(source, target="experimental", multihost=True)[0])
   support_module.write(str(programs), support_module.DEFAULT_NAME)
   outcome = run_job(WORKER, str(tmp_path_factory.mktemp("job")), args=[str(programs)],
-                    timeout=TIMEOUT)
+                    local_devices=local_devices, timeout=TIMEOUT)
   assert outcome.clean and None not in outcome.results, (
       f"exit codes {outcome.returncodes}, timed out: {outcome.timed_out}\n{outcome.logs}")
   return outcome.results
@@ -85,16 +92,7 @@ def run():
 
 @pytest.fixture(scope="module")
 def devices_job(tmp_path_factory):
-  programs = tmp_path_factory.mktemp("devices_programs")
-  (programs / "legacy.py").write_text(HOST_PSUM)
-  (programs / "converted_multihost.py").write_text(
-      rewrite(HOST_PSUM, target="experimental", multihost=True)[0])
-  support_module.write(str(programs), support_module.DEFAULT_NAME)
-  outcome = run_job(WORKER, str(tmp_path_factory.mktemp("devices_job")), args=[str(programs)],
-                    local_devices=2, timeout=TIMEOUT)
-  assert outcome.clean and None not in outcome.results, (
-      f"exit codes {outcome.returncodes}, timed out: {outcome.timed_out}\n{outcome.logs}")
-  return outcome.results
+  return _run_programs(tmp_path_factory, HOST_PSUM, multihost_only=True, local_devices=2)
 
 
 @pytest.mark.multiprocess
