@@ -30,6 +30,10 @@ from jax import lax  # noqa: E402
 
 import pmap_compat  # noqa: E402
 from support.compare import assert_trees_equal, run_program  # noqa: E402
+from support.legacy_pmap import reference_pmap  # noqa: E402
+
+# Legacy jax.pmap where the release has it (flag off on 0.8-0.9), else the release's own.
+LEGACY_PMAP = reference_pmap()[1]
 
 
 def local(*shape, dtype=np.float32):
@@ -101,13 +105,13 @@ def p_typed_keys(pm):
 
 
 def p_legacy_outputs_in(pm):
-  made = jax.pmap(lambda x: x + 1)(local(LOCAL, 3))
+  made = LEGACY_PMAP(lambda x: x + 1)(local(LOCAL, 3))
   return pm(lambda x: lax.psum(x, "i"), "i")(made)
 
 
 def p_outputs_into_legacy(pm):
   made = pm(lambda x: x + 1)(local(LOCAL, 3))
-  return jax.pmap(lambda x: lax.psum(x, "i"), "i")(made)
+  return LEGACY_PMAP(lambda x: lax.psum(x, "i"), "i")(made)
 
 
 def p_under_jit(pm):
@@ -122,7 +126,7 @@ def global_under_jit_matches_top_level_legacy() -> str:
   what legacy computes at top level from the host-local slices."""
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
   fun = lambda x: (lax.psum(x, "i"), lax.all_gather(x, "i").sum(0) + lax.axis_index("i"))
-  expected = jax.block_until_ready(jax.pmap(fun, "i")(local(LOCAL, 2)))  # one in flight
+  expected = jax.block_until_ready(LEGACY_PMAP(fun, "i")(local(LOCAL, 2)))  # one in flight
   mesh = Mesh(np.array(jax.devices()), ("g",))
   glob = jax.make_array_from_process_local_data(NamedSharding(mesh, P("g")), local(LOCAL, 2))
   outs = jax.jit(pmap_compat.pmap(fun, "i"))(glob)
@@ -143,7 +147,7 @@ def _shardings(tree):
 
 
 def check(program) -> str:
-  legacy = run_program(program, multiprocess_jobs.one_program_in_flight(jax.pmap))
+  legacy = run_program(program, multiprocess_jobs.one_program_in_flight(LEGACY_PMAP))
   ours = run_program(program, multiprocess_jobs.one_program_in_flight(pmap_compat.pmap))
   if program is p_under_jit and isinstance(ours.error, NotImplementedError):
     # A loud refusal is what the contract allows here (legacy raises it too); jax 0.10's
@@ -154,7 +158,7 @@ def check(program) -> str:
       if program is p_under_jit:
         # Allowed only if the collective really spans every process.
         expected = run_program(lambda pm: pm(lambda x: lax.psum(x, "i"), "i")(local(LOCAL, 2)),
-                               jax.pmap).value
+                               LEGACY_PMAP).value
         assert_trees_equal(np.asarray(expected), np.asarray(ours.value))
         return "ok"
       return f"legacy raised {type(legacy.error).__name__}: {legacy.error}; ours returned"
