@@ -131,9 +131,9 @@ WORDING_CORE = JAX_SHARD_MAP_IN_CORE
 PASSED_ARGS_WORDING = JAX_SHARD_MAP_IN_CORE and not hasattr(_jax_shard_map, "_prepare_pmap")
 # Spec entries naming axes outside the mesh are rejected up front (core shard_map).
 SPECS_NAME_MESH_AXES_ONLY = JAX_SHARD_MAP_IN_CORE
-# The core shard_map runs partially manual shard_maps eagerly; the experimental one
-# asks for an enclosing jit.
-EAGER_PARTIAL_AUTO = JAX_SHARD_MAP_IN_CORE
+# Partially manual shard_maps run eagerly where JAX's eager shard_map matches specs
+# over the manual axes only (``_match_spec2``); else they need an enclosing jit.
+EAGER_PARTIAL_AUTO = hasattr(_jax_shard_map, "_match_spec2")
 
 
 def _eager_trace_refuses_calls() -> bool:
@@ -158,8 +158,14 @@ EAGER_INLINES_CALLS = not _eager_trace_refuses_calls()
 # still threads an out-specs thunk through its bind (``out_specs_thunk``/``out_names_thunk``).
 OUT_SPECS_MAY_BE_THUNKS = bool({"out_specs_thunk", "out_names_thunk"}
                                & set(_params(_jax_shard_map._shard_map_staging)))
-# in_specs=None reads as "no argument is mapped" (the core shard_map; else rejected).
-IN_SPECS_NONE_MEANS_UNMAPPED = JAX_SHARD_MAP_IN_CORE
+# in_specs=None reads as "no argument is mapped" where jax.shard_map's in_specs default
+# is its ``Infer`` sentinel (where the default is None, None asks for inference, which
+# is rejected off Explicit axes; the experimental module rejects None).
+_IN_SPECS_PARAM = (inspect.signature(_PUBLIC_SHARD_MAP).parameters.get("in_specs")
+                   if _PUBLIC_PARAMS else None)
+IN_SPECS_NONE_MEANS_UNMAPPED = (JAX_SHARD_MAP_IN_CORE and _IN_SPECS_PARAM is not None
+                                and _IN_SPECS_PARAM.default not in (None,
+                                                                    inspect.Parameter.empty))
 # The body's results are named result[i] by flat position (where the staging rule
 # no longer threads an out-specs thunk, i.e. traces the body from flat values).
 BODY_RESULTS_BY_FLAT_INDEX = not OUT_SPECS_MAY_BE_THUNKS and JAX_SHARD_MAP_IN_CORE

@@ -186,7 +186,12 @@ def _nested_program(outer, inner):
 def test_nested_with_jax_shard_map_either_way(outer, inner, jit):
   impls = {"ours": shard_map_impl.shard_map, "jax": jax.shard_map}
   wrap = jax.jit if jit else (lambda f: f)
-  expected = wrap(_nested_program(jax.shard_map, jax.shard_map))(X)
+  try:
+    expected = wrap(_nested_program(jax.shard_map, jax.shard_map))(X)
+  except NotImplementedError:  # JAX's eager shard_map without partially manual support
+    with pytest.raises(NotImplementedError):
+      wrap(_nested_program(impls[outer], impls[inner]))(X)
+    return
   got = wrap(_nested_program(impls[outer], impls[inner]))(X)
   assert_trees_equal(expected, got)
   assert got.sharding == expected.sharding
