@@ -120,7 +120,8 @@ def _legacy_pmap_in_use():
 _PMAP_EMBEDS_CONSTANTS = _legacy_pmap_in_use()
 
 
-_SITES = weakref.WeakKeyDictionary()  # what on_pmap_mesh returned -> the function it maps
+# What on_pmap_mesh returned -> the function it maps.
+_SITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def pmap_site_function(fn):
