@@ -106,9 +106,11 @@ def _experimental_shard_map() -> None:
 
 
 def facts() -> dict[str, str]:
-  # 0.4.35's meshes have no axis types: every axis behaves as Auto.
-  mesh_types = str(getattr(jax.make_mesh((jax.local_device_count(),), ("i",)), "axis_types",
-                           "Auto"))
+  with warnings.catch_warnings():  # 0.8 warns that its Auto default becomes Explicit in 0.9
+    warnings.filterwarnings("ignore", message="The default axis_types will change",
+                            category=DeprecationWarning)
+    mesh = jax.make_mesh((jax.local_device_count(),), ("i",))
+  mesh_types = str(getattr(mesh, "axis_types", "Auto"))  # 0.4.35: no axis types, all Auto
   return {
       **_pmap_facts(),
       "`PmapSharding`, `jax.device_put_replicated` / `_sharded`": _availability(
