@@ -63,10 +63,14 @@ KNOWN: dict[tuple[str, str, str, str], str] = {
 
 
 class RealRuns:
-  """Runs (line, program, mode) once per test session and keeps the outcome."""
+  """Runs (line, program, mode) once per test session and keeps the outcome.
 
-  def __init__(self, root: str):
+  With `reuse`, a run that `root` already holds (from an earlier session or from
+  `run_mode.py ... ROOT/LINE/PROGRAM/MODE`) is read instead of run again."""
+
+  def __init__(self, root: str, reuse: bool = False):
     self.root = root
+    self.reuse = reuse
     self._runs: dict[tuple[str, str, str], outcomes.Run | str] = {}
 
   def get(self, line: str, program: str, mode: str) -> outcomes.Run:
@@ -80,7 +84,9 @@ class RealRuns:
 
   def _run(self, line: str, program: str, mode: str) -> outcomes.Run | str:
     python = catalog.python_for(line)
-    out_dir = os.path.join(self.root, f"jax{line}", program, mode)
+    out_dir = os.path.join(self.root, line, program, mode)
+    if self.reuse and os.path.exists(os.path.join(out_dir, "run.json")):
+      return outcomes.load(out_dir)
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env["JAX_PLATFORMS"] = "cpu"
@@ -97,9 +103,11 @@ class RealRuns:
 
 @pytest.fixture(scope="session")
 def real_runs(tmp_path_factory) -> RealRuns:
-  """REAL_PROGRAMS_OUT=DIR keeps every run's files there (outcomes.py reads them)."""
-  return RealRuns(os.environ.get("REAL_PROGRAMS_OUT")
-                  or str(tmp_path_factory.mktemp("real_programs")))
+  """REAL_PROGRAMS_OUT=DIR keeps every run's files there (outcomes.py reads them);
+  REAL_PROGRAMS_REUSE=1 with it reads the runs DIR already has instead of running them."""
+  out = os.environ.get("REAL_PROGRAMS_OUT")
+  return RealRuns(out or str(tmp_path_factory.mktemp("real_programs")),
+                  reuse=bool(out) and os.environ.get("REAL_PROGRAMS_REUSE") == "1")
 
 
 def _skip_without_release(line: str, program: catalog.Program) -> None:
