@@ -1,0 +1,97 @@
+"""Per-call checks of a real third-party program across the JAX upgrade.
+
+The Flax ImageNet example's loop (tests/real_programs/programs/flax_imagenet.py: ResNet18
+with BatchNorm, SGD momentum, train and eval steps pmapped) recorded under legacy jax.pmap
+in the real-programs environment of jax 0.6.0, then `check --per-call` in that of jax
+0.10.2 (other Flax and optax releases too) with its own jax.pmap, under
+pmap_compat.patched() and as the codemod's output: every recorded call of every site within
+PER_CALL_MAX_ULP, where the end-to-end check reports the drift of the whole run.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recording_cli import cli_env, edit_one_line, output
+from support import venvs
+
+sys.path.insert(0, os.path.join(venvs.ROOT, "tests", "real_programs"))
+sys.path.insert(0, os.path.join(venvs.ROOT, "tools"))
+import catalog  # noqa: E402  pylint: disable=wrong-import-position
+import equivalence  # noqa: E402  pylint: disable=wrong-import-position
+
+TIMEOUT_S = 2400
+PROGRAM = catalog.PROGRAMS["flax_imagenet"].path
+
+
+def _cli(line: str, args: list[str]) -> subprocess.CompletedProcess:
+  """`python -m pmap_compat.testing ARGS` in the real-programs environment of jax `line`."""
+  return subprocess.run([catalog.python_for(line), "-m", "pmap_compat.testing", *args],
+                        env=cli_env(), cwd=venvs.ROOT, capture_output=True, text=True,
+                        timeout=TIMEOUT_S, check=False)
+
+
+@pytest.fixture(scope="module")
+def legacy_recording(tmp_path_factory) -> str:
+  out = str(tmp_path_factory.mktemp("flax") / "legacy")
+  r = _cli(catalog.LEGACY_LINE, ["record", PROGRAM, "--out", out])
+  assert r.returncode == 0 and "(jax 0.6.0, legacy jax.pmap)" in r.stdout, output(r)
+  assert "recorded the first 3 calls of 3 pmap sites (5 calls," in r.stdout, r.stdout
+  return out
+
+
+# A ResNet step's per-call rounding on jax 0.10.2 (and Flax 0.12.8) against legacy on 0.6.0
+# (Flax 0.11.2), measured: at most 23 ulp at leaf scale; the BatchNorm biases' gradients,
+# which the next BatchNorm's mean removes (zero but for rounding, ~1e-8), differ by up to
+# 9e-8. About three times that; a 0.1% change of the gradients moves them by ~1e-6 and
+# thousands of ulp.
+TOLERANCE = ["--max-ulp", "64", "--atol", "3e-7"]
+
+
+def _converted(tmp_path) -> str:
+  tree = equivalence.rewrite_files({PROGRAM: ()}, "jax", str(tmp_path / "converted"))
+  assert tree.error is None, tree.report
+  return os.path.join(tree.directory, os.path.basename(PROGRAM))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pmap", "patched", "codemod"])
+def test_flax_imagenet_checks_per_call_on_jax_0_10_2(legacy_recording, tmp_path, mode):
+  program = _converted(tmp_path) if mode == "codemod" else PROGRAM
+  args = ["check", program, "--against", legacy_recording, "--per-call", *TOLERANCE]
+  r = _cli(catalog.NEWEST_LINE, args + (["--patched"] if mode == "patched" else []))
+  assert r.returncode == 0, output(r)
+  lines = r.stdout.splitlines()
+  assert "tolerance per call: max 64 ulp (elementwise or at leaf scale) or atol 3e-07 (given)" in (
+      lines)
+  for site, calls in (("train_step", 3), ("<lambda>", 1), ("eval_step", 1)):
+    assert any(l.startswith(f"  site flax_imagenet:{site} (flax_imagenet.py:") and
+               l.endswith(f"called {calls} times (recorded run: {calls}, {calls} stored)")
+               for l in lines), r.stdout
+  assert lines[-1].startswith("PASS (3 sites reached, 5 recorded calls replayed:"), r.stdout
+
+
+@pytest.mark.slow
+def test_flax_imagenet_perturbed_gradients_are_caught_at_the_first_call(legacy_recording,
+                                                                        tmp_path):
+  program = _converted(tmp_path)
+  edit_one_line(program, 'grads = lax.pmean(grads, axis_name="batch")',
+                'grads = jax.tree.map(lambda g: g * 1.001, lax.pmean(grads, axis_name="batch"))')
+  r = _cli(catalog.NEWEST_LINE, ["check", program, "--against", legacy_recording, "--per-call",
+                                 *TOLERANCE])
+  assert r.returncode == 1, output(r)
+  first = next(l for l in r.stdout.splitlines() if l.startswith("first beyond tolerance:"))
+  assert first.startswith("first beyond tolerance: site flax_imagenet:train_step, call 0, leaf "
+                          "[0].opt_state[0].trace["), first
+
+
+@pytest.mark.slow
+def test_flax_imagenet_end_to_end_still_reports_the_drift(legacy_recording):
+  """Without --per-call the whole run is compared against the cross-version bound: the drift
+  of three steps fails it, as it did before per-call checking existed."""
+  r = _cli(catalog.NEWEST_LINE, ["check", PROGRAM, "--against", legacy_recording])
+  assert r.returncode == 1, output(r)
+  assert "BEYOND TOLERANCE" in r.stdout and "per-call" not in r.stdout
