@@ -51,14 +51,21 @@ JAX_PMAP_NAMES = ("jax 0.10.2's own jax.pmap compiles every pmapped function as 
 _PREBUILT = ("the Flax example's module-level `cross_replica_mean = jax.pmap(...)` is built at "
              "import, before patched() is entered: it stays legacy pmap (patched()'s documented "
              "limit) and no UnpatchedPmapWarning names it")
+_TWO_COMPILES = ("the converted loop compiles train_step twice: replicate's output and the "
+                 "step's output reach it with different shardings")
+_BRAX_REBUILD = ("TypeError: int() argument must be ... not 'object' in brax's "
+                 "UInt64.__post_init__: the converted training_epoch (jit over jax 0.6.0's "
+                 "experimental shard_map, called from the support module's `sharded`) rebuilds "
+                 "brax's pytree from placeholder leaves")
 KNOWN: dict[tuple[str, str, str, str], str] = {
     (catalog.LEGACY_LINE, "flax_imagenet", "patched_after", "results"): _PREBUILT,
     (catalog.LEGACY_LINE, "flax_imagenet", "patched_after", "compiles"): _PREBUILT,
     (catalog.NEWEST_LINE, "flax_imagenet", "patched_after", "results"): _PREBUILT,
     (catalog.NEWEST_LINE, "flax_imagenet", "patched_after", "compiles"): _PREBUILT,
-    (catalog.LEGACY_LINE, "flax_imagenet", "codemod", "compiles"): (
-        "the converted loop compiles train_step twice on jax 0.6.0: replicate's output and the "
-        "step's output reach it with different shardings"),
+    (catalog.LEGACY_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
+    (catalog.NEWEST_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
+    (catalog.LEGACY_LINE, "brax_ppo", "codemod", "results"): _BRAX_REBUILD,
+    (catalog.LEGACY_LINE, "brax_ppo", "codemod", "compiles"): _BRAX_REBUILD,
 }
 
 
