@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import catalog  # noqa: E402
+import program_catalog as catalog  # noqa: E402
 
 _TOTALS = re.compile(r"(\d+) pmap sites found, (\d+) converted, (\d+) reported; (\d+) errors")
 

@@ -2,7 +2,7 @@
 
   python tests/real_programs/run_mode.py PROGRAM MODE OUT_DIR [--kwargs JSON]
 
-Run by a real-programs environment's python (`.venv-real-jax<line>`, see catalog.py), in a
+Run by a real-programs environment's python (`.venv-real-jax<line>`, see program_catalog.py), in a
 fresh interpreter per mode, with 8 CPU devices. Writes OUT_DIR/results.npz (the leaves of
 `run()`'s pytree as host arrays, keyed by their path) and OUT_DIR/run.json: the dtypes of
 those leaves, the number of XLA compilations per function name (from JAX's compile log),
@@ -40,7 +40,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
                              + " --xla_force_host_platform_device_count=8").strip()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import catalog  # noqa: E402
+import program_catalog as catalog  # noqa: E402
 
 _FINISHED = re.compile(r"Finished XLA compilation of (.+) in [0-9.e+-]+ sec")
 # jax 0.6's legacy pmap lowering (pxla.lower_parallel_callable) logs this; jit does not.

@@ -3,7 +3,7 @@
 Each program (programs/*.py: numpyro NUTS with parallel chains, brax PPO, the Flax ImageNet
 example's loop) runs in its own fresh interpreter of a real-programs environment
 (`.venv-real-jax<line>`, built by make from .ci/real-programs-jax<line>.txt) through
-run_mode.py, once per mode (catalog.py). On jax 0.6.0 every mode must give legacy
+run_mode.py, once per mode (program_catalog.py). On jax 0.6.0 every mode must give legacy
 `jax.pmap`'s results bit for bit; on jax 0.10.2 every mode must give that release's own
 `jax.pmap`'s (where that cannot run the library, catalog.PLAIN_FAILS, the modes agree with
 each other). Every mode must also compile each step function once, as legacy pmap does, and
@@ -24,7 +24,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import catalog  # noqa: E402
+import program_catalog as catalog  # noqa: E402
 import outcomes  # noqa: E402
 
 # The smallest settings that still take every path (warmup adaptation, several PPO epochs

@@ -20,7 +20,7 @@ from support import venvs
 
 sys.path.insert(0, os.path.join(venvs.ROOT, "tests", "real_programs"))
 sys.path.insert(0, os.path.join(venvs.ROOT, "tools"))
-import catalog  # noqa: E402  pylint: disable=wrong-import-position
+import program_catalog as catalog  # noqa: E402  pylint: disable=wrong-import-position
 import equivalence  # noqa: E402  pylint: disable=wrong-import-position
 
 TIMEOUT_S = 2400
