@@ -36,7 +36,11 @@ PYTEST := -m pytest -n $(JOBS) --dist loadgroup
 
 setup: $(STAMP)
 
-venvs: $(STAMP) $(EXTRA_STAMPS)
+# The environments are independent: build up to VENV_JOBS at once (pip mostly waits on
+# downloads and unpacking), whatever -j the caller gave.
+VENV_JOBS ?= 4
+venvs:
+	@$(MAKE) --no-print-directory -j$(VENV_JOBS) $(STAMP) $(EXTRA_STAMPS)
 
 $(STAMP): pyproject.toml .ci/constraints-jax0.6.0.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -83,6 +83,10 @@ class Case:
   rtol: float | None = None  # only where reduction order legitimately differs (see `why`)
   atol: float | None = None
   why: str = "bit-for-bit"
+  # The codemod's output may differ from legacy within this relative bound (and only it):
+  # a per-device program laid out differently can be compiled differently by XLA.
+  codemod_rtol: float | None = None
+  codemod_why: str = ""
   codemod_flags: tuple[str, ...] = ()
   slow: bool = False
   source: str | None = None  # a program outside examples/ (the CLI below); overrides `module`
@@ -94,13 +98,18 @@ class Case:
 
 # Every case is compared bit for bit: the step functions run the same per-device
 # computation and the same XLA all-reduce / all-gather / collective-permute in every
-# mode, so there is no reduction whose order may legitimately change.
+# mode, so there is no reduction whose order may legitimately change. The one exception,
+# codemod output only, names its mechanism (codemod_why).
 CASES: tuple[Case, ...] = (
     Case("dp_sgd", "dp_sgd", {"steps": 4}),
     Case("dropout_prng", "dropout_prng"),
     Case("broadcast_params", "broadcast_params"),
     Case("replicated_metrics", "replicated_metrics"),
-    Case("nested_data_model", "nested_data_model"),
+    Case("nested_data_model", "nested_data_model", codemod_rtol=2.5e-7, codemod_why=(
+        "up to 2 ulp in w on some CPUs: legacy's nested program slices each device's w out "
+        "of the replicated block inside the update's fusion, the rewrite reads its block "
+        "directly, and XLA:CPU contracts w - lr * g into an FMA for every element of the "
+        "one but only some of the other (seen on AVX2 hosts; identical on others)")),
     Case("ring_allreduce", "ring_allreduce"),
     Case("gather_scatter", "gather_scatter"),
     Case("static_config", "static_config"),
@@ -327,7 +336,10 @@ def compare(case: Case, expected: RunResult, other: RunResult) -> Comparison:
     return verdict(False, f"{expected.mode} failed: {expected.error}")
   if not other.ok:
     return verdict(False, other.error)
-  reports = [testing.compare_recordings(e, o, rtol=case.rtol, atol=case.atol)
+  rtol = case.rtol
+  if other.mode.startswith("codemod") and case.codemod_rtol is not None:
+    rtol = case.codemod_rtol
+  reports = [testing.compare_recordings(e, o, rtol=rtol, atol=case.atol)
              for e, o in zip(expected.recording_dirs(), other.recording_dirs(), strict=True)]
   text = "\n\n".join(str(r) for r in reports)
   identical = all(not r.structure and all(l.status == "identical" for l in r.leaves)

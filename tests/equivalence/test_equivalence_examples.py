@@ -61,6 +61,10 @@ def test_example_runs_under_legacy_pmap(runner, case):
 def test_example_matches_legacy(runner, case, mode):
   verdict = runner.compare(case, mode)
   detail = runner.result(case, mode).detail
+  if mode.startswith("codemod") and case.codemod_rtol is not None:
+    # Within the case's bound, whose mechanism it names; identical on many hosts.
+    assert verdict.ok, f"{case.name} under {mode} ({case.codemod_why}): {verdict.message}"
+    return
   assert verdict.identical, f"{case.name} under {mode}: {verdict.message}\n{detail[-3000:]}"
 
 
