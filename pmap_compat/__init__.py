@@ -21,9 +21,10 @@ _LAZY = {
     "patch": "pmap_compat.patching",
     "patched": "pmap_compat.patching",
     "unpatch": "pmap_compat.patching",
+    "UnpatchedPmapWarning": "pmap_compat.patching",
 }
 
-__all__ = ["pmap", "patch", "patched", "unpatch"]
+__all__ = ["pmap", "patch", "patched", "unpatch", "UnpatchedPmapWarning"]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import pmap_compat
-from pmap_compat.patching import UnpatchedPmapWarning
+from pmap_compat import UnpatchedPmapWarning  # public: users filter it by name
 from support.compare import assert_trees_equal
 
 # In a container: patched() rebinds module globals bound to JAX's pmap, this test's too.
