@@ -32,7 +32,8 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import edits, file_style, imports, removed_names, site_comments, support_module
+from codemod import (edits, file_style, imports, removed_names, site_comments, support_module,
+                     unreplicate)
 from codemod.edits import Arg, Call, Copied
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -48,6 +49,21 @@ _INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "
                     "axis_size")
 _SHARD_MAP = {"experimental": ("shard_map", "check_rep=False"),
               "jax": ("jax.shard_map", "check_vma=False")}
+
+
+def _forwarded_global_arg_shapes(levels: list[Site]) -> list[cst.BaseExpression]:
+  """The ``global_arg_shapes`` values that are names passed through (a wrapper forwarding
+  its own parameter, None unless its caller set it): the converted site drops them. A
+  value written out is an error legacy pmap raised, so such a site is not converted."""
+  forwarded = []
+  for level in levels:
+    shapes = level.options.get("global_arg_shapes")
+    if shapes is None or is_none(shapes):
+      continue
+    if not isinstance(shapes, (cst.Name, cst.Attribute)):
+      raise Unconvertible("global_arg_shapes is set (legacy pmap rejects it with ValueError)")
+    forwarded.append(shapes)
+  return forwarded
 
 
 class ConvertPmapCommand(VisitorBasedCodemodCommand):
@@ -105,6 +121,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._support_names: list[str] = []
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._partial_aliases: frozenset[str] = frozenset()
+    self._unreplicate = unreplicate.Rewrites()
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
@@ -155,13 +172,15 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         continue
       self.sites_found += 1
       self._convert(site)
+    converted = [s for s in sites if not s.absorbed and s.error is None]
     if self.sites_converted:
       refs.multihost_finding()
-    for finding in refs.findings:
+      self._plan_unreplicate(node, converted)
+    for finding in self._unreplicate.kept(refs.findings) + self._unreplicate.findings:
       self._warn(finding.line, finding.column, finding.severity, finding.message)
     self._plan_renames(refs)
-    converted_nodes = [s.node for s in sites if not s.absorbed and s.error is None]
-    edited = converted_nodes + list(self._renames)
+    converted_nodes = [s.node for s in converted]
+    edited = converted_nodes + list(self._renames) + self._unreplicate.nodes
     if not edited:
       return False  # nothing to rewrite: skip the walk
     self._site_lines = sorted(self.get_metadata(PositionProvider, n).start.line
@@ -381,6 +400,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     names = ", ".join(self._axis_names(site))
     self._report(site.node, Severity.INFO,
                  f"pmap converted to jax.jit(shard_map) over mesh axes {names}")
+    for shapes in _forwarded_global_arg_shapes(site.levels()):
+      self._report(shapes, Severity.WARNING,
+                   f"global_arg_shapes={_code(shapes)} dropped: legacy pmap raised ValueError "
+                   "unless it was None, the converted site ignores it")
 
   def _axis_names(self, site: Site) -> list[str]:
     levels = site.levels()
@@ -399,9 +422,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _build(self, site: Site) -> None:
     levels = site.levels()
     outer = levels[0].options
-    for level in levels:
-      if level.options.get("global_arg_shapes") is not None:
-        raise Unconvertible("global_arg_shapes is set (legacy pmap rejects it with ValueError)")
+    _forwarded_global_arg_shapes(levels)
     for level in levels[1:]:
       for name in _INNER_FORBIDDEN:
         if level.options.get(name) is not None:
@@ -641,6 +662,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:
     """The imports the new code uses that the module does not bind yet."""
     written = [_code(e) for e in (*self._call_sites.values(), *self._renames.values())]
+    written += self._unreplicate.code()
     written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
                 for d in new]
     text = "\n".join(written)
@@ -679,6 +701,26 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for module, name, alias in refs.removed_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
 
+  # ----- x[0] of the converted sites' outputs -----
+
+  def _plan_unreplicate(self, module: cst.Module, converted: list[Site]) -> None:
+    style = self._style  # loads the lines
+    assert self._lines is not None
+    self._unreplicate = unreplicate.plan(
+        module, self.get_metadata, [s.node for s in converted if s.fundef is None],
+        [s.fundef for s in converted if s.fundef is not None], style.width, self._lines)
+    if self._unreplicate.nodes:
+      self._import_support(unreplicate.SUPPORT_NAME)
+    for module_name, name, alias in self._unreplicate.flax_imports:
+      RemoveImportsVisitor.remove_unused_import(self.context, module_name, name, alias)
+
+  def leave_Lambda(self, original_node: cst.Lambda, updated_node: cst.Lambda) -> cst.BaseExpression:
+    return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))
+
+  def leave_Subscript(self, original_node: cst.Subscript,
+                      updated_node: cst.Subscript) -> cst.BaseExpression:
+    return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))
+
   # ----- reporting -----
 
   def _report(self, node: cst.CSTNode, severity: Severity, message: str) -> None:
@@ -706,7 +748,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
     replacement = self._call_sites.get(original_node)
     if replacement is None:
-      return updated_node
+      return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))
     self._applied += 1
     return replacement.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 

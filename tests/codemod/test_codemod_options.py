@@ -1,6 +1,6 @@
 """Rule: pmap's other options -- static_broadcasted_argnums, donate_argnums, devices,
 backend, axis_size -- move to jax.jit or to the mesh; the rest are reported."""
-from codemod_testing import SiteTest
+from codemod_testing import SiteTest, rewrite
 
 
 class OptionsTest(SiteTest):
@@ -40,6 +40,25 @@ class OptionsTest(SiteTest):
 
   def test_global_arg_shapes_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", global_arg_shapes=((8,),))', "global_arg_shapes")
+
+  def test_global_arg_shapes_none_is_the_default(self):
+    self.assertSite('g = jax.pmap(f, "i", global_arg_shapes=None)', '''
+        g = jax.jit(
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+    _, findings = rewrite('import jax\ng = jax.pmap(f, "i", global_arg_shapes=None)\n')
+    self.assertEqual([f.severity.value for f in findings], ["INFO"], findings)
+
+  def test_forwarded_global_arg_shapes_is_dropped_with_a_warning(self):
+    # A wrapper passing its own parameter through (flax's nnx.pmap): None unless its caller
+    # set it, when legacy pmap raised.
+    self.assertSite('g = jax.pmap(f, "i", global_arg_shapes=global_arg_shapes)', '''
+        g = jax.jit(
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+    _, findings = rewrite(
+        'import jax\ng = jax.pmap(f, "i", global_arg_shapes=global_arg_shapes)\n')
+    warnings = [f.message for f in findings if f.severity.value == "WARNING"]
+    self.assertEqual(len(warnings), 1, findings)
+    self.assertIn("global_arg_shapes=global_arg_shapes dropped", warnings[0])
 
   def test_star_kwargs_are_reported(self):
     self.assertSiteError('g = jax.pmap(f, **pmap_kwargs)', "passed with * or **")
