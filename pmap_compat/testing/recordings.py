@@ -141,10 +141,6 @@ def jax_versions() -> dict:
   return {"jax": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", "?")}
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-  return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
-
-
 def which_pmap() -> str:
   """What `jax.pmap` is in this process right now."""
   pmap = getattr(jax, "pmap", None)
@@ -152,8 +148,8 @@ def which_pmap() -> str:
     return "none (this jax has no jax.pmap)"
   if getattr(pmap, "__module__", "").startswith("pmap_compat"):
     return "pmap_compat.pmap"
-  if _version_tuple(jax.__version__) >= (0, 10) or getattr(jax.config, "jax_pmap_shmap_merge",
-                                                           False):
+  # The flag chooses between the two pmaps (legacy unless set); JAX dropped it with legacy.
+  if getattr(jax.config, "jax_pmap_shmap_merge", True):
     return "jax.pmap (JAX's shard_map-based pmap)"
   return "legacy jax.pmap"
 
