@@ -55,7 +55,7 @@ def _forwarded_global_arg_shapes(levels: list[Site]) -> list[cst.BaseExpression]
   """The ``global_arg_shapes`` values that are names passed through (a wrapper forwarding
   its own parameter, None unless its caller set it): the converted site drops them. A
   value written out is an error legacy pmap raised, so such a site is not converted."""
-  forwarded = []
+  forwarded: list[cst.BaseExpression] = []
   for level in levels:
     shapes = level.options.get("global_arg_shapes")
     if shapes is None or is_none(shapes):
