@@ -709,10 +709,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._unreplicate = unreplicate.plan(
         module, self.get_metadata, [s.node for s in converted if s.fundef is None],
         [s.fundef for s in converted if s.fundef is not None], style.width, self._lines)
-    if self._unreplicate.nodes:
-      self._import_support(unreplicate.SUPPORT_NAME)
-    for module_name, name, alias in self._unreplicate.flax_imports:
-      RemoveImportsVisitor.remove_unused_import(self.context, module_name, name, alias)
+    for name in self._unreplicate.support_names():
+      self._import_support(name)
+    for module_name, obj, alias in self._unreplicate.flax_imports:
+      RemoveImportsVisitor.remove_unused_import(self.context, module_name, obj, alias)
 
   def leave_Lambda(self, original_node: cst.Lambda, updated_node: cst.Lambda) -> cst.BaseExpression:
     return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))

@@ -231,6 +231,69 @@ def device_put_sharded(shards, devices):
                                  sharding), *shards)
 
 
+def first_row(x):
+  """``x[0]``, read from the one device buffer that holds it when ``x`` is a jax Array.
+
+  On an array sharded over a mesh (a converted pmap's output), ``x[0]`` is a gather
+  across the devices, compiled for every shape, and it fails when some of the devices
+  belong to other processes; legacy pmap's ``x[0]`` took device 0's buffer. Here a local
+  shard holding row 0 whole supplies it: the same values, dtype, shape and weak type as
+  ``x[0]``, on that shard's device and uncommitted, as legacy pmap's ``x[0]`` was (so it
+  can be passed with arrays on other devices). Anything else is indexed as ``x[0]``:
+  numpy arrays, Python values (a tuple of outputs is indexed, not unreplicated), tracers,
+  PRNG key arrays, rank-0 or empty arrays, arrays with no local shard holding row 0.
+  """
+  shard = _row_zero_shard(x)
+  return x[0] if shard is None else _rows([x], [shard])[0]
+
+
+def first_rows(tree):
+  """``jax.tree.map(first_row, tree)``: Flax's ``unreplicate``. The rows that come from
+  device buffers are taken in one program per device, not one per leaf shape."""
+  leaves, treedef = jax.tree.flatten(tree)
+  out = list(leaves)
+  on_device = {}
+  for i, leaf in enumerate(leaves):
+    shard = _row_zero_shard(leaf)
+    if shard is None:
+      out[i] = leaf[0]
+    else:
+      on_device.setdefault(shard.device, []).append((i, shard))
+  for entries in on_device.values():
+    rows = _rows([leaves[i] for i, _ in entries], [shard for _, shard in entries])
+    for (i, _), row in zip(entries, rows, strict=True):
+      out[i] = row
+  return jax.tree.unflatten(treedef, out)
+
+
+def _rows(arrays, shards):
+  """``array[0]`` of each array, from its shard holding row 0 (the shards on one device)."""
+  rows = _rows_of([shard.data for shard in shards])
+  try:
+    return [type(row)(row.aval, row.sharding, [row], committed=False) for row in rows]
+  except TypeError:  # a JAX whose Array cannot be rebuilt uncommitted: x[0] as it is
+    return [array[0] for array in arrays]
+
+
+@jax.jit
+def _rows_of(blocks):
+  """Row 0 of each block (blocks on one device; the result on it too)."""
+  return [jax.lax.index_in_dim(block, 0, keepdims=False) for block in blocks]
+
+
+def _row_zero_shard(x):
+  """A shard of ``x`` on this process's devices that holds ``x[0]`` whole, or None."""
+  if (not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or x.ndim == 0
+      or x.shape[0] == 0 or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):
+    return None
+  for shard in x.addressable_shards:
+    rows, *rest = shard.index
+    if isinstance(rows, slice) and rows.indices(x.shape[0])[0] == 0 and all(
+        part.indices(size) == (0, size, 1) for part, size in zip(rest, x.shape[1:], strict=True)):
+      return shard
+  return None
+
+
 def _stacked_sharding(devices):
   return jax.sharding.NamedSharding(pmap_mesh(("devices",), (len(devices),), tuple(devices)),
                                     PartitionSpec("devices"))

@@ -1,0 +1,396 @@
+"""Rewrites ``x[0]`` taken of converted pmap outputs into the support module's ``first_row``.
+
+On the ``NamedSharding`` arrays a converted site returns, ``x[0]`` is a gather across
+the devices (compiled once per leaf shape, and failing when some devices belong to other
+processes), where legacy pmap's ``x[0]`` handed back device 0's buffer. In a file with
+at least one converted site this transform rewrites
+
+  ``flax.jax_utils.unreplicate(t)`` (any import form)  ->  ``first_rows(t)``
+  ``jax.tree.map(lambda x: x[0], t)`` (or ``jax.tree_util.tree_map``, ``jax.tree_map``,
+      ``tree_multimap``)                                ->  ``first_rows(t)``
+  the same with more arguments (``is_leaf=``)         ->  ``jax.tree.map(first_row, ...)``
+  ``out[0]``, ``step(x)[0]`` where ``out`` is bound only to a converted site's outputs in
+      the same scope (``out = step(x)``, ``state, out = step(x)``) and ``step`` only
+      to a converted site                               ->  ``first_row(out)``
+
+``first_row(x)`` is ``x[0]`` exactly, for every ``x``: a jax Array with a local shard
+holding row 0 whole gives that row read from the shard's buffer (same values, dtype,
+shape and weak type; uncommitted on that device, as legacy pmap's ``x[0]`` was), and
+anything else (numpy arrays, Python values such as a tuple of outputs, tracers, PRNG key
+arrays) is indexed as ``x[0]``; ``first_rows(t)`` is ``jax.tree.map(first_row, t)``, its
+rows read in one program per device. So the rewrite needs no proof about the values;
+what stays reported (the INFO ``related`` gives, with the reason) is what the transform
+cannot rewrite cleanly: the support name bound to something else where the rewrite
+would use it, comments inside the replaced text, or a line that would grow past the
+file's limit.
+Files without converted sites are only reported: their ``x[0]`` may well not be pmap's.
+"""
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import libcst as cst
+from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from codemod import related, site_comments
+from codemod.findings import Finding, Severity
+
+SUPPORT_NAME = "first_row"    # x[0] of one value
+TREE_SUPPORT_NAME = "first_rows"  # x[0] of every leaf
+_FLAX_UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
+_TREE_MAPS = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map",
+                        "jax.tree_multimap", "jax.tree_util.tree_multimap"})
+_TREE_MAP_LAST = frozenset(name.rsplit(".", 1)[1] for name in _TREE_MAPS)
+_REPORTED = related.GUIDANCE["unreplicate"][1]  # the message these rewrites replace
+
+_SUPPORT = {"flax": TREE_SUPPORT_NAME, "tree_map": TREE_SUPPORT_NAME, "lambda": SUPPORT_NAME,
+            "subscript": SUPPORT_NAME}
+_MESSAGES = {
+    "flax": "flax.jax_utils.unreplicate rewritten to {name}",
+    "tree_map": "a tree map of lambda x: x[0] rewritten to {name}(...)",
+    "lambda": "lambda x: x[0] rewritten to {name}",
+    "subscript": "[0] of a converted pmap site's output rewritten to {name}(...)",
+}
+_WHY = (", which reads row 0 from the device holding it (x[0] on the converted output is a "
+        "gather across devices, compiled per shape); same values, dtype and shape")
+
+
+@dataclass
+class Rewrites:
+  """What the transform changes in one file, keyed by original nodes."""
+  kinds: dict[cst.CSTNode, str] = field(default_factory=dict)  # node -> flax/lambda/subscript
+  findings: list[Finding] = field(default_factory=list)
+  positions: set[tuple[int, int]] = field(default_factory=set)  # (line, column) of candidates
+  flax_imports: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+
+  @property
+  def nodes(self) -> list[cst.CSTNode]:
+    return list(self.kinds)
+
+  def support_names(self) -> list[str]:
+    """The support functions the new code calls."""
+    return sorted({_SUPPORT[kind] for kind in self.kinds.values()})
+
+  def code(self) -> list[str]:
+    """Text of the new code (for the imports it needs)."""
+    return [f"{name}(" for name in self.support_names()]
+
+  def kept(self, findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` without related's unreplicate entries for the candidates here (each
+    has an entry of its own: rewritten, or why not)."""
+    return [f for f in findings
+            if not (f.message == _REPORTED and (f.line, f.column) in self.positions)]
+
+  def apply(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+    """The new node for ``original`` (``updated`` holds its rewritten children)."""
+    kind = self.kinds.get(original)
+    if kind is None:
+      return updated
+    return _rewritten(kind, updated)
+
+
+def _rewritten(kind: str, node: cst.CSTNode) -> cst.CSTNode:
+  name = cst.Name(_SUPPORT[kind])
+  if kind == "flax":
+    assert isinstance(node, cst.Call)
+    return node.with_changes(func=name)
+  if kind == "tree_map":  # f(lambda x: x[0], tree) -> first_rows(tree), tree as written
+    assert isinstance(node, cst.Call)
+    tree = node.args[1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return node.with_changes(func=name, args=(tree,))
+  if kind == "lambda":
+    assert isinstance(node, cst.Lambda)
+    return name.with_changes(lpar=node.lpar, rpar=node.rpar)
+  assert isinstance(node, cst.Subscript)
+  return cst.Call(name, (cst.Arg(node.value),), lpar=node.lpar, rpar=node.rpar)
+
+
+def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CSTNode],
+         site_defs: Sequence[cst.FunctionDef], width: int, lines: Sequence[str]) -> Rewrites:
+  """The rewrites of one file whose converted sites are ``site_nodes`` (calls) and
+  ``site_defs`` (decorated defs); ``width`` is its line limit, ``lines`` its text."""
+  found = _Idioms(get_metadata)
+  module.visit(found)
+  outputs = _Outputs(get_metadata, found, set(site_nodes), set(site_defs))
+  candidates: list[tuple[cst.CSTNode, str]] = (
+      [(node, "flax") for node in found.flax_calls]
+      + [(node, "tree_map") for node in found.tree_maps]
+      + [(node, "lambda") for node in found.lambdas]
+      + [(node, "subscript") for node in found.subscripts
+         if node not in found.stored and outputs.is_output(node.value)])
+  candidates.sort(key=lambda item: _start(get_metadata, item[0]))
+  rewrites = Rewrites()
+  growth: collections.Counter = collections.Counter()  # line -> characters added so far
+
+  def obstacle(node: cst.CSTNode, kind: str) -> str | None:
+    reason = _obstacle(get_metadata, node, kind)
+    if reason is not None:
+      return reason
+    added = _growth(get_metadata, node, kind)
+    over = [line for line, n in added.items()
+            if n > 0 and len(lines[line - 1]) + growth[line] + n > width]
+    if over:
+      return f"the rewrite would make line {over[0]} longer than the file's limit ({width})"
+    growth.update(added)
+    return None
+
+  for node, kind in candidates:
+    reason = obstacle(node, kind)
+    if reason is not None and kind == "tree_map":
+      rewrites.positions.add(_column(get_metadata, node))
+      node, kind = cast(cst.Call, node).args[0].value, "lambda"  # the lambda alone, if it can be
+      reason = obstacle(node, kind)
+    line, column = _column(get_metadata, node)
+    rewrites.positions.add((line, column))  # related's entry is replaced by this one
+    if kind == "tree_map":
+      rewrites.positions.add(_column(get_metadata, cast(cst.Call, node).args[0].value))
+    if reason is not None:
+      rewrites.findings.append(Finding(line, column, Severity.INFO,
+                                       f"{_REPORTED} (not rewritten: {reason})"))
+      continue
+    rewrites.kinds[node] = kind
+    rewrites.findings.append(Finding(line, column, Severity.INFO,
+                                     (_MESSAGES[kind] + _WHY).format(name=_SUPPORT[kind])))
+  if any(kind == "flax" for kind in rewrites.kinds.values()):
+    rewrites.flax_imports = found.flax_imports  # removed where nothing else uses them
+  return rewrites
+
+
+def _column(get_metadata: Callable, node: cst.CSTNode) -> tuple[int, int]:
+  """Where a finding about ``node`` goes: its line and 1-based column."""
+  pos = get_metadata(PositionProvider, node).start
+  return pos.line, pos.column + 1
+
+
+def _start(get_metadata: Callable, node: cst.CSTNode) -> tuple[int, int]:
+  pos = get_metadata(PositionProvider, node).start
+  return pos.line, pos.column
+
+
+def _code(node: cst.CSTNode) -> str:
+  return cst.Module([]).code_for_node(node)
+
+
+def _growth(get_metadata: Callable, node: cst.CSTNode, kind: str) -> collections.Counter:
+  """Characters the rewrite adds to each line it touches. It adds no line breaks; where it
+  removes some (a tree map's lambda on a line of its own), the lines that are left hold
+  the tree argument as it was, and only the first line can grow."""
+  old = _code(node.with_changes(lpar=(), rpar=()))
+  new = _code(_rewritten(kind, node).with_changes(lpar=(), rpar=()))
+  first = get_metadata(PositionProvider, node).start.line
+  if getattr(node, "lpar", ()):
+    first = get_metadata(PositionProvider, node.lpar[-1]).end.line  # type: ignore[attr-defined]
+  old_lines, new_lines = old.split("\n"), new.split("\n")
+  if len(old_lines) != len(new_lines):
+    return collections.Counter({first: len(new_lines[0]) - len(old_lines[0])})
+  return collections.Counter({first + i: len(b) - len(a)
+                              for i, (a, b) in enumerate(zip(old_lines, new_lines, strict=True))})
+
+
+def _obstacle(get_metadata: Callable, node: cst.CSTNode, kind: str) -> str | None:
+  """Why ``node`` cannot be rewritten cleanly, or None."""
+  scope = get_metadata(ScopeProvider, node, None)
+  if scope is None:
+    return "its scope is unknown"
+  name = _SUPPORT[kind]
+  if name in scope and not all(_is_support_import(a) for a in scope[name]):
+    return f"the name {name} is bound to something else here"
+  removed: list[cst.CSTNode] = [node]
+  if kind == "flax":
+    removed = [node.func]  # type: ignore[attr-defined]
+  elif kind == "tree_map":
+    removed = [node.func, node.args[0]]  # type: ignore[attr-defined]
+  elif kind == "subscript":
+    removed = list(node.slice)  # type: ignore[attr-defined]
+  if any(site_comments.comments_in(part) for part in removed):
+    return "comments inside the text it replaces"
+  return None
+
+
+def _is_support_import(assignment) -> bool:
+  """A binding made by the import of the support module (a rerun over converted code)."""
+  node = getattr(assignment, "node", None)
+  if not isinstance(node, cst.ImportFrom) or node.module is None:
+    return False
+  return _code(node.module).rsplit(".", 1)[-1].endswith("pmap_shard_map")
+
+
+def _is_index0(node: cst.Subscript) -> bool:
+  if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+    return False
+  index = node.slice[0].slice
+  return (index.star is None and isinstance(index.value, cst.Integer)
+          and index.value.value == "0")
+
+
+class _Idioms(cst.CSTVisitor):
+  """The candidates in one walk: flax unreplicate calls, ``lambda x: x[0]`` given to a
+  tree map, ``NAME[0]`` / ``CALL[0]`` subscripts, the subscripts that are assigned or
+  deleted, the assignments from calls, and the flax.jax_utils imports."""
+
+  def __init__(self, get_metadata: Callable):
+    super().__init__()
+    self.get_metadata = get_metadata  # type: ignore[method-assign]
+    self.flax_calls: list[cst.Call] = []
+    self.lambdas: list[cst.Lambda] = []
+    self.tree_maps: list[cst.Call] = []  # f(lambda x: x[0], tree), nothing else
+    self.subscripts: list[cst.Subscript] = []
+    self.stored: set[cst.Subscript] = set()
+    self.assigns: list[cst.Assign] = []
+    self.flax_imports: list[tuple[str, str | None, str | None]] = []
+    self._statement: cst.SimpleStatementLine | None = None
+
+  def _names(self, node: cst.CSTNode) -> set[str]:
+    return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+
+  def visit_Call(self, node: cst.Call) -> None:
+    func = node.func
+    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    if last == "unreplicate":
+      if (self._names(func) & _FLAX_UNREPLICATE and len(node.args) == 1
+          and node.args[0].keyword is None and not node.args[0].star):
+        self.flax_calls.append(node)
+    elif last in _TREE_MAP_LAST and self._names(func) & _TREE_MAPS:
+      first = node.args[0] if node.args else None
+      fun = (first.value if first is not None and first.keyword is None and not first.star
+             else next((a.value for a in node.args
+                        if a.keyword is not None and a.keyword.value == "f"), None))
+      if isinstance(fun, cst.Lambda) and _is_first_row_lambda(fun):
+        if len(node.args) == 2 and all(a.keyword is None and not a.star for a in node.args):
+          self.tree_maps.append(node)
+        else:
+          self.lambdas.append(fun)
+
+  def visit_Subscript(self, node: cst.Subscript) -> None:
+    if _is_index0(node) and isinstance(node.value, (cst.Name, cst.Call)):
+      self.subscripts.append(node)
+
+  def visit_Assign(self, node: cst.Assign) -> None:
+    self.assigns.append(node)
+    for target in node.targets:
+      self._store(target.target)
+
+  def visit_AugAssign(self, node: cst.AugAssign) -> None:
+    self._store(node.target)
+
+  def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+    self._store(node.target)
+
+  def visit_Del(self, node: cst.Del) -> None:
+    self._store(node.target)
+
+  def visit_For(self, node: cst.For) -> None:
+    self._store(node.target)
+
+  def visit_CompFor(self, node: cst.CompFor) -> None:
+    self._store(node.target)
+
+  def visit_AsName(self, node: cst.AsName) -> None:
+    self._store(node.name)
+
+  def _store(self, target: cst.BaseExpression) -> None:
+    if isinstance(target, cst.Subscript):
+      self.stored.add(target)
+    elif isinstance(target, (cst.Tuple, cst.List)):
+      for element in target.elements:
+        self._store(element.value)
+    elif isinstance(target, cst.StarredElement):
+      self._store(target.value)
+
+  def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+    self._statement = node
+
+  def visit_Import(self, node: cst.Import) -> None:
+    for alias in node.names:
+      if alias.evaluated_name == "flax.jax_utils" and self._plain():
+        self.flax_imports.append(("flax.jax_utils", None, alias.evaluated_alias))
+
+  def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+    if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
+      return
+    module = _code(node.module)
+    wanted = {"flax": "jax_utils", "flax.jax_utils": "unreplicate"}.get(module)
+    for alias in node.names:
+      if alias.evaluated_name == wanted and self._plain():
+        self.flax_imports.append((module, wanted, alias.evaluated_alias))
+
+  def _plain(self) -> bool:
+    """No comment in or around the import statement: removing it loses none (libcst's
+    RemoveImportsVisitor drops the statement with the comment lines above it)."""
+    return self._statement is not None and not site_comments.comments_in(self._statement)
+
+
+def _is_first_row_lambda(node: cst.Lambda) -> bool:
+  params = node.params
+  if (len(params.params) != 1 or params.posonly_params or params.kwonly_params
+      or not isinstance(params.star_arg, cst.MaybeSentinel) or params.star_kwarg is not None
+      or params.params[0].default is not None):
+    return False
+  body = node.body
+  return (isinstance(body, cst.Subscript) and isinstance(body.value, cst.Name)
+          and body.value.value == params.params[0].name.value and _is_index0(body)
+          and not body.lpar)
+
+
+class _Outputs:
+  """Which expressions are a converted site's outputs: a call of the site (or of a name
+  bound only to it), or a name bound only to such calls' results in its own scope."""
+
+  def __init__(self, get_metadata: Callable, found: _Idioms, site_nodes: set,
+               site_defs: set):
+    self.get_metadata = get_metadata
+    self.site_nodes = site_nodes
+    self.site_bindings: set[cst.CSTNode] = set(site_defs)  # defs, and names bound to sites
+    for assign in found.assigns:
+      if assign.value in site_nodes:
+        self.site_bindings.update(t.target for t in assign.targets
+                                  if isinstance(t.target, cst.Name))
+    self.output_bindings: set[cst.CSTNode] = set()
+    for assign in found.assigns:
+      if isinstance(assign.value, cst.Call) and self._is_site(assign.value.func):
+        for target in assign.targets:
+          self.output_bindings.update(_names_in(target.target))
+
+  def _referents(self, name: cst.Name) -> tuple[set, object] | None:
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if scope is None:
+      return None
+    referents = set()
+    for access in scope.accesses[name]:
+      referents.update(access.referents)
+    return (referents, scope) if referents else None
+
+  def _is_site(self, func: cst.BaseExpression) -> bool:
+    if func in self.site_nodes:
+      return True
+    if not isinstance(func, cst.Name):
+      return False
+    found = self._referents(func)
+    return found is not None and all(getattr(r, "node", None) in self.site_bindings
+                                     for r in found[0])
+
+  def is_output(self, value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.Call):
+      return self._is_site(value.func)
+    if not isinstance(value, cst.Name):
+      return False
+    found = self._referents(value)
+    if found is None:
+      return False
+    referents, scope = found
+    return all(getattr(r, "node", None) in self.output_bindings and r.scope is scope
+               for r in referents)
+
+
+def _names_in(target: cst.BaseExpression) -> list[cst.Name]:
+  """The names a target binds to whole outputs: ``out``, or the names in ``a, (b, c)``
+  (a starred name binds a list of them: not an output)."""
+  if isinstance(target, cst.Name):
+    return [target]
+  if isinstance(target, (cst.Tuple, cst.List)):
+    return [name for element in target.elements if not isinstance(element, cst.StarredElement)
+            for name in _names_in(element.value)]
+  return []

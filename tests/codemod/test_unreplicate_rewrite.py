@@ -1,0 +1,296 @@
+"""Rule: in a file with converted pmap sites, x[0] taken of their outputs (Flax's
+unreplicate, ``tree_map(lambda x: x[0], ...)``, ``out[0]`` of a site's output) becomes
+the support module's ``first_row``; only the rewritten nodes change, and what cannot be
+rewritten cleanly stays as it is, reported as before."""
+import textwrap
+
+from codemod_testing import PmapCodemodTest, rewrite
+
+HEAD = """\
+import functools
+
+import jax
+from jax.sharding import PartitionSpec as P
+from jax.experimental.shard_map import shard_map
+"""
+
+STEP_BEFORE = """\
+@functools.partial(jax.pmap, axis_name="i")
+def step(state, batch):
+  return state, batch * 2
+"""
+
+STEP_AFTER = """\
+@jax.jit
+@on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
+                                check_rep=False),
+              drop_device_axis=True)
+def step(state, batch):
+  return state, batch * 2
+"""
+
+
+def _infos(source, **options):
+  _, findings = rewrite(textwrap.dedent(source), **options)
+  return [(f.line, f.message) for f in findings if "pmap converted" not in f.message]
+
+
+class UnreplicateRewriteTest(PmapCodemodTest):
+
+  def _converts(self, imports, body_before, body_after, *, support="first_rows, on_pmap_mesh",
+                target="experimental", kept_import=None):
+    imports = f"{imports}\n" if imports else ""
+    before = f"import functools\n\nimport jax\n{imports}\n\n{STEP_BEFORE}\n\n{body_before}"
+    head = HEAD if target == "experimental" else HEAD.replace(
+        "from jax.experimental.shard_map import shard_map\n", "")
+    step = STEP_AFTER if target == "experimental" else STEP_AFTER.replace(
+        """functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
+                                check_rep=False)""",
+        """functools.partial(jax.shard_map, in_specs=P("i"),
+                                out_specs=P("i"), check_vma=False)""")
+    if kept_import is not None:  # stays where it was, after `import jax`
+      head = head.replace("import jax\n", f"import jax\n{kept_import}\n", 1)
+    after = f"{head}from pmap_shard_map import {support}\n\n\n{step}\n\n{body_after}"
+    self.assertCodemod(before, after, target=target)
+    again, _ = rewrite(after, target=target)
+    self.assertEqual(again, after, "a second run changed the output")
+
+  def test_flax_unreplicate_from_jax_utils(self):
+    self._converts("from flax import jax_utils", """\
+def run(state, batch):
+  state, _ = step(state, batch)
+  return jax_utils.unreplicate(state)  # one copy
+""", """\
+def run(state, batch):
+  state, _ = step(state, batch)
+  return first_rows(state)  # one copy
+""")
+
+  def test_flax_unreplicate_imported_by_name_or_through_flax(self):
+    self._converts("from flax.jax_utils import unreplicate", """\
+def run(state):
+  return unreplicate(state)
+""", """\
+def run(state):
+  return first_rows(state)
+""")
+    self._converts("import flax.jax_utils", """\
+def run(state):
+  return flax.jax_utils.unreplicate(
+      state)
+""", """\
+def run(state):
+  return first_rows(
+      state)
+""")
+
+  def test_flax_import_still_used_elsewhere_stays(self):
+    self._converts("from flax import jax_utils", """\
+def run(state):
+  return jax_utils.unreplicate(jax_utils.replicate(state))
+""", """\
+def run(state):
+  return first_rows(jax_utils.replicate(state))
+""", kept_import="from flax import jax_utils")
+
+  def test_tree_map_lambdas(self):
+    # f(lambda x: x[0], tree) is first_rows(tree); with more arguments only the lambda goes.
+    self._converts("", """\
+def run(metrics, state):
+  a = jax.tree.map(lambda x: x[0], metrics)
+  b = jax.tree_util.tree_map(lambda leaf: leaf[0], state, is_leaf=None)
+  c = jax.tree_util.tree_map(f=lambda y: y[0], tree=state)
+  d = jax.tree_util.tree_map(
+      lambda x: x[0],  # device 0
+      state)
+  return a, b, c, d
+""", """\
+def run(metrics, state):
+  a = first_rows(metrics)
+  b = jax.tree_util.tree_map(first_row, state, is_leaf=None)
+  c = jax.tree_util.tree_map(f=first_row, tree=state)
+  d = jax.tree_util.tree_map(
+      first_row,  # device 0
+      state)
+  return a, b, c, d
+""", support="first_row, first_rows, on_pmap_mesh")
+
+  def test_jax_tree_map_per_target(self):
+    # --target jax renames jax.tree_map where the lambda alone is rewritten.
+    for target in ("experimental", "jax"):
+      self._converts("", "def run(s):\n  return jax.tree_map(lambda x: x[0], s)\n",
+                     "def run(s):\n  return first_rows(s)\n", target=target)
+    self._converts("", "def run(s):\n  return jax.tree_map(lambda x: x[0], s, is_leaf=None)\n",
+                   "def run(s):\n  return jax.tree.map(first_row, s, is_leaf=None)\n",
+                   target="jax", support="first_row, on_pmap_mesh")
+
+  def test_outputs_of_a_converted_site(self):
+    self._converts("", """\
+p_double = jax.pmap(lambda x: x * 2)
+
+
+def run(state, batch):
+  losses = []
+  for _ in range(3):
+    state, loss = step(state, batch)
+    losses.append(loss[0])  # device 0's loss
+  out = p_double(batch)
+  return (losses, out[0], step(state, batch)[0],
+          p_double(out)[0])
+""", """\
+p_double = jax.jit(
+    on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"),
+                                   out_specs=P("pmap_axis"), check_rep=False),
+                 drop_device_axis=True)(lambda x: x * 2))
+
+
+def run(state, batch):
+  losses = []
+  for _ in range(3):
+    state, loss = step(state, batch)
+    losses.append(first_row(loss))  # device 0's loss
+  out = p_double(batch)
+  return (losses, first_row(out), first_row(step(state, batch)),
+          first_row(p_double(out)))
+""", support="first_row, on_pmap_mesh")
+
+  def test_values_not_provably_outputs_stay(self):
+    self._converts("", """\
+def run(state, batch, other):
+  state, loss = step(state, batch)
+  mixed = loss
+  mixed = other
+  loss2 = step(state, batch)
+  loss2 += 1
+  out = step(state, batch)
+  out[0] = batch
+  return other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out
+""", """\
+def run(state, batch, other):
+  state, loss = step(state, batch)
+  mixed = loss
+  mixed = other
+  loss2 = step(state, batch)
+  loss2 += 1
+  out = step(state, batch)
+  out[0] = batch
+  return other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out
+""", support="on_pmap_mesh")
+
+  def test_other_lambdas_and_calls_stay(self):
+    self._converts("", """\
+def run(a, b, f):
+  x = jax.tree.map(lambda x, y: x[0] + y, a, b)
+  y = jax.tree.map(lambda x: x[1], a)
+  z = f(lambda x: x[0], a)
+  w = jax.tree.map(lambda x=a: x[0], a)
+  return x, y, z, w
+""", """\
+def run(a, b, f):
+  x = jax.tree.map(lambda x, y: x[0] + y, a, b)
+  y = jax.tree.map(lambda x: x[1], a)
+  z = f(lambda x: x[0], a)
+  w = jax.tree.map(lambda x=a: x[0], a)
+  return x, y, z, w
+""", support="on_pmap_mesh")
+
+  def test_examples_own_unreplicate_def_calls_first_row(self):
+    # A file's own helper named like the support one's idiom: its body is rewritten, the
+    # def keeps its name (no recursion, no clash).
+    self._converts("", """\
+def unreplicate(tree):
+  return jax.tree.map(lambda x: x[0], tree)
+""", """\
+def unreplicate(tree):
+  return first_rows(tree)
+""")
+
+
+class NotRewrittenTest(PmapCodemodTest):
+
+  def test_file_without_converted_sites_is_only_reported(self):
+    source = """\
+import jax
+from flax import jax_utils
+
+a = jax_utils.unreplicate(state)
+b = jax.tree.map(lambda x: x[0], metrics)
+"""
+    self.assertUnchanged(source)
+    assert [l for l, m in _infos(source) if "out_axes=None" in m] == [4, 5]
+
+  def test_support_name_bound_to_something_else(self):
+    # The file's own first_row: the [0] stays (reported), first_rows is still free.
+    source = """\
+import jax
+
+step = jax.pmap(lambda x: x)
+
+
+def first_row(x):
+  return x
+
+
+def run(s):
+  return jax.tree.map(lambda x: x[0], s), step(s)[0]
+"""
+    new, _ = rewrite(source)
+    assert new.endswith("def run(s):\n  return first_rows(s), step(s)[0]\n")
+    infos = _infos(source)
+    assert [l for l, _ in infos] == [11, 11], infos
+    assert infos[1][1].endswith(
+        "(not rewritten: the name first_row is bound to something else here)")
+    # The file's own first_rows: the tree map's lambda alone becomes first_row.
+    new, _ = rewrite(source.replace("def first_row(", "def first_rows("))
+    assert new.endswith(
+        "def run(s):\n  return jax.tree.map(first_row, s), first_row(step(s))\n")
+
+  def test_line_limit(self):
+    # 80 columns: `first_row(...)` would overflow this line, the lambda form never does.
+    long_name = "o" * 62
+    source = f"""\
+import jax
+
+step = jax.pmap(lambda x: x)
+
+
+def run(s):
+  {long_name} = step(s)
+  return {long_name}[0]
+"""
+    new, findings = rewrite(source)
+    assert f"return {long_name}[0]" in new
+    [message] = [f.message for f in findings if "not rewritten" in f.message]
+    assert "longer than the file's limit (80)" in message
+
+  def test_flax_import_with_a_comment_is_kept(self):
+    # Removing the unused import would drop the comment above it with it.
+    new, _ = rewrite("""\
+import jax
+# Flax's helpers.
+from flax import jax_utils
+
+step = jax.pmap(lambda x: x)
+print(jax_utils.unreplicate(step(1)))
+""")
+    assert new.startswith("import jax\n# Flax's helpers.\nfrom flax import jax_utils\n")
+    assert new.endswith("print(first_rows(step(1)))\n")
+
+
+def test_findings_name_the_rewrite():
+  infos = _infos("""\
+import jax
+from flax import jax_utils
+
+step = jax.pmap(lambda x: x)
+a = jax_utils.unreplicate(step(1))
+b = jax.tree.map(lambda x: x[0], step(1))
+c = step(1)[0]
+d = jax.tree.map(lambda x: x[0], step(1), is_leaf=None)
+""")
+  assert [l for l, _ in infos] == [5, 6, 7, 8]
+  assert "flax.jax_utils.unreplicate rewritten to first_rows," in infos[0][1]
+  assert "a tree map of lambda x: x[0] rewritten to first_rows(...)" in infos[1][1]
+  assert "[0] of a converted pmap site's output rewritten to first_row(...)" in infos[2][1]
+  assert "lambda x: x[0] rewritten to first_row," in infos[3][1]
+  assert all("same values, dtype and shape" in m for _, m in infos)
