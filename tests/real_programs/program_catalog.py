@@ -41,6 +41,8 @@ PROGRAMS = {
                 steps={"training_epoch": ("training_epoch",)}),
         Program("flax_imagenet", packages=("flax",), distributions=("flax", "optax"),
                 steps={"train_step": ("train_step", PARTIAL), "eval_step": ("eval_step",)}),
+        Program("flax_nnx_pmap", packages=("flax",), distributions=("flax",),
+                steps={"train_step": ("train_step", PARTIAL), "evaluate": ("evaluate", PARTIAL)}),
     )
 }
 

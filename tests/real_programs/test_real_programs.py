@@ -33,13 +33,17 @@ KWARGS = {
     "numpyro_nuts": {"num_warmup": 10, "num_samples": 10},
     "brax_ppo": {},
     "flax_imagenet": {},
+    "flax_nnx_pmap": {},
 }
 TIMEOUT_S = 1800
 
 # (line, program, mode) cases that run in `make test`.
 FAST = {(catalog.LEGACY_LINE, "numpyro_nuts", "legacy"),
         (catalog.LEGACY_LINE, "numpyro_nuts", "patched_before"),
-        (catalog.LEGACY_LINE, "numpyro_nuts", "patched_after")}
+        (catalog.LEGACY_LINE, "numpyro_nuts", "patched_after"),
+        # A library's own pmap wrapper (nnx.pmap) converted by the codemod, run unchanged.
+        (catalog.LEGACY_LINE, "flax_nnx_pmap", "legacy"),
+        (catalog.LEGACY_LINE, "flax_nnx_pmap", "codemod")}
 
 # How jax 0.10.2's own pmap names every program it compiles.
 JAX_PMAP_COMPILE = "jit(_fun)"
@@ -53,6 +57,15 @@ _PREBUILT = ("the Flax example's module-level `cross_replica_mean = jax.pmap(...
              "limit) and no UnpatchedPmapWarning names it")
 _TWO_COMPILES = ("the converted loop compiles train_step twice: replicate's output and the "
                  "step's output reach it with different shardings")
+_NNX_RETRACE = ("the converted nnx.pmap step is traced and compiled again at step 2: the "
+                "model updated from the step's outputs reaches jax.jit with avals typed on the "
+                "step's mesh (f32[16]({Auto: ('batch',)})), the initial model without, and jit "
+                "keys its traces on that; legacy pmap does not")
+_NNX_RETRACE_NEWEST = (
+    "on jax 0.10 pmap_compat hands jit each input with its own aval (so a nested pmap's "
+    "program is not traced again for inputs on other devices): the model updated from the "
+    "step's outputs, typed on the step's mesh, retraces train_step at step 2, as 0.10.2's own "
+    "jax.pmap does (its 3 compiles of `_fun`); legacy pmap compiled it once")
 _BRAX_REBUILD = ("TypeError: int() argument must be ... not 'object' in brax's "
                  "UInt64.__post_init__: the converted training_epoch (jit over jax 0.6.0's "
                  "experimental shard_map, called from the support module's `sharded`) rebuilds "
@@ -64,6 +77,10 @@ KNOWN: dict[tuple[str, str, str, str], str] = {
     (catalog.NEWEST_LINE, "flax_imagenet", "patched_after", "compiles"): _PREBUILT,
     (catalog.LEGACY_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
     (catalog.NEWEST_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
+    (catalog.LEGACY_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
+    (catalog.NEWEST_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
+    (catalog.NEWEST_LINE, "flax_nnx_pmap", "patched_before", "compiles"): _NNX_RETRACE_NEWEST,
+    (catalog.NEWEST_LINE, "flax_nnx_pmap", "patched_after", "compiles"): _NNX_RETRACE_NEWEST,
     (catalog.LEGACY_LINE, "brax_ppo", "codemod", "results"): _BRAX_REBUILD,
     (catalog.LEGACY_LINE, "brax_ppo", "codemod", "compiles"): _BRAX_REBUILD,
 }
