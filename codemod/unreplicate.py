@@ -1,4 +1,4 @@
-"""Rewrites ``x[0]`` taken of converted pmap outputs into the support module's ``first_row``.
+"""Rewrites ``x[0]`` of converted pmap outputs into the support module's ``first_row(s)``.
 
 On the ``NamedSharding`` arrays a converted site returns, ``x[0]`` is a gather across
 the devices (compiled once per leaf shape, and failing when some devices belong to other
@@ -8,7 +8,7 @@ at least one converted site this transform rewrites
   ``flax.jax_utils.unreplicate(t)`` (any import form)  ->  ``first_rows(t)``
   ``jax.tree.map(lambda x: x[0], t)`` (or ``jax.tree_util.tree_map``, ``jax.tree_map``,
       ``tree_multimap``)                                ->  ``first_rows(t)``
-  the same with more arguments (``is_leaf=``)         ->  ``jax.tree.map(first_row, ...)``
+  the same with more arguments (``is_leaf=``)         ->  the lambda alone: ``first_row``
   ``out[0]``, ``step(x)[0]`` where ``out`` is bound only to a converted site's outputs in
       the same scope (``out = step(x)``, ``state, out = step(x)``) and ``step`` only
       to a converted site                               ->  ``first_row(out)``
@@ -61,7 +61,7 @@ _WHY = (", which reads row 0 from the device holding it (x[0] on the converted o
 @dataclass
 class Rewrites:
   """What the transform changes in one file, keyed by original nodes."""
-  kinds: dict[cst.CSTNode, str] = field(default_factory=dict)  # node -> flax/lambda/subscript
+  kinds: dict[cst.CSTNode, str] = field(default_factory=dict)  # node -> a key of _SUPPORT
   findings: list[Finding] = field(default_factory=list)
   positions: set[tuple[int, int]] = field(default_factory=set)  # (line, column) of candidates
   flax_imports: list[tuple[str, str | None, str | None]] = field(default_factory=list)

@@ -3,7 +3,6 @@ weak type; uncommitted, like legacy pmap's ``x[0]``) on jax 0.6.0 and 0.10.2, an
 program whose unreplicate idioms the codemod rewrites gives bit for bit what it gave
 under jax.pmap: legacy pmap on 0.6.0 (both targets), 0.10.2's own jax.pmap on 0.10.2."""
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -15,8 +14,8 @@ import pytest
 from codemod_testing import load, rewrite
 from support.compare import assert_trees_equal
 from support.venvs import NEWEST, ROOT, run_python
+from test_codemod_newest_jax import _run as run_program
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SUPPORT_SOURCE = os.path.join(ROOT, "codemod", "support_source.py")
 
 # Run as a script, here (jax 0.6.0) and in the jax 0.10.2 environment: each check
@@ -202,23 +201,6 @@ def test_converted_program_matches_legacy_pmap_bit_for_bit(target, flax_stub):
   assert_trees_equal(legacy, ours)
 
 
-def _run_programs(python, directory, out):
-  args = [os.path.join(HERE, "run_programs.py"), str(directory), str(out), "program"]
-  if python == "legacy":
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT, check=False)
-  else:
-    proc = run_python(python, args, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(out, "rb") as f:
-    status, result = pickle.load(f)["program"]
-  assert status == "ok", result
-  return result
-
-
 def test_converted_program_on_newest_jax_matches_its_pmap_and_legacy(tmp_path):
   original, converted = tmp_path / "original", tmp_path / "converted"
   for directory in (original, converted):
@@ -232,8 +214,9 @@ def test_converted_program_on_newest_jax_matches_its_pmap_and_legacy(tmp_path):
                        text=True, cwd=ROOT, timeout=120, check=False)
   assert cli.returncode == 0 and " ERROR " not in cli.stderr, cli.stderr
   assert "first_row" in (converted / "program.py").read_text()
-  newest_pmap = _run_programs(NEWEST, original, tmp_path / "pmap.pkl")
-  ours = _run_programs(NEWEST, converted, tmp_path / "ours.pkl")
-  legacy = _run_programs("legacy", original, tmp_path / "legacy.pkl")
+  newest_pmap = run_program(NEWEST, original, "program", tmp_path)
+  ours = run_program(NEWEST, converted, "program", tmp_path)
+  legacy = run_program("legacy", original, "program", tmp_path)
+  assert ours[0] == "ok", ours[1]
   assert ours == newest_pmap
   assert ours == legacy
