@@ -220,3 +220,35 @@ def test_converted_program_on_newest_jax_matches_its_pmap_and_legacy(tmp_path):
   assert ours[0] == "ok", ours[1]
   assert ours == newest_pmap
   assert ours == legacy
+
+
+# Multi-host: each process unreplicates its host-local outputs (converted with
+# --multihost), as it did under legacy pmap; x[0] of a global array would not be local.
+MULTIHOST_PROGRAM = '''\
+import jax
+import numpy as np
+
+
+step = jax.pmap(lambda x: (jax.lax.psum(x, "i"), x * 2), "i")
+
+
+def run():
+  n = jax.local_device_count()
+  x = np.arange(n * 3, dtype=np.float32).reshape(n, 3) + 100 * jax.process_index()
+  total, doubled = step(x)
+  rows = jax.tree.map(lambda v: v[0], {"total": total, "doubled": doubled})
+  return np.stack([rows["total"], rows["doubled"], doubled[0]])
+'''
+
+
+@pytest.mark.multiprocess
+def test_multihost_unreplicate_matches_legacy_on_every_process(tmp_path_factory):
+  from test_codemod_multiprocess import _run_programs
+  converted, _ = rewrite(MULTIHOST_PROGRAM, target="experimental", multihost=True)
+  assert "rows = first_rows(" in converted and "first_row(doubled)" in converted, converted
+  job = _run_programs(tmp_path_factory, MULTIHOST_PROGRAM, multihost_only=True,
+                      local_devices=4)
+  for pid, results in enumerate(job):
+    assert "error" not in results["legacy"], (pid, results["legacy"])
+    assert results["converted_multihost"] == results["legacy"], pid
+  assert job[0]["legacy"] != job[1]["legacy"]  # each process got its own rows
