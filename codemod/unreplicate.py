@@ -28,6 +28,7 @@ Files without converted sites are only reported: their ``x[0]`` may well not be 
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -44,6 +45,7 @@ _FLAX_UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
 _TREE_MAPS = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map",
                         "jax.tree_multimap", "jax.tree_util.tree_multimap"})
 _TREE_MAP_LAST = frozenset(name.rsplit(".", 1)[1] for name in _TREE_MAPS)
+_MAYBE = re.compile(r"\[\s*0\s*\]|unreplicate")  # text any candidate holds
 _REPORTED = related.GUIDANCE["unreplicate"][1]  # the message these rewrites replace
 
 _SUPPORT = {"flax": TREE_SUPPORT_NAME, "tree_map": TREE_SUPPORT_NAME, "lambda": SUPPORT_NAME,
@@ -112,6 +114,8 @@ def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CS
          site_defs: Sequence[cst.FunctionDef], width: int, lines: Sequence[str]) -> Rewrites:
   """The rewrites of one file whose converted sites are ``site_nodes`` (calls) and
   ``site_defs`` (decorated defs); ``width`` is its line limit, ``lines`` its text."""
+  if not _MAYBE.search("\n".join(lines)):
+    return Rewrites()  # no [0] and no unreplicate: nothing to walk for
   found = _Idioms(get_metadata)
   module.visit(found)
   outputs = _Outputs(get_metadata, found, set(site_nodes), set(site_defs))
@@ -253,12 +257,14 @@ class _Idioms(cst.CSTVisitor):
       if (self._names(func) & _FLAX_UNREPLICATE and len(node.args) == 1
           and node.args[0].keyword is None and not node.args[0].star):
         self.flax_calls.append(node)
-    elif last in _TREE_MAP_LAST and self._names(func) & _TREE_MAPS:
+    elif last in _TREE_MAP_LAST:
       first = node.args[0] if node.args else None
       fun = (first.value if first is not None and first.keyword is None and not first.star
              else next((a.value for a in node.args
                         if a.keyword is not None and a.keyword.value == "f"), None))
-      if isinstance(fun, cst.Lambda) and _is_first_row_lambda(fun):
+      # The qualified name (costly) only for the idiom's shape.
+      if (isinstance(fun, cst.Lambda) and _is_first_row_lambda(fun)
+          and self._names(func) & _TREE_MAPS):
         if len(node.args) == 2 and all(a.keyword is None and not a.star for a in node.args):
           self.tree_maps.append(node)
         else:
