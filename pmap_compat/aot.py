@@ -17,11 +17,10 @@ from collections.abc import Callable
 import jax
 import numpy as np
 from jax._src import config, core, stages
-from jax._src.interpreters import mlir
 from jax._src.lib.mlir import ir
 from jax.tree_util import tree_flatten, tree_leaves, tree_unflatten
 
-from pmap_compat import errors, inputs, multihost, program
+from pmap_compat import errors, inputs, jax_line, multihost, program
 from pmap_compat.config import PmapConfig
 
 
@@ -45,7 +44,7 @@ def name_like_legacy(module: ir.Module, fun_name: str) -> None:
   profiles show. Renamed in place, before it is compiled."""
   with module.context:
     module.operation.attributes["sym_name"] = ir.StringAttr.get(
-        mlir.sanitize_name(f"pmap_{fun_name}"))
+        jax_line.legacy_program_name(fun_name))
 
 
 class PmapCompiled(stages.Compiled):

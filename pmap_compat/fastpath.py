@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 from collections.abc import Callable, Sequence
 
 from jax._src import api as _jax_api
-import jax
 from jax._src import config
 from jax._src import dtypes
 from jax._src import pjit
@@ -177,13 +176,12 @@ def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, 
   executable = compiled.executable
   out_flat = list(executable.unsafe_call(*placed))
   if multiprocess:
-    # The C++ cache hands each process's LOCAL arrays to the global executable,
-    # which only ever touches addressable buffers: describe the call in local terms.
+    # No C++ fast path: it would hand each process's host-local arrays to the global
+    # executable, and from jaxlib 0.6.2 the runtime refuses arrays whose device list is
+    # not the executable's ("CopyArrays only supports destination device list of the same
+    # size"); every call converts local <-> global in Python instead.
     result = multihost.global_to_local(out_flat)
-    local_targets = [multihost.local_view(t) for t in targets]
-    local_args = [jax.ShapeDtypeStruct(multihost.local_shape(x, t), x.dtype)
-                  for x, t in zip(placed, targets, strict=True)]
-    fast = _fastpath_data(executable, local_args, local_targets, result, compiled.out_tree)
+    fast = None
   else:
     result = outputs.wrap_outputs(out_flat)
     fast = _fastpath_data(executable, placed, targets, result, compiled.out_tree)

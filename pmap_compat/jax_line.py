@@ -17,6 +17,7 @@ own ``jax.pmap`` returns (``jit_dispatch``).
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from jax._src import api as _api
@@ -26,6 +27,7 @@ from jax._src import mesh as mesh_lib
 from jax._src import pjit as _pjit
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import stages as _stages
+from jax._src.interpreters import mlir
 from jax._src.interpreters import pxla as _pxla
 from jax._src.random import prng  # the PRNG module (jax._src.prng until 0.9, re-exported here)
 
@@ -194,10 +196,34 @@ def bind_parts(primitive: Any, params: dict) -> tuple[list, dict]:
   return [], parts
 
 
+@functools.cache
+def _lowering_strips_trailing_underscores() -> bool:
+  """Does this JAX's lowering name a module ``transform(name)`` sanitised with trailing
+  underscores stripped (``jit(f_)`` -> ``jit_f``), rather than ``transform_name`` as is
+  (``jit_f_``)? Asked by lowering a function whose name ends in one (done once, on first
+  use: lowering needs the backend, which import must not start)."""
+  def probe_(x: Any) -> Any:
+    return x
+  module: Any = _api.jit(probe_).lower(0).compiler_ir()
+  return str(module.operation.attributes["sym_name"]).strip('"') == "jit_probe"
+
+
+def legacy_program_name(fun_name: str) -> str:
+  """The HLO module name legacy pmap gives the program of ``fun_name``: on a release with
+  legacy pmap, as that release's legacy names it (``pmap(<lambda>)`` sanitised and
+  stripped, ``pmap__lambda``, where its lowering strips trailing underscores); elsewhere
+  as the last legacy without that stripping named it (``pmap__lambda_``), the recorded
+  reference where no legacy remains."""
+  name = mlir.sanitize_name(f"pmap_{fun_name}")
+  if LEGACY_PMAP_RUNTIME and _lowering_strips_trailing_underscores():
+    return mlir.sanitize_name(f"pmap({fun_name})").rstrip("_")
+  return name
+
+
 PRNGKeyArray = prng.PRNGKeyArray
 
 __all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH",
            "DeviceAssignmentMismatchError", "PRNGKeyArray", "PmapSharding", "bind_parts",
            "device_assignment_mismatch_error", "infer_jit_params", "lowering_args",
-           "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function",
+           "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function", "legacy_program_name",
            "prng", "served_by_python", "sharding_specs"]

@@ -6,14 +6,14 @@ import weakref
 
 import jax
 import numpy as np
-import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import pmap_compat
 from pmap_compat import inputs, meshes, multihost
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has, requires
 
-if on_legacy_line():  # the C++ pmap path's executable table and PmapSharding conversions
+LEGACY_RUNTIME = has("legacy_pmap")
+if LEGACY_RUNTIME:  # the C++ pmap path's executable table and PmapSharding conversions
   from pmap_compat import fastpath, outputs
 
 
@@ -24,7 +24,7 @@ def _programs() -> int:
 def test_dropped_functions_release_their_executables():
   x = np.zeros((8,), np.float32)
   gc.collect()
-  before = _programs() if on_legacy_line() else 0
+  before = _programs() if LEGACY_RUNTIME else 0
   refs = []
   for i in range(10):
     fun = lambda v, i=i: v + i  # noqa: E731
@@ -33,11 +33,11 @@ def test_dropped_functions_release_their_executables():
     del fun
   gc.collect()
   assert all(r() is None for r in refs), "a dropped function is still referenced"
-  if on_legacy_line():
+  if LEGACY_RUNTIME:
     assert _programs() <= before  # earlier tests' programs may go too
 
 
-@pytest.mark.jax06_only(reason="the C++ pmap path's executable table")
+@requires("legacy_pmap", "the C++ pmap path's executable table")
 def test_live_function_keeps_its_executable_across_wrappers():
   x = np.arange(8, dtype=np.float32)
   fun = lambda v: v * 3  # noqa: E731
@@ -53,7 +53,7 @@ CACHES = {
     "meshes": meshes._mesh,
     "local meshes": multihost._local_mesh,
 }
-if on_legacy_line():  # on jax 0.10 jit itself reshards inputs on the program's devices
+if LEGACY_RUNTIME:  # without legacy's runtime jit itself reshards inputs on the program's devices
   CACHES.update({
       "reshard programs": inputs._reshard_program,
       "executables": fastpath._executables,

@@ -14,6 +14,7 @@ from jax import lax
 
 from pmap_compat import pmap
 from support.compare import assert_trees_equal
+from support.jax_lines import has
 from support.legacy_pmap import reference_pmap
 
 ROWS, COLS = 40, 3
@@ -104,6 +105,9 @@ def test_closed_over_arrays_reach_the_per_device_code_as_the_reference_hands_the
 
 
 @pytest.mark.filterwarnings("ignore:The jitted function .* includes a pmap:UserWarning")
+@pytest.mark.xfail(has("legacy_pmap") and not has("legacy_pmap_numpy_under_jit"), strict=True,
+                   reason="the reference, legacy jax.pmap, fails inside jax.jit with numpy "
+                   "arguments here (capability legacy_pmap_numpy_under_jit absent)")
 def test_arrays_of_an_enclosing_trace_stay_arguments():
   """Closed over inside a user's jit, the arrays are tracers: operands, as legacy's."""
   _, reference = reference_pmap()

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from pmap_compat import pmap
 from support.compare import (assert_trees_equal, compare_with_jax_pmap, compare_with_legacy,
                              run_program)
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has, legacy_reference, requires
 import line_helpers
 
 
@@ -298,7 +298,7 @@ JAX_PMAP_FAILS = {"axis_name0_sharding", "nested_result_kind", "nested_chain",
 def _marks(name: str) -> list:
   marks = [pytest.mark.slow] if name in SLOW else []
   if name in PMAP_SHARDING:
-    marks.append(pytest.mark.jax06_only(reason="the result shows legacy's PmapSharding"))
+    marks.append(requires("pmap_sharding", "the result shows legacy's PmapSharding"))
   return marks
 
 
@@ -307,7 +307,7 @@ def test_edge_case(name):
   compare_with_legacy(CASES[name], pmap)
 
 
-@pytest.mark.jax010_only(reason="0.10.2's jax.pmap is the reference for its output shardings")
+@requires("no_legacy_pmap", "the release's jax.pmap is the reference for its output shardings")
 @pytest.mark.parametrize("name", sorted(PMAP_SHARDING - JAX_PMAP_FAILS))
 def test_output_sharding_is_jax_pmaps(name):
   reference = compare_with_jax_pmap(CASES[name], pmap)
@@ -319,30 +319,31 @@ def test_output_sharding_is_jax_pmaps(name):
 
 def test_jit_of_pmap_with_out_axes_1_matches_top_level_call():
   # legacy: ValueError "Operation creation failed" lowering jit-of-pmap with out_axes=1.
-  if on_legacy_line():
+  if has("legacy_pmap"):
     assert run_program(lambda pm: jax.jit(pm(lambda x: x * 2, out_axes=1))(arr(8, 3)),
-                       jax.pmap).error
+                       legacy_reference()).error
   ours = jax.jit(pmap(lambda x: x * 2, out_axes=1))(arr(8, 3))
   assert_trees_equal(jax.pmap(lambda x: x * 2, out_axes=1)(arr(8, 3)), ours)
 
 
-@pytest.mark.jax06_only(reason="the reference is a nested legacy pmap")
+@requires("legacy_pmap", "the reference is a nested legacy pmap")
 def test_nested_inner_out_axes_none_matches_slice_of_mapped_result():
   # legacy: TypeError "'NoneType' object cannot be interpreted as an integer".
   inner_none = lambda pm: pm(lambda x: pm(lambda a: lax.psum(a, "j"), axis_name="j",
                                           out_axes=None)(x), axis_name="i")(arr(4, 2, 3))
-  assert isinstance(run_program(inner_none, jax.pmap).error, TypeError)
-  reference = jax.pmap(lambda x: jax.pmap(lambda a: lax.psum(a, "j"), axis_name="j")(x),
-                       axis_name="i")(arr(4, 2, 3))[:, 0]
+  legacy = legacy_reference()
+  assert isinstance(run_program(inner_none, legacy).error, TypeError)
+  reference = legacy(lambda x: legacy(lambda a: lax.psum(a, "j"), axis_name="j")(x),
+                     axis_name="i")(arr(4, 2, 3))[:, 0]
   assert_trees_equal(np.asarray(reference), np.asarray(inner_none(pmap)))
 
 
-@pytest.mark.jax06_only(reason="compares with legacy's message in-process")
+@requires("legacy_pmap", "compares with legacy's message in-process")
 def test_tracing_error_names_the_users_function():
   def my_body(x):
     return x if x.sum() > 0 else -x
   err = run_program(lambda pm: pm(my_body)(arr(8, 2)), pmap).error
-  legacy = run_program(lambda pm: pm(my_body)(arr(8, 2)), jax.pmap).error
+  legacy = run_program(lambda pm: pm(my_body)(arr(8, 2)), legacy_reference()).error
   assert type(err) is type(legacy)
   where = f"my_body at {__file__}"
   assert where in str(legacy) and where in str(err)
@@ -372,8 +373,8 @@ def _warm_then_debug_nans(pm):
     _log_under_debug_nans, _div_under_debug_infs,
     # Legacy's warm C++ path re-ran the program op by op and named the op; on jax 0.10
     # pmap_compat reports every NaN as legacy's first call does ("parallel computation").
-    pytest.param(_warm_then_debug_nans, marks=pytest.mark.jax06_only(
-        reason="legacy's op-by-op rerun of a warm call"))], ids=lambda p: p.__name__)
+    pytest.param(_warm_then_debug_nans, marks=requires(
+        "legacy_pmap", "legacy's op-by-op rerun of a warm call"))], ids=lambda p: p.__name__)
 
 
 def test_debug_nans_and_infs_raise_like_legacy(program):

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pmap_compat import pmap
 from support.compare import compare_call, compare_with_jax_pmap, compare_with_legacy, run_program
+from support.jax_lines import requires
 import line_helpers
 
 
@@ -65,7 +66,7 @@ SHARDING_VIEWS = {"sharding_kind"}
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.jax06_only(reason="legacy's PmapSharding"))
+    pytest.param(n, marks=requires("pmap_sharding", "legacy's PmapSharding"))
     if n in SHARDING_VIEWS else n for n in sorted(OUTPUT_VIEWS)])
 def test_output_view(name):
   compare_with_legacy(lambda pm: OUTPUT_VIEWS[name](_out(pm)), pmap)
@@ -81,12 +82,12 @@ def _replicated_output_kind(pm):
   return o, type(o.sharding).__name__, o.is_fully_replicated
 
 
-@pytest.mark.jax06_only(reason="legacy's PmapSharding")
+@requires("pmap_sharding", "legacy's PmapSharding")
 def test_replicated_output_sharding_kind():
   compare_with_legacy(_replicated_output_kind, pmap)
 
 
-@pytest.mark.jax010_only(reason="0.10.2's jax.pmap is the reference for its output shardings")
+@requires("no_legacy_pmap", "the release's jax.pmap is the reference for its output shardings")
 @pytest.mark.parametrize("program", [
     lambda pm: [OUTPUT_VIEWS[n](_out(pm)) for n in sorted(SHARDING_VIEWS)],
     _replicated_output_kind], ids=["views", "replicated"])

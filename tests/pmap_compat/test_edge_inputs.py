@@ -14,7 +14,7 @@ import pytest
 from legacy_messages import same_message
 from pmap_compat import pmap
 from support.compare import compare_with_legacy
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has, legacy_reference
 
 
 # The functions of the tracing-error cases come first: legacy's messages name their source
@@ -200,9 +200,9 @@ def test_negative_static_position_maps_the_argument():
     static = -1 if pm is pmap else ()
     return pm(lambda x, y: x * y, static_broadcasted_argnums=static)(arr(8, 2), arr(8, 2))
   compare_with_legacy(program, pmap)
-  if on_legacy_line():
+  if has("legacy_pmap"):
     with pytest.raises(ValueError, match="Non-hashable static arguments"):
-      jax.pmap(lambda x, y: x * y, static_broadcasted_argnums=-1)(arr(8, 2), arr(8, 2))
+      legacy_reference()(lambda x, y: x * y, static_broadcasted_argnums=-1)(arr(8, 2), arr(8, 2))
 
 
 def test_repeated_static_argnums_missing_argument_message():

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_with_legacy
+from support.jax_lines import requires
 import line_helpers
 
 N = 8
@@ -193,8 +194,7 @@ def test_keyword_arguments_of_every_kind():
 
 # ---- mesh contexts -------------------------------------------------------------------
 
-@pytest.mark.jax06_only(reason="`with mesh:` is deprecated on jax 0.10; its jax.set_mesh form "
-                                "is test_call_inside_use_mesh")
+@requires("mesh_context_manager", "its jax.set_mesh form is test_call_inside_use_mesh")
 def test_call_inside_with_mesh():
   def run(pm):
     with mesh_of(jax.devices()[::-1], names=("other",)):

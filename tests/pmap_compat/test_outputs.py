@@ -7,20 +7,21 @@ feed the next call as they are, and every downstream use gives legacy's values.
 """
 import pytest
 
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has
 
-if not on_legacy_line():
-  pytest.skip("PmapSharding results exist on jax 0.6 only; jax 0.10's results are checked "
-              "in test_outputs_jax010.py", allow_module_level=True)
+if not has("pmap_sharding"):
+  pytest.skip("PmapSharding results exist only where JAX has PmapSharding; without it the "
+              "results are checked in test_outputs_jax010.py", allow_module_level=True)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-from jax.sharding import PmapSharding  # noqa: E402
+from jax._src.sharding_impls import PmapSharding  # noqa: E402  (jax.sharding's warns on 0.8-0.9)
 
 from pmap_compat import pmap  # noqa: E402
 from support.compare import assert_trees_equal, compare_with_legacy  # noqa: E402
+from support.legacy_pmap import legacy_pmap  # noqa: E402
 
 N = 8
 
@@ -36,7 +37,7 @@ def step(x):
 def both(fun, *args, **kwargs):
   """(legacy result, our result) of the same call."""
   kwargs.setdefault("axis_name", "i")
-  return jax.pmap(fun, **kwargs)(*args), pmap(fun, **kwargs)(*args)
+  return legacy_pmap(fun, **kwargs)(*args), pmap(fun, **kwargs)(*args)
 
 
 @pytest.mark.parametrize("in_axes,out_axes,shape", [
@@ -80,7 +81,7 @@ def test_flax_style_unreplicate():
     f = pm(lambda p: jax.tree.map(lambda a: lax.pmean(a * 2, "i"), p), axis_name="i")
     params = {"w": data(N, 3, 3), "b": data(N, 3), "step": np.arange(N, dtype=np.int32)}
     return f(params)
-  legacy, ours = train_state(jax.pmap), train_state(pmap)
+  legacy, ours = train_state(legacy_pmap), train_state(pmap)
   with jax.transfer_guard("disallow"):
     unrep = jax.tree.map(lambda x: x[0], ours)
   assert_trees_equal(jax.tree.map(lambda x: x[0], legacy), unrep)
@@ -108,7 +109,7 @@ def test_jit_over_outputs_matches_legacy_on_every_call():
 
 
 def test_outputs_chain_into_the_next_call_without_moving_data():
-  f, ref = pmap(step, "i"), jax.pmap(step, "i")
+  f, ref = pmap(step, "i"), legacy_pmap(step, "i")
   y, expected = f(data(N, 3)), ref(data(N, 3))
   y = f(y)  # slow path once for this signature
   expected = ref(expected)
@@ -119,7 +120,7 @@ def test_outputs_chain_into_the_next_call_without_moving_data():
 
 
 def test_outputs_feed_legacy_pmap_and_legacy_outputs_feed_ours():
-  f, ref = pmap(step, "i"), jax.pmap(step, "i")
+  f, ref = pmap(step, "i"), legacy_pmap(step, "i")
   ours, legacy = f(data(N, 2)), ref(data(N, 2))
   ref(ours), f(legacy)  # compile outside the guard
   with jax.transfer_guard("disallow"):
@@ -129,7 +130,7 @@ def test_outputs_feed_legacy_pmap_and_legacy_outputs_feed_ours():
 
 def test_donated_output_is_consumed_in_place():
   f = pmap(lambda x: x * 2 + 1, donate_argnums=0)
-  ref = jax.pmap(lambda x: x * 2 + 1, donate_argnums=0)
+  ref = legacy_pmap(lambda x: x * 2 + 1, donate_argnums=0)
   y, expected = f(data(N, 16)), ref(data(N, 16))
   y, expected = f(y), ref(expected)  # settle the signature on our own outputs
   before = [s.data.unsafe_buffer_pointer() for s in y.addressable_shards]

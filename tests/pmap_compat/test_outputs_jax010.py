@@ -13,8 +13,9 @@ from jax import lax
 from pmap_compat import pmap
 from steady_state import warm_calls
 from support.compare import assert_trees_equal, compare_with_jax_pmap
+from support.jax_lines import has, requires
 
-pytestmark = pytest.mark.jax010_only(reason="0.10.2's jax.pmap is the reference for results")
+pytestmark = requires("no_legacy_pmap", "the release's jax.pmap is the reference for results")
 
 
 def arr(*shape):
@@ -36,7 +37,19 @@ PROGRAMS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+# Where jax.pmap names an unnamed axis after the function ('<axis 0x...>', a new name per
+# function), ours keeps one fixed name: the same program and HLO for identical functions
+# (test_pmap_surface.py's deterministic-HLO test), so that sharding cannot be JAX's.
+def _program_marks(name: str) -> tuple:
+  if name != "unnamed_axis" or has("pmap_fixed_default_axis"):
+    return ()
+  return (pytest.mark.xfail(strict=True, reason=(
+      "this jax.pmap names an unnamed axis after the function ('<axis 0x...>'); ours keeps "
+      "one fixed name for deterministic HLO (capability pmap_fixed_default_axis absent)")),)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_program_marks(n))
+                                  for n in sorted(PROGRAMS)])
 def test_results_carry_jax_pmaps_sharding(name):
   reference = compare_with_jax_pmap(lambda pm: _with_shardings(PROGRAMS[name](pm)), pmap)
   assert reference.error is None, reference.error

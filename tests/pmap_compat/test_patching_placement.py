@@ -15,7 +15,7 @@ import pytest
 
 import pmap_compat
 from support.compare import compare_with_legacy
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has, requires
 
 PLACEMENT = ("device_put_replicated", "device_put_sharded")
 ORIGINAL = {name: vars(jax).get(name) for name in PLACEMENT}
@@ -48,9 +48,9 @@ def _flax_style_loop(pmap):
 
 
 def _patched_where_removed():
-  # On 0.6.0 the legacy run must see legacy's jax.pmap: nothing is patched there, and the
+  # Where JAX has them the legacy run must see its own: nothing is patched there, and the
   # placement functions are JAX's own either way.
-  return contextlib.nullcontext() if on_legacy_line() else pmap_compat.patched()
+  return contextlib.nullcontext() if has("placement_functions") else pmap_compat.patched()
 
 
 def test_flax_style_loop_with_placement_functions_matches_legacy():
@@ -58,7 +58,7 @@ def test_flax_style_loop_with_placement_functions_matches_legacy():
     compare_with_legacy(_flax_style_loop, pmap_compat.pmap)
 
 
-@pytest.mark.jax010_only(reason="jax 0.10 removed the placement functions from jax")
+@requires("placement_removed")
 def test_patched_restores_removed_placement_functions_and_removes_them_after():
   for name in PLACEMENT:
     with pytest.raises(AttributeError, match=f"jax.{name} is deprecated"):
@@ -85,7 +85,7 @@ def test_patched_restores_removed_placement_functions_and_removes_them_after():
       getattr(jax, name)
 
 
-@pytest.mark.jax010_only(reason="jax 0.10 removed the placement functions from jax")
+@requires("placement_removed")
 def test_placed_values_feed_pmap_compat_without_moving_data():
   """What device_put_replicated placed is what our pmap runs on, not a resharded copy:
   donating it deletes it (a copy would be donated instead, leaving it alive)."""
@@ -97,7 +97,7 @@ def test_placed_values_feed_pmap_compat_without_moving_data():
     assert [s.device for s in out.addressable_shards] == devices
 
 
-@pytest.mark.jax06_only(reason="jax 0.6.0 still has the placement functions")
+@requires("placement_functions")
 def test_patched_leaves_existing_placement_functions_alone():
   with pmap_compat.patched():
     for name in PLACEMENT:

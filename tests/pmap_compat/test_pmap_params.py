@@ -9,7 +9,8 @@ from jax import lax
 from legacy_messages import same_message
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_call, compare_with_legacy
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has
+from support.legacy_pmap import legacy_reference
 
 
 def arr(*shape):
@@ -139,7 +140,7 @@ def test_donate_matches_legacy_values():
 
 def test_global_arg_shapes_raises_like_legacy():
   # jax 0.10's jax.pmap no longer takes the argument at all (TypeError).
-  for pm in (jax.pmap, pmap) if on_legacy_line() else (pmap,):
+  for pm in (legacy_reference(), pmap) if has("legacy_pmap") else (pmap,):
     with pytest.raises(ValueError, match="global_arg_shapes only worked with sharded_jit"):
       pm(lambda x: x, global_arg_shapes=((8,),))
 

@@ -9,7 +9,8 @@ from jax.experimental import io_callback
 
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_with_legacy, run_program
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has
+from support.legacy_pmap import legacy_reference
 
 
 def raw_keys(n=8):
@@ -101,6 +102,9 @@ def test_debug_callback_sees_every_shard():
     assert _values_seen_by_callback(pm) == list(range(8)), pm
 
 
+@pytest.mark.xfail(has("shardy_default_without_const_lowering"), strict=True,
+                   reason="shard_map_impl's Shardy lowering threads no ordered-effect tokens "
+                   "where mlir.jaxpr_subcomp takes no const_lowering (KeyError: OrderedIOEffect)")
 def test_ordered_io_callback():
   # Legacy rejects ordered effects in pmap; reference: the same callback run on each shard.
   log = []
@@ -114,7 +118,7 @@ def test_ordered_io_callback():
   jax.effects_barrier()
   np.testing.assert_array_equal(np.asarray(out), np.arange(8, dtype=np.float32) * 2)
   assert sorted(float(v) for v in log) == list(map(float, range(8)))
-  if on_legacy_line():  # jax 0.10's own jax.pmap runs it too
+  if has("legacy_pmap"):  # JAX's shard_map-based jax.pmap runs it too
     with pytest.raises(ValueError):
-      jax.pmap(lambda x: io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), x,
+      legacy_reference()(lambda x: io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), x,
                                      ordered=True))(np.arange(8, dtype=np.float32))

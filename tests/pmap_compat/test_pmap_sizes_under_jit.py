@@ -15,6 +15,7 @@ from jax import lax
 
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_with_jax_pmap
+from support.jax_lines import has, requires
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -41,11 +42,16 @@ def test_several_sizes_in_one_jit_match_vmap(name):
   def program(pm):
     return jax.jit(PROGRAMS[name](*_maps(pm)))(arr(8, 2), arr(4, 3), arr(2, 5))
   expected = program(lambda f, name: jax.vmap(f, axis_name=name))
+  if name == "small_sizes_returned" and not has("jit_returns_shard_maps_of_sizes_4_and_2"):
+    # Ours fails as the same program of JAX's own shard_maps does there.
+    with pytest.raises(ValueError):
+      program(pmap)
+    return
   assert_trees_equal(expected, program(pmap), **TOL)
 
 
-@pytest.mark.jax010_only(reason="0.10.2's jax.pmap is the reference; jax 0.6: "
-                         "test_pmap_transforms.py compares with legacy")
+@requires("no_legacy_pmap", "the release's jax.pmap is the reference; with legacy pmap "
+          "test_pmap_transforms.py compares with legacy")
 @pytest.mark.parametrize("size", [2, 4, 8])
 def test_results_of_a_smaller_pmap_feed_one_under_jit(size):
   # The input's aval names the k devices it lives on: the pmap under jit keeps to them.

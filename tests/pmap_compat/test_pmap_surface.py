@@ -6,11 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-import pytest
 
 from pmap_compat import pmap
 from steady_state import warm_calls
 from support.compare import assert_trees_equal, compare_with_legacy
+from support.jax_lines import requires
+from support.legacy_pmap import legacy_reference, reference_pmap
 
 
 def arr(*shape):
@@ -23,7 +24,7 @@ def documented(x, y=2.0, *, z):
 
 
 def test_wraps_attributes_and_signature():
-  legacy, ours = jax.pmap(documented), pmap(documented)
+  legacy, ours = reference_pmap()[1](documented), pmap(documented)
   for attr in ("__name__", "__qualname__", "__doc__", "__module__", "__wrapped__"):
     assert getattr(ours, attr) == getattr(legacy, attr), attr
   assert inspect.signature(ours) == inspect.signature(legacy) == inspect.signature(documented)
@@ -91,8 +92,8 @@ def _cache_program(pm):
   return out, g(arr(8)), sizes
 
 
-@pytest.mark.jax06_only(reason="legacy's call cache is per wrapper; jax 0.10's jit shares its "
-                                "call cache between the jit objects of one function")
+@requires("legacy_pmap", "legacy's call cache is per wrapper; without it jit shares its call "
+          "cache between the jit objects of one function")
 def test_cache_size_retrace_on_new_shapes_and_clear():
   legacy = compare_with_legacy(_cache_program, pmap)
   assert legacy.value[2] == [0, 1, 2, 3, 0, 0]
@@ -146,9 +147,9 @@ def test_default_axis_name_gives_deterministic_hlo():
   assert first.lower(x).as_text() == second.lower(x).as_text()
 
 
-@pytest.mark.jax06_only(reason="the C++ pmap dispatcher; jax 0.10: test_outputs_jax010.py")
+@requires("legacy_pmap", "the C++ pmap dispatcher; without it: test_outputs_jax010.py")
 def test_steady_state_calls_run_no_python_of_ours():
   x, ours = warm_calls(pmap(lambda x: x * 2 + 1, "i"), arr(8, 3))
   assert ours == [], ours
-  assert_trees_equal(jax.pmap(lambda v: v * 2 + 1)(jax.pmap(lambda v: v * 2 + 1)(
-      jax.pmap(lambda v: v * 2 + 1)(jax.pmap(lambda v: v * 2 + 1)(arr(8, 3))))), x)
+  legacy = legacy_reference()(lambda v: v * 2 + 1)
+  assert_trees_equal(legacy(legacy(legacy(legacy(arr(8, 3))))), x)

@@ -4,11 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec as P
 
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_with_legacy
-from support.jax_lines import on_legacy_line
+from support.jax_lines import has
+from support.legacy_pmap import legacy_reference
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -97,28 +97,10 @@ def test_grad_through_out_axes_none():
   def program(pm, **kw):
     f = pm(lambda x: lax.psum(x ** 2, "i"), axis_name="i", out_axes=None, **kw)
     return jax.grad(lambda x: f(x).sum())(arr(8, 3))
-  if on_legacy_line():  # jax 0.10's own jax.pmap differentiates it
+  if has("legacy_pmap"):  # JAX's shard_map-based jax.pmap differentiates it
     with pytest.raises(NotImplementedError):
-      program(jax.pmap)
+      program(legacy_reference())
   assert_trees_equal(jax.grad(lambda x: (x ** 2).sum(0).sum())(arr(8, 3)), program(pmap), **TOL)
-
-
-def _jit_returns_shard_maps_of_two_sizes() -> bool:
-  """Does this JAX's jit return the results of shard_maps over a size-8 and a size-4 mesh of
-  the same devices? From 0.9.2 on it names every GSPMD output sharding on one mesh (its
-  first argument's or first inner sharding's) and raises IndivisibleError."""
-  shard_map = getattr(jax, "shard_map", None)
-  if shard_map is None:
-    from jax.experimental.shard_map import shard_map  # pylint: disable=import-outside-toplevel
-  devices = np.array(jax.devices()[:8])
-  m8, m4 = Mesh(devices, ("i",)), Mesh(devices.reshape(4, 2), ("i", "j"))
-  f8 = shard_map(lambda x: x * 2, mesh=m8, in_specs=P("i"), out_specs=P("i"))
-  f4 = shard_map(lambda x: x + 1, mesh=m4, in_specs=P("i"), out_specs=P("i"))
-  try:
-    jax.jit(lambda a, b: (f8(a), f4(b)))(arr(8, 1, 2), arr(4, 1, 2))
-  except ValueError:
-    return False
-  return True
 
 
 def test_pmap_of_different_sizes_inside_one_jit():
@@ -132,7 +114,7 @@ def test_pmap_of_different_sizes_inside_one_jit():
     return jax.jit(lambda a, b, c: (f8(a), f4(b), f2(c), f8(a).sum() + f4(b).sum()))(
         arr(8, 2), arr(4, 3), arr(2, 5))
   expected = program(lambda f, name: jax.vmap(f, axis_name=name))
-  if not _jit_returns_shard_maps_of_two_sizes():
+  if not has("jit_returns_shard_maps_of_two_sizes"):
     with pytest.raises(ValueError):
       program(pmap)
     return

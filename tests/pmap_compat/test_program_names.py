@@ -15,6 +15,9 @@ import pytest
 import pmap_compat
 from pmap_compat import cache
 from references import compare_with_legacy
+from support.compare import run_program
+from support.jax_lines import on_legacy_line, requires
+from support.legacy_pmap import has_legacy_pmap, legacy_reference
 
 
 def train_step(x, y):
@@ -43,23 +46,37 @@ CASES = {
 }
 
 
+def _legacy_names(case: str) -> tuple[str, str]:
+  """Legacy's names for ``case``, which ours must equal: the release's own legacy pmap's
+  where it has one (its lowering's naming is the release's: from 0.7 it strips trailing
+  underscores, ``pmap__lambda``), else legacy's recording from jax 0.6.0, which is also
+  checked against legacy there."""
+  if on_legacy_line() or not has_legacy_pmap():
+    return compare_with_legacy(CASES[case], pmap_compat.pmap, jax_pmap=False).value
+  legacy = run_program(CASES[case], legacy_reference())
+  ours = run_program(CASES[case], pmap_compat.pmap)
+  assert legacy.error is None and ours.error is None, (legacy, ours)
+  assert ours.value == legacy.value
+  return legacy.value
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_lowered_and_compiled_names_are_legacys(case):
-  compare_with_legacy(CASES[case], pmap_compat.pmap, jax_pmap=False)
+  _legacy_names(case)
 
 
 def test_partial_is_named_after_its_function():
   """Legacy names a ``functools.partial`` ``pmap__unnamed_wrapped_function_``; the function
   it wraps is what a reader of logs and profiles looks for: named as legacy names it."""
-  legacy = compare_with_legacy(CASES["function"], pmap_compat.pmap, jax_pmap=False).value
+  legacy = _legacy_names("function")
   ours = _names(pmap_compat.pmap(functools.partial(train_step, y=X), axis_name="i"), X)
   assert ours == legacy
 
 
-@pytest.mark.jax06_only("the C++ pmap path's executables exist on jax 0.6.0 only")
+@requires("legacy_pmap", "the C++ pmap path's executables, and legacy's name for comparison")
 def test_executable_a_call_compiles_is_named_as_legacys():
   """A plain call (no ``.lower()`` first) compiles the program the fast path runs."""
-  from pmap_compat import fastpath  # noqa: PLC0415  # jax 0.6 only
+  from pmap_compat import fastpath  # noqa: PLC0415  # only with legacy pmap's runtime
 
   def step(x):
     return x * 3
@@ -67,5 +84,6 @@ def test_executable_a_call_compiles_is_named_as_legacys():
   jax.block_until_ready(f(X))
   programs = fastpath._executables(cache.entry_for(f._fun, f._pmap_config).top.jitted)
   names = {e.executable.xla_executable.hlo_modules()[0].name for e in programs.values()}
-  legacy = re.search(r"HloModule (\S+?),", jax.pmap(step).lower(X).compile().as_text()).group(1)
+  legacy = re.search(r"HloModule (\S+?),",
+                     legacy_reference()(step).lower(X).compile().as_text()).group(1)
   assert names == {legacy}

@@ -16,16 +16,26 @@ that applies wherever JAX has some capability (whatever the release) asks `has(n
 which asks JAX itself (an attribute, a flag), and skips elsewhere with `requires(name)`:
 
   @requires("core_shard_map", "jax.shard_map's own call form")
+
+Legacy pmap's pieces are capabilities too: "legacy_pmap" (legacy jax.pmap in-process, its C++
+dispatcher: through 0.9.x), "pmap_sharding", "no_legacy_pmap" (JAX's shard_map-based
+jax.pmap is the only one). Prefer them to jax06_only / jax010_only, which pin a test to one
+release line and so keep it from the releases between.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import warnings
 from collections.abc import Callable
 
 import jax
+import numpy as np
 import pytest
 
 from support.venvs import LEGACY, NEWEST  # noqa: F401  (re-exported)
+from support.legacy_pmap import legacy_reference  # noqa: F401  (re-exported)
 
 # marker name -> (does the running jax qualify, what the test needs when it does not say)
 MARKERS = {
@@ -57,7 +67,110 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
                            "vmap over Explicit mesh axes seen by shard_map"),
     "pcast": (_has_attr("jax.lax", "pcast"), "jax.lax.pcast"),
     "set_mesh": (_has_attr("jax", "set_mesh"), "jax.set_mesh"),
+    "legacy_pmap": (_has_attr("jax._src.lib", "pmap_lib"),
+                    "legacy jax.pmap in-process (its C++ pmap dispatcher; on 0.8-0.9 behind "
+                    "jax_pmap_shmap_merge=False)"),
+    "pmap_sharding": (_has_attr("jax._src.sharding_impls", "PmapSharding"),
+                      "PmapSharding (legacy pmap's output sharding)"),
+    "no_legacy_pmap": (lambda: not has("legacy_pmap"),
+                       "no legacy pmap: JAX's shard_map-based jax.pmap is its only pmap"),
+    "placement_functions": (lambda: all(n in vars(jax) for n in _PLACEMENT),
+                            "jax.device_put_replicated / _sharded in the jax namespace, "
+                            "not deprecated"),
+    "pmap_fixed_default_axis": (lambda: _pmap_default_axis_fixed(),
+                                "jax.pmap names an unnamed axis alike for every function (not "
+                                "after the function, '<axis 0x...>')"),
+    "mesh_context_manager": (lambda: _mesh_context_undeprecated(),
+                             "`with mesh:` as a mesh context, not deprecated"),
+    "jit_returns_shard_maps_of_two_sizes": (
+        lambda: _jit_returns_shard_maps_of_two_sizes(),
+        "jit returning results of shard_maps over meshes of two sizes on the same devices "
+        "(not: every GSPMD output sharding named on one mesh, IndivisibleError)"),
+    "jit_returns_shard_maps_of_sizes_4_and_2": (
+        lambda: _jit_returns_shard_maps_of_two_sizes(4, 2),
+        "jit returning results of shard_maps over mesh axes of sizes 4 and 2 on the same 8 "
+        "devices (not: IndivisibleError)"),
+    "legacy_pmap_numpy_under_jit": (
+        lambda: _legacy_pmap_takes_numpy_under_jit(),
+        "legacy jax.pmap called with numpy arguments inside jax.jit (not: an internal "
+        "'non-canonical constant' AssertionError)"),
+    "shardy_default_without_const_lowering": (
+        lambda: _shardy_default_without_const_lowering(),
+        "Shardy as the default partitioner while mlir.jaxpr_subcomp takes no const_lowering "
+        "(shard_map_impl's Shardy regions thread effect tokens only where it does)"),
+    "placement_removed": (lambda: not any(_reachable(n) for n in _PLACEMENT),
+                          "jax.device_put_replicated / _sharded removed from the jax namespace"),
 }
+
+
+_PLACEMENT = ("device_put_replicated", "device_put_sharded")
+
+
+def _reachable(name: str) -> bool:
+  """Whether `jax.<name>` resolves (present, or deprecated but still there)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    return hasattr(jax, name)
+
+
+@functools.cache
+def _pmap_default_axis_fixed() -> bool:
+  """Do results of jax.pmap over two distinct functions, unnamed axis, carry one sharding?"""
+  x = np.zeros((1,), np.float32)
+  return jax.pmap(lambda v: v)(x).sharding == jax.pmap(lambda v: v + 1)(x).sharding
+
+
+@functools.cache
+def _mesh_context_undeprecated() -> bool:
+  """Does entering a Mesh (`with mesh:`) go without a DeprecationWarning?"""
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("probe",))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with mesh:
+      pass
+  return not any(issubclass(w.category, DeprecationWarning) for w in caught)
+
+
+@functools.cache
+def _jit_returns_shard_maps_of_two_sizes(first: int = 8, second: int = 4) -> bool:
+  """Does jit return the results of shard_maps over a size-`first` and a size-`second` mesh
+  axis of the same 8 devices (the rest of them a second mesh axis)?"""
+  shard_map = getattr(jax, "shard_map", None)
+  if shard_map is None:
+    from jax.experimental.shard_map import shard_map  # noqa: PLC0415  # before jax.shard_map
+  devices = np.array(jax.devices()[:8])
+  spec = jax.sharding.PartitionSpec("i")
+  maps = [shard_map(lambda x: x * 2, mesh=jax.sharding.Mesh(devices.reshape(size, 8 // size),
+                                                            ("i", "j")),
+                    in_specs=spec, out_specs=spec) for size in (first, second)]
+  try:
+    jax.jit(lambda a, b: (maps[0](a), maps[1](b)))(np.ones((first, 1, 2), np.float32),
+                                                   np.ones((second, 1, 2), np.float32))
+  except ValueError:
+    return False
+  return True
+
+
+@functools.cache
+def _legacy_pmap_takes_numpy_under_jit() -> bool:
+  """Does legacy jax.pmap, called inside jax.jit with a numpy argument, trace?"""
+  from support.legacy_pmap import has_legacy_pmap, legacy_pmap  # noqa: PLC0415
+  if not has_legacy_pmap():
+    return False
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "The jitted function .* includes a pmap", UserWarning)
+    try:
+      jax.jit(lambda: legacy_pmap(lambda w: w * 2)(np.ones((1, 1), np.float32)))()
+    except AssertionError:
+      return False
+  return True
+
+
+def _shardy_default_without_const_lowering() -> bool:
+  from jax._src import config  # noqa: PLC0415
+  from jax._src.interpreters import mlir  # noqa: PLC0415
+  takes = "const_lowering" in inspect.signature(mlir.jaxpr_subcomp).parameters
+  return bool(config.use_shardy_partitioner.value) and not takes
 
 
 def has(capability: str) -> bool:
