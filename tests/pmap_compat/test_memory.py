@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from support.jax_lines import on_legacy_line, running_jax
+from support.jax_lines import has, running_jax
 from support.venvs import LEGACY, NEWEST, run_python
 
 # One measured loop: `python -c LOOP KIND FORM N` prints the growth as one JSON line.
@@ -129,8 +129,9 @@ def test_newest_line_keeps_no_more_than_its_own_pmap():
 # keeps 4 jaxprs per fresh function there, and a grad through our jit(shard_map) keeps 8.
 # Legacy pmap's own transpose keeps ~2-3. Nothing is kept on 0.10.2.
 _GRAD_ON_06 = pytest.mark.xfail(
-    on_legacy_line(), strict=True,
-    reason="jax 0.6's eager jit transpose caches every transposed jaxpr (as for jax.jit)")
+    has("cached_jit_transpose"), strict=True,
+    reason="this JAX's eager jit transpose caches every transposed jaxpr (as for jax.jit; "
+    "capability cached_jit_transpose)")
 
 
 @pytest.mark.slow

@@ -98,6 +98,9 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
         lambda: _shardy_default_without_const_lowering(),
         "Shardy as the default partitioner while mlir.jaxpr_subcomp takes no const_lowering "
         "(shard_map_impl's Shardy regions thread effect tokens only where it does)"),
+    "cached_jit_transpose": (_has_attr("jax._src.pjit", "_pjit_transpose_trace"),
+                             "jit's eager transpose traced through lu.cache "
+                             "(_pjit_transpose_trace: keeps each transposed jaxpr)"),
     "placement_removed": (lambda: not any(_reachable(n) for n in _PLACEMENT),
                           "jax.device_put_replicated / _sharded removed from the jax namespace"),
 }
