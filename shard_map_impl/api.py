@@ -21,8 +21,9 @@ from jax.tree_util import PyTreeDef, tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import (CONTEXT_MESH_MUST_MATCH, IN_SPECS_NONE_MEANS_UNMAPPED,
-                                     INFER_SENTINEL, OUT_SPECS_MAY_BE_THUNKS)
+from shard_map_impl.jax_line import (CONTEXT_MESH_MUST_MATCH, IN_SPECS_NONE_MEANS_INFER,
+                                     IN_SPECS_NONE_MEANS_UNMAPPED, INFER_SENTINEL,
+                                     MESH_CONTEXT_API, OUT_SPECS_MAY_BE_THUNKS)
 from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
                                  divisibility_failures, inferred_spec, rank_failures,
                                  spec_leaf_problems, specs_are_valid)
@@ -82,7 +83,8 @@ _LEGACY_POSITIONAL = ("mesh", "in_specs", "out_specs", "check_rep", "auto")
 
 def infers(in_specs: Any) -> bool:
   """Whether ``in_specs`` asks for inference from the arguments (``Infer``)."""
-  return in_specs is Infer or in_specs is INFER_SENTINEL
+  return (in_specs is Infer or in_specs is INFER_SENTINEL
+          or (in_specs is None and IN_SPECS_NONE_MEANS_INFER))
 
 
 @traceback_util.api_boundary
@@ -177,7 +179,7 @@ class _Request:
     if mesh is None:
       mesh = context
       if mesh.empty:
-        raise ValueError("The context mesh cannot be empty. Use `jax.set_mesh(mesh)` "
+        raise ValueError(f"The context mesh cannot be empty. Use `{MESH_CONTEXT_API}(mesh)` "
                          "to enter into a mesh context")
     elif CONTEXT_MESH_MUST_MATCH and not context.empty and _shape_of(context) != _shape_of(mesh):
       # 0.10 also rejects the same mesh with other axis types (a concrete mesh inside a

@@ -21,7 +21,8 @@ from jax._src import source_info_util
 from jax._src.interpreters import batching
 from jax.sharding import PartitionSpec
 
-from shard_map_impl.jax_line import (explicit_vmap_axes, ragged_batch_dims, spec_entries,
+from shard_map_impl.jax_line import (BATCHED_SPECS_DROP_PARTIAL_SUMS, explicit_vmap_axes,
+                                     ragged_batch_dims, spec_entries,
                                      without_explicit_mesh_axes)
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import register_trace_rule
@@ -40,7 +41,10 @@ def batched_names(names: AxisNames, dim, spmd_axes: Any) -> AxisNames:
   parts = list(spec_entries(names_to_pspec(names)))
   parts += [None] * (dim - len(parts))
   parts.insert(dim, tuple(spmd_axes) if spmd_axes is not None else None)
-  return with_partial_sums(canonicalize_spec(PartitionSpec(*parts)), partial_sums(names))
+  batched = canonicalize_spec(PartitionSpec(*parts))
+  if BATCHED_SPECS_DROP_PARTIAL_SUMS:
+    return batched  # as JAX's batched specs: partial sums dropped
+  return with_partial_sums(batched, partial_sums(names))
 
 
 def _reject_vmapped_axes_in(kind: str, all_names: Sequence[AxisNames], spmd_axes: Any,

@@ -507,6 +507,10 @@ def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Se
   in_reps = [replication.in_names_to_rep(mesh, n) for n in in_names]
   in_sums = [partial_sums(n) if etrace.typed else NO_SUMS for n in in_names]
   with _outside(context):
+    # JAX's eager shard_map enters each argument through jax.shard_map itself, whose
+    # check of inputs against specs (fully manual over Explicit axes) applies here too.
+    errors.check_inputs_match_specs(mesh, errors.manual_names(mesh, auto),
+                                    [names_to_pspec(n) for n in in_names], args)
     stacked = [_converter("stack", mesh, auto, names_to_pspec(n), etrace.stack_spec(r, u),
                           etrace.inner_check)(x)
                for n, r, u, x in zip(in_names, in_reps, in_sums, args, strict=True)]

@@ -166,9 +166,21 @@ _IN_SPECS_PARAM = (inspect.signature(_PUBLIC_SHARD_MAP).parameters.get("in_specs
 IN_SPECS_NONE_MEANS_UNMAPPED = (JAX_SHARD_MAP_IN_CORE and _IN_SPECS_PARAM is not None
                                 and _IN_SPECS_PARAM.default not in (None,
                                                                     inspect.Parameter.empty))
+# JAX's transpose of a shard_map (where it threads an out-specs thunk) splits the body by
+# partial evaluation, replays its known part, and returns instantiated zero cotangents
+# for the residual (non-linear) inputs as outputs of the transposed equation; later ones
+# run backward_pass over the whole body and return cotangents of linear inputs only.
+TRANSPOSE_PARTIAL_EVALUATES = OUT_SPECS_MAY_BE_THUNKS
+# in_specs=None asks for inference from the arguments where None is jax.shard_map's
+# in_specs default (before its ``Infer`` sentinel).
+IN_SPECS_NONE_MEANS_INFER = (JAX_SHARD_MAP_IN_CORE and _IN_SPECS_PARAM is not None
+                             and _IN_SPECS_PARAM.default is None)
 # The body's results are named result[i] by flat position (where the staging rule
 # no longer threads an out-specs thunk, i.e. traces the body from flat values).
 BODY_RESULTS_BY_FLAT_INDEX = not OUT_SPECS_MAY_BE_THUNKS and JAX_SHARD_MAP_IN_CORE
+# How JAX tells users to enter a mesh context: jax.set_mesh where JAX has it, else
+# jax.sharding.use_mesh.
+MESH_CONTEXT_API = "jax.set_mesh" if hasattr(jax, "set_mesh") else "jax.sharding.use_mesh"
 # A mesh argument that differs from the context mesh (jax.set_mesh) is rejected.
 CONTEXT_MESH_MUST_MATCH = JAX_SHARD_MAP_IN_CORE
 # JAX's Infer: the in_specs default asking for inference.
@@ -188,6 +200,25 @@ def spec_entries(spec: Any) -> tuple:
 NO_AXES: frozenset = frozenset()
 # PartitionSpecs carry unreduced/reduced axes.
 SPECS_HAVE_PARTIAL_SUMS = hasattr(PartitionSpec(), "unreduced")
+
+
+def _batched_specs_drop_partial_sums() -> bool:
+  """Whether JAX's vmap of a shard_map drops a batched spec's unreduced/reduced axes
+  (asked of ``pxla.batch_spec``, which builds the batched specs; newer ones refuse
+  such specs, and vmap refuses such arguments before)."""
+  from jax._src.interpreters import pxla
+  if not SPECS_HAVE_PARTIAL_SUMS:
+    return False
+  try:
+    batched = pxla.batch_spec(PartitionSpec(None, reduced={"probe"}), 0, None)
+  except ValueError:
+    return False
+  return not getattr(batched, "reduced", NO_AXES)
+
+
+# vmap drops a batched argument's or result's partial sums from its spec (an input whose
+# type has them then no longer matches its spec); else they are kept.
+BATCHED_SPECS_DROP_PARTIAL_SUMS = _batched_specs_drop_partial_sums()
 
 
 def spec_partial_sums(spec: Any) -> tuple[frozenset, frozenset]:

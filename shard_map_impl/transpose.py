@@ -4,7 +4,8 @@ The transpose is itself a shard_map: per device it takes the non-zero output
 cotangents and the non-linear (residual) inputs, replays the body's
 non-linear part to recover its residuals, runs ``ad.backward_pass`` over the
 linear part, and returns the cotangents of the linear inputs, each under its
-input's spec.
+input's spec (and, where JAX's own transpose does so, zero cotangents of the
+residual inputs too, so the staged equation is JAX's).
 
 How replicated values are reduced depends on the equation's ``rewrite`` flag:
 
@@ -26,6 +27,7 @@ from typing import Any
 from math import prod
 
 from jax import lax
+from jax._src import ad_util
 from jax._src import core
 from jax._src import dtypes
 from jax._src import linear_util as lu
@@ -35,7 +37,8 @@ from jax._src.interpreters import partial_eval as pe
 from shard_map_impl import debug_names as dn
 from shard_map_impl import eqn_params
 from shard_map_impl.eqn_params import newly_manual
-from shard_map_impl.jax_line import (BACKWARD_PASS_EVALUATES_NONLINEAR, cotangent_aval,
+from shard_map_impl.jax_line import (BACKWARD_PASS_EVALUATES_NONLINEAR,
+                                     TRANSPOSE_PARTIAL_EVALUATES, cotangent_aval,
                                      name_derived_body, undefined_primal_aval)
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
@@ -85,11 +88,16 @@ class _TransposeBody:
       if type(ct) is not ad.Zero and axes and dtypes.dtype(ct) != dtypes.float0:
         ct = lax.psum(ct, axes)
       results.append(ct)
+    if TRANSPOSE_PARTIAL_EVALUATES:
+      # As JAX's transpose there: every input gets a cotangent, residuals zeros.
+      lin_iter, res_iter = iter(results), iter(res_args)
+      results = [next(lin_iter) if lin else ad_util.zero_from_primal(next(res_iter))
+                 for lin in self.linear]
     self.nonzero_out = [type(ct) is not ad.Zero for ct in results]
     return [ct for ct in results if type(ct) is not ad.Zero]
 
   def _linear_cotangents(self, res_args: Sequence[Any], cts: Sequence[Any]) -> list:
-    if BACKWARD_PASS_EVALUATES_NONLINEAR:
+    if BACKWARD_PASS_EVALUATES_NONLINEAR and not TRANSPOSE_PARTIAL_EVALUATES:
       res_iter = iter(res_args)
       primals = [ad.UndefinedPrimal(undefined_primal_aval(v.aval)) if lin else next(res_iter)
                  for v, lin in zip(self.jaxpr.invars, self.linear, strict=True)]
@@ -132,8 +140,12 @@ def transpose_rule(out_cts: Sequence[Any], *args: Any, **params: Any) -> list:
   res_names = [n for n, lin in zip(in_names, linear, strict=True) if not lin]
   ct_names = [n for n, g in zip(out_ct_names, ct_given, strict=True) if g]
 
+  # The outputs' names: of the linear inputs' cotangents (of every input's, residual
+  # zeros included, where JAX's transpose returns those).
+  result_names = in_ct_names if TRANSPOSE_PARTIAL_EVALUATES else linear_names
+
   def out_names_thunk():
-    return tuple(n for n, nz in zip(linear_names, body.nonzero_out, strict=True) if nz)
+    return tuple(n for n, nz in zip(result_names, body.nonzero_out, strict=True) if nz)
 
   # Inputs (cotangents, residuals) and outputs (cotangents) are derived values.
   fun = name_derived_body(
@@ -150,6 +162,8 @@ def transpose_rule(out_cts: Sequence[Any], *args: Any, **params: Any) -> list:
   result: list[Any] = []
   for x, lin in zip(args, linear, strict=True):
     if not lin:
+      if TRANSPOSE_PARTIAL_EVALUATES and next(nz_iter):
+        next(out_iter)  # a residual's zero cotangent: not returned
       result.append(None)
     elif next(nz_iter):
       result.append(next(out_iter))

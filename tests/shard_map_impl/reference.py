@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import pytest
@@ -53,6 +53,33 @@ def jax_shard_map(f: Callable, mesh: Any, in_specs: Any, out_specs: Any,
   manual = frozenset(a for a in mesh.axis_names if a not in auto) if auto else frozenset()
   return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                        check_vma=check_rep, axis_names=manual)
+
+
+T = TypeVar("T")
+
+
+def outcomes_or_same_error(impls: dict[str, Callable], run: Callable[[Callable], T]
+                           ) -> dict[str, T] | None:
+  """``run(smap)`` for each of ``impls`` ("jax" first, then "ours"), by name.
+
+  Where JAX's own shard_map raises, ours must raise the same error (type and message)
+  and None is returned: there is nothing else to compare. (JAX 0.8.2's vmap of a psum
+  in a checked body binds psum_invariant with the axis_index_groups its own abstract
+  eval rejects, a JAX bug; ours, running JAX's batching rule, matches it.)
+  """
+  results: dict[str, T] = {}
+  failed: dict[str, tuple[type, str]] = {}
+  for name, smap in impls.items():
+    try:
+      results[name] = run(smap)
+    except Exception as e:  # noqa: BLE001  (compared with JAX's own below)
+      if "jax" not in failed and name != "jax":
+        raise
+      failed[name] = (type(e), str(e))
+  if failed:
+    assert failed.get("ours") == failed["jax"], failed
+    return None
+  return results
 
 
 @contextlib.contextmanager

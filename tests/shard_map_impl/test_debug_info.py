@@ -22,7 +22,8 @@ from jax._src import core
 from jax.sharding import PartitionSpec as P
 
 import shard_map_impl
-from reference import jax_shard_map, jax_shard_map_p, vma_mode, vma_params
+from reference import (jax_shard_map, jax_shard_map_p, outcomes_or_same_error, vma_mode,
+                       vma_params)
 from support.meshes import make_mesh
 
 IMPLS = {"jax": jax_shard_map, "ours": shard_map_impl.shard_map}
@@ -73,21 +74,21 @@ def _args(name):
   return (jnp.ones((3, 2)), xs) if name == "vmap" else (w, xs)
 
 
-def bodies_of(name: str, vma: bool) -> dict[str, list[core.Jaxpr]]:
+def bodies_of(name: str, vma: bool) -> dict[str, list[core.Jaxpr]] | None:
+  """Each implementation's shard_map bodies (None where JAX's own fails alike)."""
   mesh = make_mesh((4, 2))
-  out = {}
   with vma_mode(vma), warnings.catch_warnings():
     warnings.simplefilter("error", DeprecationWarning)
-    for impl, sm in IMPLS.items():
-      fn, _ = _programs(sm, mesh)[name]
-      out[impl] = shard_map_bodies(jax.make_jaxpr(fn)(*_args(name)).jaxpr)
-  return out
+    return outcomes_or_same_error(IMPLS, lambda sm: shard_map_bodies(
+        jax.make_jaxpr(_programs(sm, mesh)[name][0])(*_args(name)).jaxpr))
 
 
 @pytest.mark.parametrize("vma", vma_params(True, False), ids=["vma", "novma"])
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_body_debug_info_matches_jax(name, vma):
   bodies = bodies_of(name, vma)
+  if bodies is None:
+    return  # JAX's own shard_map fails on this program, and ours the same way
   assert len(bodies["ours"]) == len(bodies["jax"])
   for theirs, ours in zip(bodies["jax"], bodies["ours"], strict=True):
     t, o = theirs.debug_info, ours.debug_info
@@ -110,7 +111,11 @@ def test_user_facing_body_names_arguments_and_results():
     g = sm(f, mesh, in_specs=(P(), {"xs": P("x")}), out_specs={"total": P()})
     body, = shard_map_bodies(jax.make_jaxpr(g)(jnp.ones(2), {"xs": jnp.ones((8, 2))}).jaxpr)
     names[impl] = (body.debug_info.arg_names, body.debug_info.result_paths)
-  assert names["ours"] == names["jax"]
+  assert names["ours"][0] == names["jax"][0]
+  # Result paths as JAX's where it knows them (JAX 0.8-0.9.0's shard_map leaves its
+  # body's unknown, None; ours name them there too, as the module docstring says).
+  if names["jax"][1] is not None:
+    assert names["ours"][1] == names["jax"][1]
   # Older shard_maps name results by their path, newer ones by flat position.
   assert names["ours"][0] == ("weights", "data['xs']")
   assert names["ours"][1] in (("result['total']",), ("result[0]",))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import re
 from typing import Any
 from collections.abc import Callable
 
@@ -851,6 +852,12 @@ def _with_check_rep(impl, check_rep, f, mesh, in_specs, out_specs, **kw):
   return impl(f, mesh, in_specs, out_specs, check_rep=check_rep, **kw)
 
 
+def _leaks_body_typed_zero(error: Exception) -> bool:
+  """Whether JAX's VJP check rejected a cotangent only for being typed varying."""
+  found = re.search(r"expected cotangent type is (\S+) but got (\S+)\{V:[^}]*\}$", str(error))
+  return isinstance(error, ValueError) and found is not None and found[1] == found[2]
+
+
 def assert_same_outcome(prog: Program, varying: bool, check_rep: bool) -> None:
   """Ours must do what JAX does; where JAX fails only in this mode, ours may
   instead succeed with the values JAX computes in the default mode."""
@@ -859,6 +866,11 @@ def assert_same_outcome(prog: Program, varying: bool, check_rep: bool) -> None:
                                prog.direct_linearize)
   if ref_kind == 'err' and our_kind == 'ok' and (varying, check_rep) != (True, True):
     ref_kind, ref = run_outcome(prog, reference_shard_map(), True, True)
+  if ref_kind == 'err' and our_kind == 'ok' and _leaks_body_typed_zero(ref):
+    # JAX 0.8-0.9.0's transpose returns an unused input's zero cotangent typed as in
+    # the body (varying), which its own VJP check rejects: a JAX bug ours does not
+    # copy. Ours must give what JAX computes without the check.
+    ref_kind, ref = run_outcome(prog, reference_shard_map(), varying, False)
   if ref_kind == 'err':
     assert our_kind == 'err', f"JAX raised {type(ref).__name__}: {ref}; ours returned"
     assert isinstance(ours, type(ref)), (
@@ -866,7 +878,22 @@ def assert_same_outcome(prog: Program, varying: bool, check_rep: bool) -> None:
     return
   if our_kind == 'err':
     raise AssertionError(f"ours raised {type(ours).__name__}: {ours}; JAX returned") from ours
+  if not check_rep and not _trees_close(ref, ours, prog.tol):
+    # The check changes no values of a correct program: where JAX's unchecked result
+    # contradicts its own checked one (JAX 0.8.2's transpose of a nested shard_map with
+    # check_vma=False), ours must give the checked one.
+    checked_kind, checked = run_outcome(prog, reference_shard_map(), varying, True)
+    if checked_kind == 'ok' and not _trees_close(ref, checked, prog.tol):
+      ref = checked
   assert_trees_equal(ref, ours, rtol=prog.tol, atol=prog.tol)
+
+
+def _trees_close(a: Any, b: Any, tol: float) -> bool:
+  try:
+    assert_trees_equal(a, b, rtol=tol, atol=tol)
+  except AssertionError:
+    return False
+  return True
 
 
 MODES = list(itertools.product(VMA_MODES, (True, False)))  # (varying, check_rep)

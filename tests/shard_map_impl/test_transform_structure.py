@@ -22,7 +22,7 @@ from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 from jax.sharding import PartitionSpec as P
 
-from reference import jax_shard_map, vma_mode, vma_params
+from reference import jax_shard_map, outcomes_or_same_error, vma_mode, vma_params
 from shard_map_impl import eqn_params
 from support.jax_lines import requires
 from support.meshes import make_mesh
@@ -141,11 +141,10 @@ def collective_counts(fn, args) -> collections.Counter:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_collective_counts_match(name, varying):
   shape, build = CASES[name]
-  counts = {}
   with vma_mode(varying):
-    for impl_name, smap in _impls().items():
-      counts[impl_name] = collective_counts(*build(smap, make_mesh(shape)))
-  assert counts["ours"] == counts["jax"]
+    counts = outcomes_or_same_error(
+        _impls(), lambda smap: collective_counts(*build(smap, make_mesh(shape))))
+  assert counts is None or counts["ours"] == counts["jax"]
 
 
 @pytest.mark.parametrize("name", ["grad_replicated_input", "grad_megatron"])
@@ -182,9 +181,8 @@ def _signature(eqn, varying: bool = True):
   mesh axis enter the second half as inputs; cotangent specs enter the
   transpose), and check_rep where it is meaningful.
 
-  Outputs are not compared one to one: JAX's transpose also emits (zero)
-  cotangents for residual inputs, which ours omits.  Without varying-axes
-  types ours binds the halves of split shard_maps with check_rep=False (their
+  Outputs are not compared here (the printed-jaxpr test compares them where
+  equations carry jax.shard_map's params).  Without varying-axes types ours binds the halves of split shard_maps with check_rep=False (their
   replication is not re-checked, as JAX's staging does not check it either).
   """
   p = eqn_params.read(eqn.params)
@@ -201,13 +199,13 @@ def _canon(names) -> tuple:
 def test_equation_specs_match(name, varying):
   """Residual and cotangent specs of the transformed equations equal JAX's."""
   shape, build = CASES[name]
-  sigs = {}
+
+  def signatures(smap):
+    fn, args = build(smap, make_mesh(shape))
+    return [_signature(e, varying) for e in _shard_map_eqns(jax.make_jaxpr(fn)(*args).jaxpr)]
   with vma_mode(varying):
-    for impl_name, smap in _impls().items():
-      fn, args = build(smap, make_mesh(shape))
-      eqns = _shard_map_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
-      sigs[impl_name] = [_signature(e, varying) for e in eqns]
-  assert sigs["ours"] == sigs["jax"]
+    sigs = outcomes_or_same_error(_impls(), signatures)
+  assert sigs is None or sigs["ours"] == sigs["jax"]
 
 
 JAXPR_COLLECTIVES = ("psum", "psum_invariant", "pvary", "all_gather", "ppermute",
@@ -231,11 +229,14 @@ def test_jaxpr_collectives_match(name, varying):
   more ``pvary`` (JAX's transpose also builds zero cotangents for residual
   inputs and ``pvary``-s them; ours does not emit those outputs at all)."""
   shape, build = CASES[name]
-  counts = {}
+
+  def collectives(smap):
+    fn, args = build(smap, make_mesh(shape))
+    return _collective_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
   with vma_mode(varying):
-    for impl_name, smap in _impls().items():
-      fn, args = build(smap, make_mesh(shape))
-      counts[impl_name] = _collective_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
+    counts = outcomes_or_same_error(_impls(), collectives)
+  if counts is None:
+    return  # JAX's own shard_map fails on this program, and ours the same way
   ours_pvary, jax_pvary = counts["ours"].pop("pvary", 0), counts["jax"].pop("pvary", 0)
   assert counts["ours"] == counts["jax"]
   assert ours_pvary <= jax_pvary
@@ -336,11 +337,12 @@ def test_printed_jaxpr_matches_jax(name):
   emit (pvary/psum placement, residual and cotangent specs as JAX spells
   them, promoted scalar residuals, dropped zero cotangents), in order."""
   shape, build = JAXPR_CASES[name]
-  text = {}
-  for impl_name, smap in _impls().items():
+
+  def printed(smap):
     fn, args = build(smap, make_mesh(shape))
-    text[impl_name] = str(jax.make_jaxpr(fn)(*args))
-  assert text["ours"] == text["jax"]
+    return str(jax.make_jaxpr(fn)(*args))
+  text = outcomes_or_same_error(_impls(), printed)
+  assert text is None or text["ours"] == text["jax"]
 
 
 def _vmap_over_explicit_axis(smap):
