@@ -307,8 +307,18 @@ def test_edge_case(name):
   compare_with_legacy(CASES[name], pmap)
 
 
+# Where jax.pmap names an unnamed axis after the function ('<axis 0x...>'), ours keeps one
+# fixed name (deterministic HLO), so the sharding of an unnamed pmap cannot be JAX's.
+_NAMED_PER_FUNCTION = pytest.mark.xfail(
+    not has("pmap_fixed_default_axis"), strict=True,
+    reason="this jax.pmap names an unnamed axis after the function; ours keeps one fixed name "
+    "(capability pmap_fixed_default_axis absent)")
+
+
 @requires("no_legacy_pmap", "the release's jax.pmap is the reference for its output shardings")
-@pytest.mark.parametrize("name", sorted(PMAP_SHARDING - JAX_PMAP_FAILS))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=_NAMED_PER_FUNCTION) if n.startswith("sharding_repr") else n
+    for n in sorted(PMAP_SHARDING - JAX_PMAP_FAILS)])
 def test_output_sharding_is_jax_pmaps(name):
   reference = compare_with_jax_pmap(CASES[name], pmap)
   assert reference.error is None, reference.error
