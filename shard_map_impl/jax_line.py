@@ -210,7 +210,8 @@ def _batched_specs_drop_partial_sums() -> bool:
   if not SPECS_HAVE_PARTIAL_SUMS:
     return False
   try:
-    batched = pxla.batch_spec(PartitionSpec(None, reduced={"probe"}), 0, None)
+    batched = pxla.batch_spec(  # type: ignore[attr-defined, unused-ignore]
+        PartitionSpec(None, reduced={"probe"}), 0, None)  # type: ignore[call-arg, unused-ignore]
   except ValueError:
     return False
   return not getattr(batched, "reduced", NO_AXES)
