@@ -9,9 +9,10 @@ at least one converted site this transform rewrites
   ``jax.tree.map(lambda x: x[0], t)`` (or ``jax.tree_util.tree_map``, ``jax.tree_map``,
       ``tree_multimap``)                                ->  ``first_rows(t)``
   the same with more arguments (``is_leaf=``)         ->  the lambda alone: ``first_row``
-  ``out[0]``, ``step(x)[0]`` where ``out`` is bound only to a converted site's outputs in
-      the same scope (``out = step(x)``, ``state, out = step(x)``) and ``step`` only
-      to a converted site                               ->  ``first_row(out)``
+  ``out[0]``, ``step(x)[0]``, ``out.a.b[0]`` where ``out`` is bound only to a converted
+      site's outputs or to ``flax.jax_utils.replicate(...)`` results in the same scope
+      (``out = step(x)``, ``state, out = step(x)``, ``state = replicate(state)``) and
+      ``step`` only to a converted site                  ->  ``first_row(out)``
 
 ``first_row(x)`` is ``x[0]`` exactly, for every ``x``: a jax Array with a local shard
 holding row 0 whole gives that row read from the shard's buffer (same values, dtype,
@@ -42,6 +43,11 @@ from codemod.findings import Finding, Severity
 SUPPORT_NAME = "first_row"    # x[0] of one value
 TREE_SUPPORT_NAME = "first_rows"  # x[0] of every leaf
 _FLAX_UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
+_FLAX_REPLICATE = frozenset({"flax.jax_utils.replicate"})
+# Attributes holding an array's metadata, not one of its rows: ``out.shape[0]`` stays.
+_METADATA = frozenset({"shape", "dtype", "ndim", "size", "itemsize", "nbytes", "sharding",
+                       "addressable_shards", "global_shards", "devices", "aval",
+                       "weak_type", "format", "layout"})
 _TREE_MAPS = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map",
                         "jax.tree_multimap", "jax.tree_util.tree_multimap"})
 _TREE_MAP_LAST = frozenset(name.rsplit(".", 1)[1] for name in _TREE_MAPS)
@@ -271,7 +277,9 @@ class _Idioms(cst.CSTVisitor):
           self.lambdas.append(fun)
 
   def visit_Subscript(self, node: cst.Subscript) -> None:
-    if _is_index0(node) and isinstance(node.value, (cst.Name, cst.Call)):
+    value = node.value
+    if (_is_index0(node) and isinstance(_root(value), (cst.Name, cst.Call))
+        and not (isinstance(value, cst.Attribute) and value.attr.value in _METADATA)):
       self.subscripts.append(node)
 
   def visit_Assign(self, node: cst.Assign) -> None:
@@ -341,9 +349,17 @@ def _is_first_row_lambda(node: cst.Lambda) -> bool:
           and not body.lpar)
 
 
+def _root(value: cst.BaseExpression) -> cst.BaseExpression:
+  """``out`` of ``out.a.b``: an attribute of a pmap output is one of its outputs too."""
+  while isinstance(value, cst.Attribute):
+    value = value.value
+  return value
+
+
 class _Outputs:
-  """Which expressions are a converted site's outputs: a call of the site (or of a name
-  bound only to it), or a name bound only to such calls' results in its own scope."""
+  """Which expressions are a converted site's outputs (or replicated values): a call of
+  the site (or of a name bound only to it) or of Flax's ``replicate``, a name bound only
+  to such calls' results in its own scope, or an attribute of either."""
 
   def __init__(self, get_metadata: Callable, found: _Idioms, site_nodes: set,
                site_defs: set):
@@ -356,7 +372,7 @@ class _Outputs:
                                   if isinstance(t.target, cst.Name))
     self.output_bindings: set[cst.CSTNode] = set()
     for assign in found.assigns:
-      if isinstance(assign.value, cst.Call) and self._is_site(assign.value.func):
+      if isinstance(assign.value, cst.Call) and self._is_producer(assign.value.func):
         for target in assign.targets:
           self.output_bindings.update(_names_in(target.target))
 
@@ -378,9 +394,20 @@ class _Outputs:
     return found is not None and all(getattr(r, "node", None) in self.site_bindings
                                      for r in found[0])
 
+  def _is_producer(self, func: cst.BaseExpression) -> bool:
+    """A converted site, or Flax's ``replicate`` (whose values converted code also holds
+    as one row per device)."""
+    if self._is_site(func):
+      return True
+    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    return last == "replicate" and bool(
+        {q.name for q in self.get_metadata(QualifiedNameProvider, func, set())}
+        & _FLAX_REPLICATE)
+
   def is_output(self, value: cst.BaseExpression) -> bool:
+    value = _root(value)
     if isinstance(value, cst.Call):
-      return self._is_site(value.func)
+      return self._is_producer(value.func)
     if not isinstance(value, cst.Name):
       return False
     found = self._referents(value)

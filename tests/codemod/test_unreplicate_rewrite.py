@@ -154,12 +154,32 @@ def run(state, batch):
           first_row(p_double(out)))
 """, support="first_row, on_pmap_mesh")
 
+  def test_attributes_of_outputs_and_replicated_values(self):
+    # A Flax TrainState's fields, of a site's output or of jax_utils.replicate's; an
+    # array's metadata (out.shape[0]) is not a row and stays. (A name also bound to
+    # anything else, such as a parameter, stays: bindings are not followed in order.)
+    self._converts("from flax import jax_utils", """\
+def run(unreplicated, batch):
+  state = jax_utils.replicate(unreplicated)
+  start = int(state.step[0])
+  new, metrics = step(state, batch)
+  return (start, new.params.kernel[0], metrics.shape[0],
+          jax_utils.replicate(batch).x[0])
+""", """\
+def run(unreplicated, batch):
+  state = jax_utils.replicate(unreplicated)
+  start = int(first_row(state.step))
+  new, metrics = step(state, batch)
+  return (start, first_row(new.params.kernel), metrics.shape[0],
+          first_row(jax_utils.replicate(batch).x))
+""", support="first_row, on_pmap_mesh", kept_import="from flax import jax_utils")
+
   def _stays(self, body):
     self._converts("", body, body, support="on_pmap_mesh")
 
   def test_values_not_provably_outputs_stay(self):
     self._stays("""\
-def run(state, batch, other):
+def run(state, batch, other, f):
   state, loss = step(state, batch)
   mixed = loss
   mixed = other
@@ -167,7 +187,7 @@ def run(state, batch, other):
   loss2 += 1
   out = step(state, batch)
   out[0] = batch
-  return other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out
+  return other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out, other.step[0], f(out)[0]
 """)
 
   def test_other_lambdas_and_calls_stay(self):
