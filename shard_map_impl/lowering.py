@@ -139,11 +139,11 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
                   in_names: Sequence[AxisNames], out_names: Sequence[AxisNames],
                   check_rep: bool):
   mc = ctx.module_context
-  # Effect tokens and hoisted constants enter the region as leading arguments
-  # where the JAX line does so (see jax_line.SHARDY_REGION_THREADS_STATE).
+  # Ordered-effect tokens always enter the region as leading arguments (the body's
+  # callbacks need them); dimension variables and hoisted constants do where the JAX
+  # line threads them (see jax_line.SHARDY_REGION_THREADS_STATE).
   threads = SHARDY_REGION_THREADS_STATE
-  effects: list[core.Effect] = (
-      list(mlir.effects_lib.ordered_effects.filter_in(jaxpr.effects)) if threads else [])
+  effects: list[core.Effect] = list(mlir.effects_lib.ordered_effects.filter_in(jaxpr.effects))
   tokens = [ctx.tokens_in.get(e) for e in effects]
   scope = lambda: (axis_env(region.mesh, region.auto), check_flag(check_rep))
   if region.trivial(region.newly):
@@ -152,8 +152,7 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
       outs, tokens_out = lower_inline(ctx, region.body_ctx, jaxpr,
                                       mlir.TokenSet(dict(zip(effects, tokens, strict=True))),
                                       args, dim_var_values=ctx.dim_var_values)
-    if threads:
-      ctx.set_tokens_out(tokens_out)
+    ctx.set_tokens_out(tokens_out)
     return outs
   consts = jaxpr_constants(jaxpr)
   const_values = [mlir.ir_constant(c, const_lowering=ctx.const_lowering, aval=a)  # type: ignore[attr-defined, call-arg, unused-ignore]  # other JAX line
@@ -192,11 +191,10 @@ def _lower_shardy(ctx: mlir.LoweringRuleContext, region: _Region, args: Sequence
     outs, tokens_out = lower_inline(
         ctx, region.body_ctx, jaxpr, mlir.TokenSet(dict(zip(effects, tok_args, strict=True))),
         in_args, dim_var_values=dim_args, const_lowering=lowering if threads else None)
-    returned = [*(t for _, t in tokens_out.items()), *outs] if threads else list(outs)
+    returned = [*(t for _, t in tokens_out.items()), *outs]
     sdy.ReturnOp([ir.Value(o) for o in returned])  # type: ignore[arg-type, unused-ignore]  # one value each
-  if threads:
-    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet(
-        dict(zip(effects, op.results[:len(tokens)], strict=True)))))
+  ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet(
+      dict(zip(effects, op.results[:len(tokens)], strict=True)))))
   return op.results[len(tokens):]
 
 

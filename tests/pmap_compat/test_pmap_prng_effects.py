@@ -102,9 +102,6 @@ def test_debug_callback_sees_every_shard():
     assert _values_seen_by_callback(pm) == list(range(8)), pm
 
 
-@pytest.mark.xfail(has("shardy_default_without_const_lowering"), strict=True,
-                   reason="shard_map_impl's Shardy lowering threads no ordered-effect tokens "
-                   "where mlir.jaxpr_subcomp takes no const_lowering (KeyError: OrderedIOEffect)")
 def test_ordered_io_callback():
   # Legacy rejects ordered effects in pmap; reference: the same callback run on each shard.
   log = []

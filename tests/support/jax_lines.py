@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import warnings
 from collections.abc import Callable
 
@@ -94,10 +93,10 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
         lambda: _legacy_pmap_takes_numpy_under_jit(),
         "legacy jax.pmap called with numpy arguments inside jax.jit (not: an internal "
         "'non-canonical constant' AssertionError)"),
-    "shardy_default_without_const_lowering": (
-        lambda: _shardy_default_without_const_lowering(),
-        "Shardy as the default partitioner while mlir.jaxpr_subcomp takes no const_lowering "
-        "(shard_map_impl's Shardy regions thread effect tokens only where it does)"),
+    "staging_keeps_nested_jit_jaxprs": (
+        lambda: _staging_keeps_nested_jit_jaxprs(),
+        "tracing keeps the jaxpr of every jit staged inside another (its abstract-eval "
+        "cache holds the equation's params strongly, up to 4,096 entries)"),
     "cached_jit_transpose": (_has_attr("jax._src.pjit", "_pjit_transpose_trace"),
                              "jit's eager transpose traced through lu.cache "
                              "(_pjit_transpose_trace: keeps each transposed jaxpr)"),
@@ -155,6 +154,20 @@ def _jit_returns_shard_maps_of_two_sizes(first: int = 8, second: int = 4) -> boo
 
 
 @functools.cache
+@functools.cache
+def _staging_keeps_nested_jit_jaxprs() -> bool:
+  import gc  # noqa: PLC0415
+  import weakref  # noqa: PLC0415
+
+  def staged() -> weakref.ref:  # the jaxpr of a fresh function jitted inside a trace
+    fresh = lambda v: v + 1.0
+    outer = jax.make_jaxpr(lambda v: jax.jit(fresh)(v))(1.0)
+    return weakref.ref(outer.jaxpr.eqns[0].params["jaxpr"].jaxpr)
+  inner = staged()
+  gc.collect()
+  return inner() is not None
+
+
 def _legacy_pmap_takes_numpy_under_jit() -> bool:
   """Does legacy jax.pmap, called inside jax.jit with a numpy argument, trace?"""
   from support.legacy_pmap import has_legacy_pmap, legacy_pmap  # noqa: PLC0415
@@ -167,13 +180,6 @@ def _legacy_pmap_takes_numpy_under_jit() -> bool:
     except AssertionError:
       return False
   return True
-
-
-def _shardy_default_without_const_lowering() -> bool:
-  from jax._src import config  # noqa: PLC0415
-  from jax._src.interpreters import mlir  # noqa: PLC0415
-  takes = "const_lowering" in inspect.signature(mlir.jaxpr_subcomp).parameters
-  return bool(config.use_shardy_partitioner.value) and not takes
 
 
 def has(capability: str) -> bool:
