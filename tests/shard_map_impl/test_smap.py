@@ -1,4 +1,4 @@
-"""``shard_map_impl.smap`` differentially against jax 0.10.2's ``jax.smap``: values
+"""``shard_map_impl.smap`` differentially against the release's ``jax.smap``: values
 bit for bit, output shardings, printed jaxprs and StableHLO under jit, eager
 results, and the same errors (type and message) where ``jax.smap`` rejects."""
 from __future__ import annotations
@@ -17,6 +17,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import shard_map_impl
 from differential import assert_same_observations, observe
+from reference import use_mesh
 from support.jax_lines import requires
 
 pytestmark = requires("smap")
@@ -69,7 +70,7 @@ def _programs() -> dict[str, tuple[AxisType, dict, Callable]]:
 def _observe(smap: Callable, name: str, jit: bool) -> dict[str, Any]:
   kind, kwargs, body = _programs()[name]
   mesh = _mesh(kind)
-  with jax.set_mesh(mesh):
+  with use_mesh(mesh):
     return observe(lambda: (smap(body, **kwargs), _args(mesh, kind == AxisType.Explicit)),
                    jit=jit)
 

@@ -154,14 +154,27 @@ def test_ordered_effect_rejected_like_jax():
 
 def test_eager_debug_print_order_and_text(capfd):
   mesh = make_mesh((4, 2))
-  outputs = {}
+  x = np.arange(8.0, dtype=np.float32)
+  printing = lambda sm: sm(lambda v: (jax.debug.print("v={}", v), v * 2)[1], mesh, P("x"),
+                           P("x"))
   with vma_mode(not LEGACY):  # see test_unordered_effects_run_per_device
-    for k, sm in IMPLS.items():
-      f = sm(lambda x: (jax.debug.print("v={}", x), x * 2)[1], mesh, P("x"), P("x"))
-      f(np.arange(8.0, dtype=np.float32))
+    printing(shard_map_impl.shard_map)(x)
+    jax.effects_barrier()
+    ours = capfd.readouterr().out
+    try:
+      printing(jax_shard_map)(x)
+    except ValueError:
+      # JAX 0.6.2's eager debug-callback rule zips the callback's arguments with too few
+      # varying-axes sets. The reference is then its compiled print: each device prints
+      # its shard, in whatever order they run; eagerly each distinct shard prints once, in
+      # mesh order (here, ascending).
+      jax.jit(printing(jax_shard_map))(x)
       jax.effects_barrier()
-      outputs[k] = capfd.readouterr().out
-  assert outputs["ours"] == outputs["jax"] and outputs["ours"]
+      ours, theirs = ours.splitlines(), sorted(set(capfd.readouterr().out.splitlines()))
+    else:
+      jax.effects_barrier()
+      theirs = capfd.readouterr().out
+  assert ours == theirs and ours
 
 
 @pytest.mark.parametrize("vma", vma_params(True, False))
