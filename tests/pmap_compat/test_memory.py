@@ -134,9 +134,18 @@ _GRAD_ON_06 = pytest.mark.xfail(
     "capability cached_jit_transpose)")
 
 
+# pmap_compat's program under the user's jit is a jit equation: where JAX's tracing keeps
+# every nested jit's jaxpr (legacy's xla_pmap equation is not one), so does this loop.
+_UNDER_JIT_CACHED = pytest.mark.xfail(
+    has("staging_keeps_nested_jit_jaxprs"), strict=True,
+    reason="this JAX's tracing keeps the jaxpr of each jit staged inside another, as for "
+    "jax.jit(lambda v: jax.jit(fresh)(v)) (capability staging_keeps_nested_jit_jaxprs)")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["collective", "static", "under_jit", "nested", "lower",
-                                  pytest.param("grad", marks=_GRAD_ON_06)])
+@pytest.mark.parametrize("form", ["collective", "static",
+                                  pytest.param("under_jit", marks=_UNDER_JIT_CACHED),
+                                  "nested", "lower", pytest.param("grad", marks=_GRAD_ON_06)])
 def test_throwaway_pmaps_of_each_form_keep_nothing(form):
   """The other ways a loop may use its fresh pmap: a collective, a static argument, under
   the user's jit, nested in another fresh pmap, compiled ahead of time, differentiated."""
