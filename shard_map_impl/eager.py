@@ -37,7 +37,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import (EAGER_INLINES_CALLS, EAGER_PARTIAL_AUTO, check_flag_value,
+from shard_map_impl.jax_line import (EAGER_INLINES_CALLS, EAGER_PARTIAL_AUTO,
+                                     EAGER_PARTIAL_RESULT_BY_SPEC, check_flag_value,
                                      debug_print_p, eager_default_mesh, get_aval,
                                      jax_eager_trace_type, partial_sums_of, trace_to_jaxpr,
                                      with_manual_type, with_spec_partial_sums)
@@ -93,7 +94,7 @@ def _converter(kind: str, mesh: AnyMesh, auto: frozenset, spec: PartitionSpec,
     convert = _flat_program(_stack_block, mesh, auto, (spec,), (stacked,), check)
     return jax.jit(lambda x: convert(x)[0])
   convert = _flat_program(_unstack_block, mesh, auto, (stacked,), (spec,), check)
-  if auto:  # as JAX: the compiler places a partially manual result
+  if auto and not EAGER_PARTIAL_RESULT_BY_SPEC:  # as JAX: the compiler places it
     return jax.jit(lambda x: convert(x)[0])
   return jax.jit(lambda x: convert(x)[0], out_shardings=NamedSharding(mesh, spec))
 

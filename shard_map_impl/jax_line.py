@@ -134,6 +134,10 @@ SPECS_NAME_MESH_AXES_ONLY = JAX_SHARD_MAP_IN_CORE
 # Partially manual shard_maps run eagerly where JAX's eager shard_map matches specs
 # over the manual axes only (``_match_spec2``); else they need an enclosing jit.
 EAGER_PARTIAL_AUTO = hasattr(_jax_shard_map, "_match_spec2")
+# An eager partially manual result gets its out spec's sharding where JAX's result matcher
+# is told no manual axes (``_match_spec`` without ``manual_axes``); where it is, the
+# compiler places such a result (its spec then spelled in full, P('x', None)).
+EAGER_PARTIAL_RESULT_BY_SPEC = "manual_axes" not in _params(_jax_shard_map._match_spec)
 
 
 def _eager_trace_refuses_calls() -> bool:
