@@ -163,7 +163,7 @@ def linearize_rule(trace: ad.LinearizeTrace, prim: ShardMapPrimitive, fun: lu.Wr
       check_rep=rs.staged_check_rep(check_rep), rewrite=rewrite, auto=auto)
   nz_tangents_out = prim.bind_with_trace(
       trace.tangent_trace,
-      (lu.wrap_init(tangent_half, debug_info=rs.unnamed_io(
+      (lu.wrap_init(tangent_half, debug_info=rs.fitted_io(
           lin_jaxpr.debug_info, len(lin_jaxpr.constvars) + len(lin_jaxpr.invars),
           len(lin_jaxpr.outvars))),
        *residuals, *env, *_pick(tangents, nonzero_in)),

@@ -104,18 +104,19 @@ def fit_names(names: Sequence[str] | None, n: int) -> tuple[str, ...]:
   return tuple(names) if names is not None and len(names) == n else ("",) * n
 
 
-def unnamed_io(debug_info: core.DebugInfo, n_in: int, n_out: int) -> core.DebugInfo:
-  """``debug_info`` for a half whose inputs and outputs are all derived values
-  (residuals, tangents): each one unnamed."""
-  return debug_info._replace(arg_names=("",) * n_in, result_paths=("",) * n_out)
+def fitted_io(debug_info: core.DebugInfo, n_in: int, n_out: int) -> core.DebugInfo:
+  """``debug_info`` naming ``n_in`` inputs and ``n_out`` outputs: the names it has
+  where they are that many, else unknown ones (as the body JAX stages from a linear
+  half's own DebugInfo reads)."""
+  paths = debug_info.result_paths if isinstance(debug_info.result_paths, tuple) else None
+  return debug_info._replace(arg_names=fit_names(debug_info.arg_names, n_in),
+                             result_paths=fit_names(paths, n_out))
 
 
 def with_fitted_names(jaxpr: core.Jaxpr) -> core.Jaxpr:
   """``jaxpr`` with one (possibly unknown) name per input and output."""
   dbg = jaxpr.debug_info
-  paths = dbg.result_paths if isinstance(dbg.result_paths, tuple) else None
-  fitted = dbg._replace(arg_names=fit_names(dbg.arg_names, len(jaxpr.invars)),
-                        result_paths=fit_names(paths, len(jaxpr.outvars)))
+  fitted = fitted_io(dbg, len(jaxpr.invars), len(jaxpr.outvars))
   return jaxpr if fitted == dbg else jaxpr.replace(debug_info=fitted)
 
 
