@@ -9,10 +9,11 @@ at least one converted site this transform rewrites
   ``jax.tree.map(lambda x: x[0], t)`` (or ``jax.tree_util.tree_map``, ``jax.tree_map``,
       ``tree_multimap``)                                ->  ``first_rows(t)``
   the same with more arguments (``is_leaf=``)         ->  the lambda alone: ``first_row``
-  ``out[0]``, ``step(x)[0]``, ``out.a.b[0]`` where ``out`` is bound only to a converted
-      site's outputs or to ``flax.jax_utils.replicate(...)`` results in the same scope
-      (``out = step(x)``, ``state, out = step(x)``, ``state = replicate(state)``) and
-      ``step`` only to a converted site                  ->  ``first_row(out)``
+  ``out[0]``, ``step(x)[0]``, ``out.a.b[0]`` where ``out`` is bound to a converted site's
+      outputs or to ``flax.jax_utils.replicate(...)`` results in the same scope (``out =
+      step(x)``, ``state, out = step(x)``, ``state = replicate(state)``), and otherwise
+      only to other calls' results or as a parameter, and ``step`` only to a converted
+      site                                               ->  ``first_row(out)``
 
 ``first_row(x)`` is ``x[0]`` exactly, for every ``x``: a jax Array with a local shard
 holding row 0 whole gives that row read from the shard's buffer (same values, dtype,
@@ -358,8 +359,9 @@ def _root(value: cst.BaseExpression) -> cst.BaseExpression:
 
 class _Outputs:
   """Which expressions are a converted site's outputs (or replicated values): a call of
-  the site (or of a name bound only to it) or of Flax's ``replicate``, a name bound only
-  to such calls' results in its own scope, or an attribute of either."""
+  the site (or of a name bound only to it) or of Flax's ``replicate``, a name bound to such
+  calls' results in its own scope (and otherwise only to other calls' results or as a
+  parameter), or an attribute of either."""
 
   def __init__(self, get_metadata: Callable, found: _Idioms, site_nodes: set,
                site_defs: set):
@@ -371,10 +373,13 @@ class _Outputs:
         self.site_bindings.update(t.target for t in assign.targets
                                   if isinstance(t.target, cst.Name))
     self.output_bindings: set[cst.CSTNode] = set()
+    self.call_bindings: set[cst.CSTNode] = set()  # names bound to any call's results
     for assign in found.assigns:
-      if isinstance(assign.value, cst.Call) and self._is_producer(assign.value.func):
-        for target in assign.targets:
-          self.output_bindings.update(_names_in(target.target))
+      if isinstance(assign.value, cst.Call):
+        names = [n for target in assign.targets for n in _names_in(target.target)]
+        self.call_bindings.update(names)
+        if self._is_producer(assign.value.func):
+          self.output_bindings.update(names)
 
   def _referents(self, name: cst.Name) -> tuple[set, object] | None:
     scope = self.get_metadata(ScopeProvider, name, None)
@@ -414,8 +419,14 @@ class _Outputs:
     if found is None:
       return False
     referents, scope = found
-    return all(getattr(r, "node", None) in self.output_bindings and r.scope is scope
-               for r in referents)
+    # The name's bindings in its own scope: at least one to outputs, the rest to other
+    # calls' results or a parameter (``state = create_state(); state = replicate(state)``;
+    # bindings are not followed in program order). Any other binding (a literal, another
+    # name, ``+=``) leaves it alone.
+    nodes = [getattr(r, "node", None) for r in referents]
+    return (all(r.scope is scope for r in referents)
+            and any(n in self.output_bindings for n in nodes)
+            and all(n in self.call_bindings or isinstance(n, cst.Param) for n in nodes))
 
 
 def _names_in(target: cst.BaseExpression) -> list[cst.Name]:

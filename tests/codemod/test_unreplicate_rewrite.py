@@ -155,22 +155,24 @@ def run(state, batch):
 """, support="first_row, on_pmap_mesh")
 
   def test_attributes_of_outputs_and_replicated_values(self):
-    # A Flax TrainState's fields, of a site's output or of jax_utils.replicate's; an
-    # array's metadata (out.shape[0]) is not a row and stays. (A name also bound to
-    # anything else, such as a parameter, stays: bindings are not followed in order.)
+    # A Flax TrainState's fields, of a site's output or of jax_utils.replicate's, as the
+    # Flax examples' loops hold them (a parameter, then a created state, replicated, then
+    # the step's outputs); an array's metadata (out.shape[0]) is not a row and stays.
     self._converts("from flax import jax_utils", """\
-def run(unreplicated, batch):
-  state = jax_utils.replicate(unreplicated)
+def run(state, batch, make_state):
+  state = make_state(state)
+  state = jax_utils.replicate(state)
   start = int(state.step[0])
-  new, metrics = step(state, batch)
-  return (start, new.params.kernel[0], metrics.shape[0],
+  state, metrics = step(state, batch)
+  return (start, state.params.kernel[0], metrics.shape[0],
           jax_utils.replicate(batch).x[0])
 """, """\
-def run(unreplicated, batch):
-  state = jax_utils.replicate(unreplicated)
+def run(state, batch, make_state):
+  state = make_state(state)
+  state = jax_utils.replicate(state)
   start = int(first_row(state.step))
-  new, metrics = step(state, batch)
-  return (start, first_row(new.params.kernel), metrics.shape[0],
+  state, metrics = step(state, batch)
+  return (start, first_row(state.params.kernel), metrics.shape[0],
           first_row(jax_utils.replicate(batch).x))
 """, support="first_row, on_pmap_mesh", kept_import="from flax import jax_utils")
 
@@ -187,7 +189,10 @@ def run(state, batch, other, f):
   loss2 += 1
   out = step(state, batch)
   out[0] = batch
-  return other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out, other.step[0], f(out)[0]
+  rows = [batch]
+  rows = step(state, batch)
+  return (other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out, other.step[0], f(out)[0],
+          rows[0])
 """)
 
   def test_other_lambdas_and_calls_stay(self):
