@@ -259,7 +259,7 @@ class _Idioms(cst.CSTVisitor):
 
   def visit_Call(self, node: cst.Call) -> None:
     func = node.func
-    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    last = _last_name(func)
     if last == "unreplicate":
       if (self._names(func) & _FLAX_UNREPLICATE and len(node.args) == 1
           and node.args[0].keyword is None and not node.args[0].star):
@@ -350,6 +350,11 @@ def _is_first_row_lambda(node: cst.Lambda) -> bool:
           and not body.lpar)
 
 
+def _last_name(func: cst.BaseExpression) -> str | None:
+  """``f`` of ``f`` or ``a.b.f``: what a call's function is named, before resolving it."""
+  return func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+
+
 def _root(value: cst.BaseExpression) -> cst.BaseExpression:
   """``out`` of ``out.a.b``: an attribute of a pmap output is one of its outputs too."""
   while isinstance(value, cst.Attribute):
@@ -404,8 +409,7 @@ class _Outputs:
     as one row per device)."""
     if self._is_site(func):
       return True
-    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-    return last == "replicate" and bool(
+    return _last_name(func) == "replicate" and bool(
         {q.name for q in self.get_metadata(QualifiedNameProvider, func, set())}
         & _FLAX_REPLICATE)
 

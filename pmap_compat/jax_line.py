@@ -225,5 +225,5 @@ PRNGKeyArray = prng.PRNGKeyArray
 __all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH",
            "DeviceAssignmentMismatchError", "PRNGKeyArray", "PmapSharding", "bind_parts",
            "device_assignment_mismatch_error", "infer_jit_params", "lowering_args",
-           "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function", "legacy_program_name",
-           "prng", "served_by_python", "sharding_specs"]
+           "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function",
+           "legacy_program_name", "prng", "served_by_python", "sharding_specs"]

@@ -348,21 +348,11 @@ def test_printed_jaxpr_matches_jax(name):
 def _specs_as_tuples(text: str) -> str:
   """``out_specs=[a, b]`` printed as ``out_specs=(a, b)``: JAX 0.6.2's partial evaluation
   stages the unknown half's specs as the list it built, later releases (and ours) as a
-  tuple; the equation means the same either way."""
-  head, marker = "", "out_specs=["
-  while (start := text.find(marker)) >= 0:
-    body = text[start + len(marker):]
-    end = next(i for i in range(len(body) + 1) if _depth("[" + body[:i]) == 0)
-    inner = body[:end - 1]
-    commas = [j for j, ch in enumerate(inner) if ch == "," and _depth(inner[:j]) == 0]
-    single = "," if inner.strip() and not commas else ""
-    head += f"{text[:start]}out_specs=({inner}{single})"
-    text = body[end:]
-  return head + text
-
-
-def _depth(text: str) -> int:
-  return text.count("(") + text.count("[") - text.count(")") - text.count("]")
+  tuple; the equation means the same either way. (A spec prints without brackets.)"""
+  def as_tuple(match: re.Match) -> str:
+    specs = match.group(1)
+    return f"out_specs=({specs}{',' if specs.count('PartitionSpec(') == 1 else ''})"
+  return re.sub(r"out_specs=\[([^\[\]]*)\]", as_tuple, text)
 
 
 def _vmap_over_explicit_axis(smap):
