@@ -250,6 +250,7 @@ class _Idioms(cst.CSTVisitor):
     self.tree_maps: list[cst.Call] = []  # f(lambda x: x[0], tree), nothing else
     self.subscripts: list[cst.Subscript] = []
     self.stored: set[cst.Subscript] = set()
+    self._indexed: set[cst.Subscript] = set()  # subscripts that are indexed again
     self.assigns: list[cst.Assign] = []
     self.flax_imports: list[tuple[str, str | None, str | None]] = []
     self._statement: cst.SimpleStatementLine | None = None
@@ -279,8 +280,13 @@ class _Idioms(cst.CSTVisitor):
 
   def visit_Subscript(self, node: cst.Subscript) -> None:
     value = node.value
+    if isinstance(value, cst.Subscript):
+      self._indexed.add(value)  # visited before it: parents come first
+    # An attribute's [0] indexed again (``state.stats[0][0]``) most likely picks a tuple
+    # field's element, not a row: left as written.
     if (_is_index0(node) and isinstance(_root(value), (cst.Name, cst.Call))
-        and not (isinstance(value, cst.Attribute) and value.attr.value in _METADATA)):
+        and not (isinstance(value, cst.Attribute)
+                 and (value.attr.value in _METADATA or node in self._indexed))):
       self.subscripts.append(node)
 
   def visit_Assign(self, node: cst.Assign) -> None:

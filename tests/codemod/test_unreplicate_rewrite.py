@@ -157,7 +157,9 @@ def run(state, batch):
   def test_attributes_of_outputs_and_replicated_values(self):
     # A Flax TrainState's fields, of a site's output or of jax_utils.replicate's, as the
     # Flax examples' loops hold them (a parameter, then a created state, replicated, then
-    # the step's outputs); an array's metadata (out.shape[0]) is not a row and stays.
+    # the step's outputs); an array's metadata (out.shape[0]) is not a row and stays, nor
+    # does a field's [0] indexed again (most likely a tuple field's element: brax's
+    # normalizer_params[0][0]).
     self._converts("from flax import jax_utils", """\
 def run(state, batch, make_state):
   state = make_state(state)
@@ -165,7 +167,7 @@ def run(state, batch, make_state):
   start = int(state.step[0])
   state, metrics = step(state, batch)
   return (start, state.params.kernel[0], metrics.shape[0],
-          jax_utils.replicate(batch).x[0])
+          jax_utils.replicate(batch).x[0], state.stats[0][0])
 """, """\
 def run(state, batch, make_state):
   state = make_state(state)
@@ -173,7 +175,7 @@ def run(state, batch, make_state):
   start = int(first_row(state.step))
   state, metrics = step(state, batch)
   return (start, first_row(state.params.kernel), metrics.shape[0],
-          first_row(jax_utils.replicate(batch).x))
+          first_row(jax_utils.replicate(batch).x), state.stats[0][0])
 """, support="first_row, on_pmap_mesh", kept_import="from flax import jax_utils")
 
   def _stays(self, body):
