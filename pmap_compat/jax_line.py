@@ -18,15 +18,20 @@ own ``jax.pmap`` returns (``jit_dispatch``).
 from __future__ import annotations
 
 import functools
+import inspect
+import os
+import types
 from typing import TYPE_CHECKING, Any
 
 from jax._src import api as _api
+from jax._src import core
 from jax._src import dtypes
 from jax._src import lib as _lib
 from jax._src import mesh as mesh_lib
 from jax._src import pjit as _pjit
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import stages as _stages
+from jax._src import tree_util
 from jax._src.interpreters import mlir
 from jax._src.interpreters import pxla as _pxla
 from jax._src.random import prng  # the PRNG module (jax._src.prng until 0.9, re-exported here)
@@ -220,10 +225,88 @@ def legacy_program_name(fun_name: str) -> str:
   return name
 
 
+def _closure(fun: types.FunctionType) -> dict[str, Any]:
+  """A function's closure variables by name (empty cells left out)."""
+  found = {}
+  for name, cell in zip(fun.__code__.co_freevars, fun.__closure__ or (), strict=True):
+    try:
+      found[name] = cell.cell_contents
+    except ValueError:  # not assigned yet
+      continue
+  return found
+
+
+def _positional_donations(donate: tuple, static: tuple) -> tuple[int, ...]:
+  """pmap keeps donate_argnums counted among the non-static arguments; as the user wrote
+  them, they count every positional argument."""
+  if not donate:
+    return ()
+  dynamic = [i for i in range(max(donate) + len(static) + 1) if i not in static]
+  return tuple(dynamic[d] for d in donate)
+
+
+def _unnamed_axis(axis_name: Any, fun: Any) -> bool:
+  """Was ``axis_name`` made up by JAX's pmap for a call without one? Legacy keeps a
+  ``core._TempAxisName`` (0.8–0.9's shard_map-based pmap its repr), 0.10 a fixed string."""
+  temp = getattr(core, "_TempAxisName", None)
+  if temp is not None and (isinstance(axis_name, temp) or axis_name == repr(temp(fun))):
+    return True
+  return axis_name == "_internal_pmap_axis_name"
+
+
+def prebuilt_pmap(obj: Any) -> tuple[Any, dict[str, Any]] | None:
+  """``(fun, pmap's keyword arguments)`` of a function JAX's own ``jax.pmap`` returned,
+  read back from what that pmap keeps; None for any other object. Raises LookupError for
+  one that JAX's pmap made but keeps its arguments in a form not known here. ``patch()``
+  rebuilds such functions with ours.
+
+  Legacy pmap's ``PmapFunction`` keeps the partial application of ``_prepare_pmap`` (its
+  parameters named as in the signature) and the axis name; the shard_map-based pmap (0.8
+  on) returns a function whose ``infer_params`` closes over the arguments by name."""
+  if type(obj).__name__ == "PmapFunction":
+    prepare = getattr(obj, "_prepare_pmap", None)
+    if not (isinstance(prepare, functools.partial)
+            and prepare.func is getattr(_api, "_prepare_pmap", None)):
+      return None
+    # The partial binds every parameter but the call's own args and kwargs.
+    bound = dict(zip(inspect.signature(prepare.func).parameters, prepare.args, strict=False))
+    names = {"in_axes": "in_axes", "out_axes": "out_axes", "in_devices": "devices",
+             "backend_name": "backend", "axis_size": "axis_size"}
+    if not {"fun", "static_broadcasted_tuple", "donate_tuple", *names} <= bound.keys():
+      raise LookupError(f"legacy pmap's _prepare_pmap takes {sorted(bound)}")
+    fun, axis_name = bound["fun"], getattr(obj, "_axis_name", None)
+    kwargs = {ours: bound[theirs] for theirs, ours in names.items()}
+    static, donate = bound["static_broadcasted_tuple"], bound["donate_tuple"]
+  elif (isinstance(obj, types.FunctionType) and obj.__code__.co_name == "wrapped"
+        and "infer_params" in obj.__code__.co_freevars
+        and obj.__code__.co_filename.startswith(_JAX_SOURCE)):
+    infer = _closure(obj).get("infer_params")
+    cells = _closure(infer) if isinstance(infer, types.FunctionType) else {}
+    fun = cells.get("f", getattr(obj, "__wrapped__", None))
+    if "out_axes_tree" in cells and "out_axes_flat" in cells:
+      cells["out_axes"] = tree_util.tree_unflatten(cells["out_axes_tree"],
+                                                   cells["out_axes_flat"])
+    wanted = ("axis_name", "in_axes", "out_axes", "devices", "backend", "axis_size",
+              "static_broadcasted_tuple", "donate_tuple")
+    if fun is None or not all(name in cells for name in wanted):
+      raise LookupError(f"the shard_map-based pmap keeps {sorted(cells)}")
+    axis_name = cells["axis_name"]
+    kwargs = {name: cells[name] for name in wanted[1:6]}
+    static, donate = cells["static_broadcasted_tuple"], cells["donate_tuple"]
+  else:
+    return None
+  kwargs.update(axis_name=None if _unnamed_axis(axis_name, fun) else axis_name,
+                static_broadcasted_argnums=static,
+                donate_argnums=_positional_donations(donate, static))
+  return fun, kwargs
+
+
+_JAX_SOURCE = os.path.dirname(os.path.dirname(_api.__file__))
+
 PRNGKeyArray = prng.PRNGKeyArray
 
 __all__ = ["LEGACY_PMAP_RUNTIME", "DEFAULT_AXIS_NAME", "NO_CONCRETE_MESH",
            "DeviceAssignmentMismatchError", "PRNGKeyArray", "PmapSharding", "bind_parts",
            "device_assignment_mismatch_error", "infer_jit_params", "lowering_args",
            "canonicalize_value", "jit_cache_miss", "jit_call_cache", "jit_p", "jitted_function",
-           "legacy_program_name", "prng", "served_by_python", "sharding_specs"]
+           "legacy_program_name", "prebuilt_pmap", "prng", "served_by_python", "sharding_specs"]

@@ -18,9 +18,14 @@ References that ``patch()`` cannot rebind without reaching into other code's obj
 default argument, a closure variable, a ``functools.partial`` holding JAX's ``pmap``, are
 named in an ``UnpatchedPmapWarning`` where they can be found cheaply (module-level
 functions and partials, and the functions of module-level classes); calls through them
-keep JAX's ``pmap``. References held by instances or containers are not searched. A
-function that ``jax.pmap`` already wrapped before ``patch()`` (a module-level
-``@jax.pmap``) stays JAX's: import such modules inside the block.
+keep JAX's ``pmap``. References held by instances or containers are not searched.
+
+A function that JAX's ``jax.pmap`` already built before ``patch()`` and a module keeps in
+its globals (``cross_replica_mean = jax.pmap(...)``, a module-level ``@jax.pmap``) is
+rebuilt with ``pmap_compat.pmap`` from the function and arguments JAX's pmap kept
+(``jax_line.prebuilt_pmap``), and every global holding it is rebound to that; where this
+JAX keeps them out of reach the global is named in the warning. One held elsewhere (an
+instance, a container, a class) stays JAX's: build it inside the block.
 
 ``unpatch()`` restores each binding it changed, unless the code changed it meanwhile.
 Names bound while patched (``from jax import pmap`` executed inside the block) keep
@@ -41,6 +46,8 @@ from typing import Any, NamedTuple
 
 import jax
 from jax._src import api as jax_api
+
+from pmap_compat import jax_line
 
 # Removed from the jax namespace in 0.10.0; restored while patched where they are missing.
 _PLACEMENT = ("device_put_replicated", "device_put_sharded")
@@ -154,6 +161,36 @@ def _search(original: Any) -> tuple[list[_Binding], list[str]]:
   return bindings, unreachable
 
 
+def _prebuilt(ours: Callable[..., Any]) -> tuple[list[_Binding], list[str]]:
+  """Module globals holding a function that JAX's pmap built before ``patch()`` (a
+  module-level ``f = jax.pmap(g, ...)`` or ``@jax.pmap``), each paired with ``ours`` built
+  from the same function and arguments (one per function JAX built, however many names
+  hold it); those whose arguments this JAX keeps out of reach are described instead."""
+  bindings: list[_Binding] = []
+  unreachable: list[str] = []
+  rebuilt: dict[int, Any] = {}
+  for module_name, module in list(sys.modules.items()):
+    namespace = getattr(module, "__dict__", None)
+    if (_skipped(module_name) or not isinstance(module, types.ModuleType)
+        or not isinstance(namespace, dict)):
+      continue
+    for name, value in list(namespace.items()):
+      # Cheap filter first: what JAX's pmap returns is one of these two types.
+      if type(value) is not types.FunctionType and type(value).__name__ != "PmapFunction":
+        continue
+      if id(value) not in rebuilt:
+        try:
+          parts = jax_line.prebuilt_pmap(value)
+        except LookupError:
+          unreachable.append(f"{module_name}.{name} (built by jax.pmap before patch())")
+          continue
+        if parts is None:
+          continue
+        rebuilt[id(value)] = ours(parts[0], **parts[1])
+      bindings.append(_Binding(module, name, value, rebuilt[id(value)]))
+  return bindings, unreachable
+
+
 def _rebind(bindings: list[_Binding], ours: Any) -> list[_Binding]:
   done = []
   for b in bindings:
@@ -186,8 +223,13 @@ def _patch(stacklevel: int) -> None:
     if _depth == 0:
       _original = jax.pmap
       bindings, unreachable = _search(_original)
+      prebuilt, unreadable = _prebuilt(pmap)
+      unreachable += unreadable
       jax.pmap = pmap
       _rebound[:] = _rebind(bindings, pmap)
+      for b in prebuilt:
+        setattr(b.owner, b.name, b.after)
+      _rebound.extend(prebuilt)
       for name in _PLACEMENT:
         if name not in vars(jax):
           setattr(jax, name, getattr(jax_api, name))

@@ -13,6 +13,7 @@ import importlib
 import sys
 import textwrap
 import threading
+import warnings
 
 import jax
 import numpy as np
@@ -228,3 +229,75 @@ def test_no_warning_when_everything_is_reachable(package, recwarn):
   with pmap_compat.patched():
     assert package.pmap is pmap_compat.pmap
   assert not [str(w.message) for w in recwarn if issubclass(w.category, UnpatchedPmapWarning)]
+
+
+PREBUILT = textwrap.dedent('''
+    """Functions JAX's pmap built at import time, as the Flax examples keep them."""
+    import jax
+    from jax import lax
+
+    cross_replica_mean = jax.pmap(lambda x: lax.pmean(x, "x"), "x")
+    same = cross_replica_mean
+
+
+    @jax.pmap
+    def shifted(x):
+      return x + 1
+
+
+    def _scaled(x, k, y):
+      return (x * k + y + lax.axis_index("j"),)
+
+
+    scaled = jax.pmap(_scaled, "j", in_axes=(0, None, 0), out_axes=(0,),
+                      static_broadcasted_argnums=(1,), donate_argnums=(2,))
+
+
+    class Holder:
+      step = jax.pmap(lambda x: x - 1)
+''')
+
+
+@pytest.fixture
+def prebuilt(tmp_path, monkeypatch):
+  """A module ``prebuiltpkg`` holding functions JAX's pmap built at its import."""
+  (tmp_path / "prebuiltpkg.py").write_text(PREBUILT)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield importlib.import_module("prebuiltpkg")
+  vars(sys.modules.pop("prebuiltpkg")).clear()
+
+
+def _prebuilt_calls(module):
+  x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+  y = np.ones(3, np.float32)
+  return {"cross_replica_mean": module.cross_replica_mean(x), "shifted": module.shifted(x),
+          "scaled": module.scaled(x, 2.0, np.stack([y] * 8))}
+
+
+def test_functions_pmap_built_before_are_rebuilt_with_ours_and_restored_after(prebuilt):
+  """The Flax ImageNet example's module-level ``cross_replica_mean = jax.pmap(...)``:
+  rebuilt from the function and arguments JAX's pmap kept, under every name holding it,
+  bit for bit with JAX's; JAX's back after the block."""
+  before = {name: getattr(prebuilt, name) for name in ("cross_replica_mean", "shifted", "scaled")}
+  reference = jax.block_until_ready(_prebuilt_calls(prebuilt))
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always", UnpatchedPmapWarning)
+    with pmap_compat.patched():
+      for name, jax_built in before.items():
+        ours = getattr(prebuilt, name)
+        assert ours is not jax_built and _ours(ours), name
+      assert prebuilt.scaled.__wrapped__ is prebuilt._scaled
+      assert prebuilt.same is prebuilt.cross_replica_mean
+      cfg = prebuilt.scaled._pmap_config
+      assert (cfg.axis_name, cfg.in_axes, cfg.out_axes, cfg.static, cfg.donate) == (
+          "j", (0, None, 0), (0,), (1,), (2,))
+      assert prebuilt.shifted._pmap_config.axis_name is None
+      assert_trees_equal(reference, jax.block_until_ready(_prebuilt_calls(prebuilt)))
+      # Held by a class, not a module's globals: not searched (documented), stays JAX's.
+      assert not _ours(prebuilt.Holder.step)
+  named = [str(w.message) for w in record if issubclass(w.category, UnpatchedPmapWarning)
+           and prebuilt.__name__ in str(w.message)]
+  assert not named, named
+  for name, jax_built in before.items():
+    assert getattr(prebuilt, name) is jax_built
+  assert prebuilt.same is before["cross_replica_mean"]

@@ -52,9 +52,6 @@ JAX_PMAP_NAMES = ("jax 0.10.2's own jax.pmap compiles every pmapped function as 
                   "compiles cannot be attributed to the step functions")
 
 # Known failures, each the exact case and why; strict, so a fix shows up as XPASS.
-_PREBUILT = ("the Flax example's module-level `cross_replica_mean = jax.pmap(...)` is built at "
-             "import, before patched() is entered: it stays legacy pmap (patched()'s documented "
-             "limit) and no UnpatchedPmapWarning names it")
 _TWO_COMPILES = ("the converted loop compiles train_step twice: replicate's output and the "
                  "step's output reach it with different shardings")
 _NNX_RETRACE = ("the converted nnx.pmap step is traced and compiled again at step 2: the "
@@ -71,10 +68,6 @@ _BRAX_REBUILD = ("TypeError: int() argument must be ... not 'object' in brax's "
                  "experimental shard_map, called from the support module's `sharded`) rebuilds "
                  "brax's pytree from placeholder leaves")
 KNOWN: dict[tuple[str, str, str, str], str] = {
-    (catalog.LEGACY_LINE, "flax_imagenet", "patched_after", "results"): _PREBUILT,
-    (catalog.LEGACY_LINE, "flax_imagenet", "patched_after", "compiles"): _PREBUILT,
-    (catalog.NEWEST_LINE, "flax_imagenet", "patched_after", "results"): _PREBUILT,
-    (catalog.NEWEST_LINE, "flax_imagenet", "patched_after", "compiles"): _PREBUILT,
     (catalog.LEGACY_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
     (catalog.NEWEST_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
     (catalog.LEGACY_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
