@@ -113,8 +113,10 @@ def _legacy_pmap_in_use():
   """Does this JAX's jax.pmap lower the function itself per device (legacy pmap), with the
   arrays it closes over as constants? The shard_map-based pmap (JAX_PMAP_SHMAP_MERGE, the
   only one from jax 0.10) passes them in as operands, as shard_map does."""
-  return (hasattr(jax.sharding, "PmapSharding")
-          and not getattr(jax.config, "jax_pmap_shmap_merge", False))
+  # Asked of the flag alone: it is False through 0.7, True from 0.8 (legacy pmap with
+  # JAX_PMAP_SHMAP_MERGE=false) and gone with legacy pmap in 0.10; touching
+  # jax.sharding.PmapSharding would raise a DeprecationWarning on 0.8.2-0.9.
+  return not getattr(jax.config, "jax_pmap_shmap_merge", True)
 
 
 _PMAP_EMBEDS_CONSTANTS = _legacy_pmap_in_use()

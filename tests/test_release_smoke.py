@@ -52,7 +52,9 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.parametrize("version", OTHER_RELEASES)
 def test_release_smoke(version: str, converted: str) -> None:
-  proc = run_python(version, [release_smoke.__file__, converted], timeout=600)
+  # JAX's test policy, ours too: a DeprecationWarning anywhere on the way is an error.
+  proc = run_python(version, ["-W", "error::DeprecationWarning", release_smoke.__file__, converted],
+                    timeout=600)
   assert proc.returncode == 0, f"jax {version}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
   report = json.loads(proc.stdout.strip().splitlines()[-1])
   assert report["jax"] == version
