@@ -1,8 +1,9 @@
 """pmap_compat: a drop-in replacement for legacy ``jax.pmap`` built on shard_map_impl + jit.
 
-Same signature, semantics and errors as legacy ``jax.pmap`` (jax 0.6.0), on jax 0.6.0 and
-0.10.2 (``jax_line`` holds what differs: on 0.6.0 results are legacy's ``PmapSharding``
-arrays, on 0.10.2 the NamedSharding arrays 0.10.2's own ``jax.pmap`` returns).
+Same signature, semantics and errors as legacy ``jax.pmap`` (jax 0.6.0), on every release
+from 0.6.0 on (``jax_line`` holds what differs: where legacy pmap's runtime remains, through
+0.9.x, results are legacy's ``PmapSharding`` arrays; from 0.10.0 the NamedSharding arrays
+that release's own ``jax.pmap`` returns).
 ``patched()`` / ``patch()`` / ``unpatch()`` make ``jax.pmap`` itself resolve to it.
 
 ``pmap_compat.testing`` (record a program's outputs, check them later, possibly on

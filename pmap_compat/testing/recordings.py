@@ -75,13 +75,24 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name))
 
 
+def key_impl_name(keys: Any) -> str:
+  """The name of a key array's PRNG implementation, as ``jax.random.wrap_key_data(impl=)``
+  takes it (``threefry2x32``): ``jax.random.key_impl`` returns it from jax 0.5, a spec
+  before, whose ``str`` is a short tag on 0.4.35 (``fry``) and whose implementation holds
+  the name."""
+  impl = jax.random.key_impl(keys)
+  if isinstance(impl, str):
+    return impl
+  return str(getattr(getattr(impl, "_impl", None), "name", None) or impl)
+
+
 def to_leaf(path: str, x: Any, opaque: bool = False) -> Leaf:
   """Converts one output leaf to host data; raises TypeError for what cannot be stored,
   or with `opaque` keeps it as an OPAQUE leaf (its repr)."""
   if isinstance(x, jax.Array):
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       return Leaf(path, KEY_ARRAY, str(x.dtype), tuple(x.shape),
-                  np.asarray(jax.random.key_data(x)), key_impl=str(jax.random.key_impl(x)))
+                  np.asarray(jax.random.key_data(x)), key_impl=key_impl_name(x))
     value = np.asarray(x) if x.is_fully_addressable else process_local_block(path, x)
     return Leaf(path, JAX_ARRAY, dtype_name(x.dtype), value.shape, value)
   if isinstance(x, np.ndarray):

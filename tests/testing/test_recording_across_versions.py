@@ -40,6 +40,18 @@ def test_record_on_jax_0_4_38_checks_on_0_6_0(tmp_path, capsys):
   assert "default across versions: recorded on jax 0.4.38, running jax 0.6.0" in r.stdout
 
 
+def test_keys_recorded_on_jax_0_4_35_name_their_implementation_as_later_releases_do(tmp_path):
+  """jax 0.4.35's ``str(jax.random.key_impl(k))`` is a tag (``fry``), where later releases
+  give the name (``threefry2x32``): the recording stores the name, so the same keys drawn
+  on 0.6.0 match them."""
+  out = str(tmp_path / "rec")
+  _record_on("0.4.35", "dropout_prng", out, env={"JAX_THREEFRY_PARTITIONABLE": "1"})
+  keys = [leaf for leaf in testing.load(out).leaves if leaf.key_impl is not None]
+  assert keys and {leaf.key_impl for leaf in keys} == {"threefry2x32"}
+  r = cli(["check", os.path.join(EXAMPLES, "dropout_prng.py"), "--against", out])
+  assert r.returncode == 0, output(r)
+
+
 def test_record_on_jax_0_7_2_checks_on_0_6_0(tmp_path, capsys):
   out = str(tmp_path / "rec")
   _record_on("0.7.2", "gather_scatter", out)
