@@ -242,7 +242,7 @@ def test_performance_numbers_are_the_readmes():
   assert not unknown, f"figures in the guide's performance section not in the README's table: {unknown}"
 
 
-MATRIX_HEADER = "| | 0.4.38 | 0.6.0 |"
+MATRIX_HEADER = "| | 0.4.35 | 0.4.38 |"
 
 
 def _cells(row: str) -> list[str]:
@@ -281,6 +281,57 @@ def test_version_matrix_is_what_each_environment_measures(tmp_path):
       wrong += [f"{label} on {version}: the cell says {by_label[label][version]!r}, "
                 f"measured {fact!r}" for label, fact in measured["facts"].items()
                 if not by_label[label][version].startswith(fact)]
+  assert not wrong, "\n".join(wrong)
+
+
+EXAMPLE_ROWS = {  # matrix row -> the tools/release_matrix.py ways its cell reports
+    "the examples as written, on that `jax.pmap`, vs the 0.6.0 recording": ("pmap",),
+    "the examples under `pmap_compat.patched()`, vs the 0.6.0 recording": ("pmap_compat",),
+    "codemod output `--target experimental` / `--target jax`, vs the recording":
+        ("codemod-experimental", "codemod-jax"),
+}
+
+
+def _example_cell_start(result: dict) -> str:
+  """How a cell starts for one way on one release: ``N of 10``; what every failure was
+  when nothing passed (``fails at import``, ``DeprecationWarning``)."""
+  if not result["passed"]:
+    reasons = set(result["failed"].values())
+    if all(r.startswith("ImportError") for r in reasons):
+      return "fails at import"
+    if all(r.startswith("DeprecationWarning") for r in reasons):
+      return "`DeprecationWarning`"
+  return f"{len(result['passed'])} of {result['examples']}"
+
+
+@pytest.fixture(scope="module")
+def example_runs(tmp_path_factory) -> str:
+  """One work directory for every release's runs: legacy's recording is made once."""
+  return str(tmp_path_factory.mktemp("release_matrix"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [v for v in venvs.RELEASES if v != venvs.LEGACY])
+def test_version_matrix_example_cells_are_what_each_release_measures(version, example_runs):
+  """The example rows' cells start with what tools/release_matrix.py measures on that
+  release: how many examples pass each way, vs legacy's recording on 0.6.0."""
+  sys.path.insert(0, os.path.join(ROOT, "tools"))
+  import release_matrix  # pylint: disable=import-outside-toplevel
+  rows = _table_rows(_guide(), MATRIX_HEADER)
+  columns = _cells(rows[0])
+  by_label = {_cells(row)[0]: dict(zip(columns, _cells(row), strict=True)) for row in rows[2:]}
+  found = release_matrix.measure([version], example_runs)[version]
+  wrong = []
+  for label, ways in EXAMPLE_ROWS.items():
+    cell = by_label[label][version]
+    parts = cell.split(" / ") if len(ways) > 1 else [cell]
+    for way, part in zip(ways, parts, strict=False):
+      if way == "codemod-jax" and part.startswith("—"):
+        continue  # no jax.shard_map: the cell says so; the tool ran an adapter
+      expected = _example_cell_start(found[way])
+      if not part.startswith(expected):
+        wrong.append(f"{label}, {way}: the cell says {part!r}, measured {expected}: "
+                     f"{found[way]['failed']}")
   assert not wrong, "\n".join(wrong)
 
 

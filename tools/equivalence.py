@@ -65,11 +65,32 @@ MODES = ("legacy", "pmap_compat", "codemod-experimental", "codemod-jax", NEWEST_
          NEWEST_CODEMOD, NEWEST_PATCHED)
 LEGACY_LINE = MODES[1:4]  # run on jax 0.6.0 next to legacy and compared with it bit for bit
 NEWEST_LINE = (NEWEST_CODEMOD, NEWEST_PATCHED)  # checked by Runner.newest_line
-CODEMOD_TARGETS = {"codemod-experimental": "experimental", "codemod-jax": "jax",
-                   NEWEST_CODEMOD: "jax"}
-PATCHED_MODES = ("pmap_compat", NEWEST_PATCHED)  # run under pmap_compat.patched()
-JAX_OF_MODE = {NEWEST_PMAP: NEWEST_JAX, NEWEST_CODEMOD: NEWEST_JAX,
-               NEWEST_PATCHED: NEWEST_JAX}  # others: this python's
+# A mode is a way of running ("pmap": the example as written, "pmap_compat": under
+# patched(), "codemod-<target>": the codemod's output), on jax 0.6.0 (this python; as
+# written is "legacy") or, prefixed "jax<release>-", in that release's environment: the
+# modes above, and the same on any release the project builds (tools/release_matrix.py).
+_KINDS = ("pmap", "pmap_compat", "codemod-experimental", "codemod-jax")
+
+
+def mode_parts(mode: str) -> tuple[str | None, str]:
+  """(the JAX release a mode runs on, None for this python's; how it runs, of _KINDS)."""
+  release, sep, kind = mode.partition("-") if mode.startswith("jax") else ("", "", mode)
+  kind = "pmap" if kind == "legacy" else kind
+  if kind not in _KINDS or (sep and not release[3:]):
+    raise ValueError(f"mode: expected one of {_KINDS}, optionally prefixed 'jax<release>-', "
+                     f"or 'legacy'; got {mode!r}")
+  return (release[3:] or None), kind
+
+
+def codemod_target(mode: str) -> str | None:
+  """The codemod --target whose output the mode runs, or None for code as written."""
+  kind = mode_parts(mode)[1]
+  return kind.removeprefix("codemod-") if kind.startswith("codemod-") else None
+
+
+def is_patched(mode: str) -> bool:
+  """Does the mode run the example under pmap_compat.patched()?"""
+  return mode_parts(mode)[1] == "pmap_compat"
 CHILD_TIMEOUT_S = 240.0
 
 
@@ -203,10 +224,10 @@ def child_main(argv: Sequence[str]) -> int:
   status: dict[str, Any] = {}
   try:
     import jax
-    if CODEMOD_TARGETS.get(mode) == "jax" and not hasattr(jax, "shard_map"):
+    if codemod_target(mode) == "jax" and not hasattr(jax, "shard_map"):
       jax.shard_map = keyword_shard_map  # adds a name jax 0.6.0 lacks; replaces nothing
     with contextlib.ExitStack() as stack:
-      if mode in PATCHED_MODES:
+      if is_patched(mode):
         import pmap_compat
         stack.enter_context(pmap_compat.patched())
       sys.path.insert(0, os.path.dirname(source))
@@ -250,7 +271,7 @@ def _free_port() -> int:
 
 def python_for(mode: str) -> str:
   """The interpreter a mode runs on: this one (jax 0.6.0), or the `.venv-jax<version>` one."""
-  version = JAX_OF_MODE.get(mode)
+  version = mode_parts(mode)[0]
   if version is None:
     return sys.executable
   if TESTS not in sys.path:
@@ -286,7 +307,7 @@ def _collect(result: RunResult, procs: list, logs: list, timed_out: bool) -> Run
       return dataclasses.replace(result, error=got["error"], detail=got["detail"] + text[-2000:])
     pmaps.add(got["pmap"])
     seconds.append(got["seconds"])
-  if result.mode in PATCHED_MODES and not all(p.startswith("pmap_compat") for p in pmaps):
+  if is_patched(result.mode) and not all(p.startswith("pmap_compat") for p in pmaps):
     return dataclasses.replace(result, error=f"jax.pmap resolved to {sorted(pmaps)} under "
                                "pmap_compat.patched(), not to pmap_compat's")
   return dataclasses.replace(result, seconds=max(seconds))
@@ -337,7 +358,8 @@ def compare(case: Case, expected: RunResult, other: RunResult) -> Comparison:
   if not other.ok:
     return verdict(False, other.error)
   rtol = case.rtol
-  if other.mode.startswith("codemod") and case.codemod_rtol is not None:
+  # The case's codemod bound is about 0.6.0's compiler (this python's codemod modes).
+  if other.mode in ("codemod-experimental", "codemod-jax") and case.codemod_rtol is not None:
     rtol = case.codemod_rtol
   reports = [testing.compare_recordings(e, o, rtol=rtol, atol=case.atol)
              for e, o in zip(expected.recording_dirs(), other.recording_dirs(), strict=True)]
@@ -491,9 +513,10 @@ class Runner:
 
   def source_for(self, case: Case, mode: str) -> tuple[str | None, str | None]:
     """The file to run for `mode`, or an error saying why there is none."""
-    if mode not in CODEMOD_TARGETS:
+    target = codemod_target(mode)
+    if target is None:
       return case.path, None
-    tree = self.codemod_tree(CODEMOD_TARGETS[mode])
+    tree = self.codemod_tree(target)
     if tree.error:
       return None, tree.error
     path = os.path.join(tree.directory, os.path.basename(case.path))
@@ -501,7 +524,7 @@ class Runner:
     if left:
       return None, ("codemod left pmap in place (not converted) or added a dependency on this "
                     f"project at {', '.join(left)}")
-    if not uses_target_api(path, CODEMOD_TARGETS[mode]):
+    if not uses_target_api(path, target):
       return None, f"the rewrite of {os.path.basename(path)} does not use the {mode} shard_map API"
     return path, None
 
@@ -610,7 +633,7 @@ def per_call_check(case: Case, mode: str, source: str, recording: str,
                    workdir: str) -> PerCallResult:
   """`check --per-call` of `source` in `mode` against the legacy per-call recording."""
   args = ["check", source, "--against", recording, "--per-call", "--kwargs",
-          json.dumps(case.kwargs)] + (["--patched"] if mode in PATCHED_MODES else [])
+          json.dumps(case.kwargs)] + (["--patched"] if is_patched(mode) else [])
   jobs = _cli_jobs(case, python_for(mode), args, os.path.join(workdir, "per-call"),
                    f"{case.name}.{mode}")
   outputs = [text for _, text in jobs]

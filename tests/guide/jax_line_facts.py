@@ -77,6 +77,33 @@ def _pmap_compat_runs_nested() -> None:
   np.testing.assert_array_equal(nested(x.reshape(n // 2, 2, 3)).reshape(n, 3), flat(x))
 
 
+def _grad_of_replicated_params() -> str:
+  """What ``jax.grad`` of a per-device loss w.r.t. ``P()`` parameters gives inside this
+  line's JAX shard_map with its replication checking on (the default): the per-device
+  gradient, the sum over devices, or an error."""
+  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  shard_map = getattr(jax, "shard_map", None)
+  if shard_map is None:
+    from jax.experimental.shard_map import shard_map  # pylint: disable=import-outside-toplevel
+  n = jax.local_device_count()
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("batch",))
+  w, x = np.float32(2.0), np.arange(1, n + 1, dtype=np.float32)
+
+  def body(w, xb):
+    return jax.grad(lambda w: jax.numpy.sum((w * xb) ** 2))(w)[None]
+
+  try:
+    grads = np.asarray(jax.jit(shard_map(body, mesh=mesh, in_specs=(P(), P("batch")),
+                                         out_specs=P("batch")))(w, x))
+  except ValueError:
+    return "`ValueError`"
+  per_device = 2 * w * x ** 2
+  if np.allclose(grads, per_device):
+    return "the per-device gradient"
+  assert np.allclose(grads, per_device.sum()), grads
+  return "summed"
+
+
 def _codemod_default_target() -> str:
   from codemod.pmap_to_shmap import default_target  # pylint: disable=import-outside-toplevel
   return default_target()
@@ -121,6 +148,8 @@ def facts() -> dict[str, str]:
       "`jax.experimental.shard_map.shard_map(f, mesh, in_specs, out_specs, check_rep)`":
           _availability(_experimental_shard_map),
       "`jax.make_mesh` default axis types": "Explicit" if "Explicit" in mesh_types else "Auto",
+      "`jax.grad` of a per-device loss w.r.t. `P()` params, checking on":
+          _grad_of_replicated_params(),
       "`shard_map_impl`": _works(_shard_map_impl_agrees),
       "`pmap_compat.pmap`, `patched()`": _works(_pmap_compat_runs_nested),
       "codemod's default `--target` (the tool itself needs only libcst)": _codemod_default_target(),
