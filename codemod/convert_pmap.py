@@ -32,8 +32,8 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (edits, file_style, imports, removed_names, site_comments, support_module,
-                     unreplicate)
+from codemod import (edits, file_style, imports, removed_names, replica_layout, site_comments,
+                     support_module, unreplicate)
 from codemod.edits import Arg, Call, Copied
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -122,6 +122,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._partial_aliases: frozenset[str] = frozenset()
     self._unreplicate = unreplicate.Rewrites()
+    self._replicas = replica_layout.Rewrites()
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
@@ -176,11 +177,14 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if self.sites_converted:
       refs.multihost_finding()
       self._plan_unreplicate(node, converted)
-    for finding in self._unreplicate.kept(refs.findings) + self._unreplicate.findings:
+      self._plan_replicas(node, converted)
+    for finding in (self._replicas.kept(self._unreplicate.kept(refs.findings))
+                    + self._unreplicate.findings + self._replicas.findings):
       self._warn(finding.line, finding.column, finding.severity, finding.message)
     self._plan_renames(refs)
     converted_nodes = [s.node for s in converted]
-    edited = converted_nodes + list(self._renames) + self._unreplicate.nodes
+    edited = (converted_nodes + list(self._renames) + self._unreplicate.nodes
+              + self._replicas.nodes)
     if not edited:
       return False  # nothing to rewrite: skip the walk
     self._site_lines = sorted(self.get_metadata(PositionProvider, n).start.line
@@ -662,7 +666,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:
     """The imports the new code uses that the module does not bind yet."""
     written = [_code(e) for e in (*self._call_sites.values(), *self._renames.values())]
-    written += self._unreplicate.code()
+    written += self._unreplicate.code() + self._replicas.code()
     written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
                 for d in new]
     text = "\n".join(written)
@@ -681,7 +685,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
     wanted = self._wanted_imports(original_node)
-    return imports.add(updated_node, wanted) if wanted else updated_node
+    return imports.add(updated_node, wanted, self._style.width) if wanted else updated_node
 
   # ----- names newest JAX removed (--target jax) -----
 
@@ -712,6 +716,20 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for name in self._unreplicate.support_names():
       self._import_support(name)
     for module_name, obj, alias in self._unreplicate.flax_imports:
+      RemoveImportsVisitor.remove_unused_import(self.context, module_name, obj, alias)
+
+  # ----- replicated inputs laid out on their site's mesh -----
+
+  def _plan_replicas(self, module: cst.Module, converted: list[Site]) -> None:
+    if self.multihost:
+      return  # sites run on the mesh of every process's devices
+    style = self._style
+    assert self._lines is not None
+    self._replicas = replica_layout.plan(module, self.get_metadata, converted, style.width,
+                                         style.quote, self._lines)
+    if self._replicas.nodes:
+      self._import_support(replica_layout.SUPPORT_NAME)
+    for module_name, obj, alias in self._replicas.flax_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module_name, obj, alias)
 
   def leave_Lambda(self, original_node: cst.Lambda, updated_node: cst.Lambda) -> cst.BaseExpression:
@@ -748,7 +766,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
     replacement = self._call_sites.get(original_node)
     if replacement is None:
-      return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))
+      updated = self._replicas.apply(original_node, updated_node)
+      return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated))
     self._applied += 1
     return replacement.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 

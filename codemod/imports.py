@@ -105,9 +105,10 @@ def insertion_index(body: list) -> int:
   return end
 
 
-def add(module: cst.Module, wanted: list[Wanted]) -> cst.Module:
+def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000) -> cst.Module:
   """``module`` with the ``wanted`` imports: names from a module it already imports with
-  ``from`` join that statement, the rest are new statements at ``insertion_index``."""
+  ``from`` join that statement, the rest are new statements at ``insertion_index``; a
+  ``from`` import longer than ``width`` continues in parentheses, names aligned."""
   body = list(module.body)
   merged: set[Wanted] = set()
   for i, stmt in enumerate(body):
@@ -122,15 +123,20 @@ def add(module: cst.Module, wanted: list[Wanted]) -> cst.Module:
                                                             if w.name is not None})
     if any(a.asname is not None for a in node.names):
       continue  # an aliased import stays as written; the names get their own statement
-    body[i] = stmt.with_changes(body=[node.with_changes(
-        names=[cst.ImportAlias(cst.Name(n)) for n in names], lpar=None, rpar=None)])
+    joined = node.with_changes(names=[cst.ImportAlias(cst.Name(n)) for n in names],
+                               lpar=None, rpar=None)
+    code = cst.Module([]).code_for_node(joined)
+    if len(code) > width:
+      line = cst.ensure_type(cst.parse_statement(_wrapped(code, width)), cst.SimpleStatementLine)
+      joined = cst.ensure_type(line.body[0], cst.ImportFrom)
+    body[i] = stmt.with_changes(body=[joined])
     merged.update(joining)
   new = [w for w in wanted if w not in merged]
   if not new:
     return module.with_changes(body=body)
   order = ([w for w in new if w.name is None] + [w for w in new if w.alias is not None]
            + [w for w in new if w.name is not None and w.alias is None])
-  statements = [cst.parse_statement(w.code(), config=module.config_for_parsing)
+  statements = [cst.parse_statement(_wrapped(w.code(), width), config=module.config_for_parsing)
                 for w in _grouped(order)]
   at = insertion_index(body)
   if at < len(body) and _import_of(body[at]) is None and (at == 0 or _import_of(body[at - 1])
@@ -141,6 +147,25 @@ def add(module: cst.Module, wanted: list[Wanted]) -> cst.Module:
       body[at] = following.with_changes(
           leading_lines=[cst.EmptyLine(), *following.leading_lines])
   return module.with_changes(body=body[:at] + statements + body[at:])
+
+
+def _wrapped(code: str, width: int) -> str:
+  """``from m import a, b, c`` as one line if it fits in ``width``, else in parentheses
+  with the names packed onto lines aligned after the opening one."""
+  head, sep, names = code.partition(" import ")
+  if len(code) <= width or not sep or "," not in names:
+    return code
+  first = f"{head} import ("
+  lines, line = [], first
+  items = [n.strip() for n in names.split(",")]
+  for i, name in enumerate(items):
+    piece = name + (")" if i == len(items) - 1 else ",")
+    if line not in (first, " " * len(first)) and len(line) + 1 + len(piece) > width:
+      lines.append(line)
+      line = " " * len(first)
+    line += piece if line in (first, " " * len(first)) else " " + piece
+  lines.append(line)
+  return "\n".join(lines)
 
 
 def _grouped(order: list[Wanted]) -> list[Wanted]:

@@ -94,8 +94,23 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
         out = fun(*full, **kwargs)
       return _restore_mapped_axes(out_specs, out) if drop_device_axis else out
 
-    return shard_map_partial(per_device, mesh=mesh, in_specs=specs,
-                             out_specs=out_specs)(dynamic, kwargs)
+    if not _is_spec(out_specs):
+      return shard_map_partial(per_device, mesh=mesh, in_specs=specs,
+                               out_specs=out_specs)(dynamic, kwargs)
+    # One spec for every output: shard_map gets the leaves, and the tree is rebuilt here
+    # from them. Some shard_maps rebuild the output tree from placeholder leaves to match
+    # it with out_specs, which a pytree class that checks its fields (brax's UInt64)
+    # rejects; jit and pmap never do.
+    structure = []
+
+    def per_device_leaves(dynamic, kwargs):
+      leaves, treedef = jax.tree.flatten(per_device(dynamic, kwargs))
+      structure.append(treedef)
+      return leaves
+
+    leaves = shard_map_partial(per_device_leaves, mesh=mesh, in_specs=specs,
+                               out_specs=out_specs)(dynamic, kwargs)
+    return jax.tree.unflatten(structure[-1], leaves)
 
   # jax.jit names the compiled program after __name__, which wraps() does not copy from a
   # partial: take the function the partial wraps, as jax.jit does for a partial itself.
@@ -210,13 +225,20 @@ def specs_from_axes(axes, axis_name, outputs=False):
   return jax.tree.map(to_spec, axes, is_leaf=lambda x: x is None)
 
 
-def device_put_replicated(x, devices):
+def device_put_replicated(x, devices=None, axis_name="devices"):
   """What jax.device_put_replicated returned: x stacked once per device, slice i on
-  devices[i] (pytrees leaf by leaf)."""
-  devices = list(devices)
+  devices[i] (pytrees leaf by leaf); ``devices`` defaults to this process's devices, the
+  order Flax's ``replicate`` used.
+
+  The stacked axis is the mesh axis ``axis_name``: given the axis of the converted site
+  the values are passed to, they are laid out exactly as that site lays out its outputs,
+  so its ``jax.jit`` (whose cache is keyed on the arguments' shardings) compiles once for
+  the first step and the steps that take the previous step's outputs.
+  """
+  devices = jax.local_devices() if devices is None else list(devices)
   if not devices:
     raise ValueError("device_put_replicated needs a non-empty sequence of devices")
-  sharding = _stacked_sharding(devices)
+  sharding = _stacked_sharding(devices, axis_name)
   return jax.tree.map(
       lambda v: jax.device_put(jax.numpy.stack([jax.numpy.asarray(v)] * len(devices)),
                                sharding), x)
@@ -296,9 +318,9 @@ def _row_zero_shard(x):
   return None
 
 
-def _stacked_sharding(devices):
-  return jax.sharding.NamedSharding(pmap_mesh(("devices",), (len(devices),), tuple(devices)),
-                                    PartitionSpec("devices"))
+def _stacked_sharding(devices, axis_name="devices"):
+  mesh = pmap_mesh((axis_name,), (len(devices),), tuple(devices))
+  return jax.sharding.NamedSharding(mesh, PartitionSpec(axis_name))
 
 
 def _is_spec(x):

@@ -171,12 +171,13 @@ def run(state, batch, make_state):
 """, """\
 def run(state, batch, make_state):
   state = make_state(state)
-  state = jax_utils.replicate(state)
+  state = device_put_replicated(state, axis_name="i")
   start = int(first_row(state.step))
   state, metrics = step(state, batch)
   return (start, first_row(state.params.kernel), metrics.shape[0],
           first_row(jax_utils.replicate(batch).x), state.stats[0][0])
-""", support="first_row, on_pmap_mesh", kept_import="from flax import jax_utils")
+""", support="device_put_replicated, first_row, on_pmap_mesh",
+       kept_import="from flax import jax_utils")
 
   def _stays(self, body):
     self._converts("", body, body, support="on_pmap_mesh")

@@ -52,8 +52,6 @@ JAX_PMAP_NAMES = ("jax 0.10.2's own jax.pmap compiles every pmapped function as 
                   "compiles cannot be attributed to the step functions")
 
 # Known failures, each the exact case and why; strict, so a fix shows up as XPASS.
-_TWO_COMPILES = ("the converted loop compiles train_step twice: replicate's output and the "
-                 "step's output reach it with different shardings")
 _NNX_RETRACE = ("the converted nnx.pmap step is traced and compiled again at step 2: the "
                 "model updated from the step's outputs reaches jax.jit with avals typed on the "
                 "step's mesh (f32[16]({Auto: ('batch',)})), the initial model without, and jit "
@@ -63,19 +61,11 @@ _NNX_RETRACE_NEWEST = (
     "program is not traced again for inputs on other devices): the model updated from the "
     "step's outputs, typed on the step's mesh, retraces train_step at step 2, as 0.10.2's own "
     "jax.pmap does (its 3 compiles of `_fun`); legacy pmap compiled it once")
-_BRAX_REBUILD = ("TypeError: int() argument must be ... not 'object' in brax's "
-                 "UInt64.__post_init__: the converted training_epoch (jit over jax 0.6.0's "
-                 "experimental shard_map, called from the support module's `sharded`) rebuilds "
-                 "brax's pytree from placeholder leaves")
 KNOWN: dict[tuple[str, str, str, str], str] = {
-    (catalog.LEGACY_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
-    (catalog.NEWEST_LINE, "flax_imagenet", "codemod", "compiles"): _TWO_COMPILES,
     (catalog.LEGACY_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
     (catalog.NEWEST_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
     (catalog.NEWEST_LINE, "flax_nnx_pmap", "patched_before", "compiles"): _NNX_RETRACE_NEWEST,
     (catalog.NEWEST_LINE, "flax_nnx_pmap", "patched_after", "compiles"): _NNX_RETRACE_NEWEST,
-    (catalog.LEGACY_LINE, "brax_ppo", "codemod", "results"): _BRAX_REBUILD,
-    (catalog.LEGACY_LINE, "brax_ppo", "codemod", "compiles"): _BRAX_REBUILD,
 }
 
 
