@@ -239,9 +239,7 @@ def device_put_replicated(x, devices=None, axis_name="devices"):
   if not devices:
     raise ValueError("device_put_replicated needs a non-empty sequence of devices")
   sharding = _stacked_sharding(devices, axis_name)
-  return jax.tree.map(
-      lambda v: jax.device_put(jax.numpy.stack([jax.numpy.asarray(v)] * len(devices)),
-                               sharding), x)
+  return jax.tree.map(lambda v: _stacked([v] * len(devices), sharding), x)
 
 
 def device_put_sharded(shards, devices):
@@ -250,9 +248,7 @@ def device_put_sharded(shards, devices):
   if len(shards) != len(devices):
     raise ValueError(f"device_put_sharded got {len(shards)} shards for {len(devices)} devices")
   sharding = _stacked_sharding(devices)
-  return jax.tree.map(
-      lambda *xs: jax.device_put(jax.numpy.stack([jax.numpy.asarray(v) for v in xs]),
-                                 sharding), *shards)
+  return jax.tree.map(lambda *xs: _stacked(list(xs), sharding), *shards)
 
 
 def first_row(x):
@@ -316,6 +312,26 @@ def _row_zero_shard(x):
         part.indices(size) == (0, size, 1) for part, size in zip(rest, x.shape[1:], strict=True)):
       return shard
   return None
+
+
+def _stacked(values, sharding):
+  """``values`` stacked and placed on ``sharding``. Arrays are stacked on the host and
+  sent to each device, compiling nothing (legacy's device_put_replicated compiled at most
+  one program; jnp.stack compiles several per leaf shape); weakly typed values (Python
+  numbers) and PRNG keys, which the host cannot hold as they are, are stacked by JAX."""
+  if all(_host_stackable(v) for v in values):
+    if all(v is values[0] for v in values):  # replicas: one host copy, viewed n times
+      row = np.asarray(values[0])
+      return jax.device_put(np.broadcast_to(row[None], (len(values), *row.shape)), sharding)
+    return jax.device_put(np.stack([np.asarray(v) for v in values]), sharding)
+  return jax.device_put(jax.numpy.stack([jax.numpy.asarray(v) for v in values]), sharding)
+
+
+def _host_stackable(v):
+  if isinstance(v, (np.ndarray, np.generic)):
+    return v.dtype != object
+  return (isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer)
+          and not jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended) and not v.weak_type)
 
 
 def _stacked_sharding(devices, axis_name="devices"):
