@@ -93,9 +93,10 @@ def _rewritten(call: cst.Call, axis: str, quote: str, shift: int) -> cst.Call:
       between = cst.Comma(whitespace_after=call.whitespace_before_args)
     args[-1] = last.with_changes(comma=between)
     args.append(keyword.with_changes(comma=last.comma))
-  else:
-    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    args.append(keyword)
+  else:  # the keyword goes where the call's last line break, if any, follows it
+    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+                                 whitespace_after_arg=cst.SimpleWhitespace(""))
+    args.append(keyword.with_changes(whitespace_after_arg=last.whitespace_after_arg))
   return call.with_changes(func=cst.Name(SUPPORT_NAME), args=args)
 
 
@@ -180,8 +181,8 @@ def _obstacle(get_metadata: Callable, call: cst.Call) -> str | None:
   if SUPPORT_NAME in scope and not all(_is_support_import(a) for a in scope[SUPPORT_NAME]):
     if not (isinstance(call.func, cst.Name) and call.func.value == SUPPORT_NAME):
       return f"the name {SUPPORT_NAME} is bound to something else here"
-  if site_comments.comments_in(call.func):
-    return "comments inside the text it replaces"
+  if site_comments.comments_in(call):
+    return "comments inside the call (each stays next to the argument it describes)"
   return None
 
 

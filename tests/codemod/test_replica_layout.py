@@ -145,3 +145,43 @@ def train(state, batch, log):
     self.assertIn("state = jax_utils.replicate(device_put_replicated(state))", new)
     self.assertTrue(any("not rewritten: the name device_put_replicated is bound to something "
                         "else here" in f.message for f in findings), findings)
+
+  def test_a_break_before_the_closing_parenthesis_stays_after_the_new_keyword(self):
+    self._converts("from flax import jax_utils", """\
+def train(state, batch):
+  state = jax_utils.replicate(
+      state
+  )
+  return step(state, batch)
+""", """\
+def train(state, batch):
+  state = device_put_replicated(
+      state, axis_name="batch"
+  )
+  return step(state, batch)
+""", support="device_put_replicated, on_pmap_mesh")
+
+  def test_a_call_holding_comments_is_reported_not_rewritten(self):
+    source = textwrap.dedent("""\
+    import functools
+
+    import jax
+    from flax import jax_utils
+
+
+    @functools.partial(jax.pmap, axis_name="batch")
+    def step(state, batch):
+      return state, batch * 2
+
+
+    def train(state, batch):
+      state = jax_utils.replicate(
+          state,  # the whole train state
+      )
+      return step(state, batch)
+    """)
+    new, findings = rewrite(source)
+    self.assertIn("  state = jax_utils.replicate(\n      state,  # the whole train state\n  )",
+                  new)
+    self.assertTrue(any("not rewritten: comments inside the call" in f.message
+                        for f in findings), findings)
