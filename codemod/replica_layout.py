@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import related, site_comments
+from codemod import related, site_comments, support_module
+from codemod.flax_imports import FlaxImportsVisitor
 from codemod.findings import Finding, Severity
 from codemod.sites import Site, int_tuple, is_none
 
@@ -178,7 +179,7 @@ def _obstacle(get_metadata: Callable, call: cst.Call) -> str | None:
   scope = get_metadata(ScopeProvider, call, None)
   if scope is None:
     return "its scope is unknown"
-  if SUPPORT_NAME in scope and not all(_is_support_import(a) for a in scope[SUPPORT_NAME]):
+  if SUPPORT_NAME in scope and not all(map(support_module.is_import_of_support, scope[SUPPORT_NAME])):
     if not (isinstance(call.func, cst.Name) and call.func.value == SUPPORT_NAME):
       return f"the name {SUPPORT_NAME} is bound to something else here"
   if site_comments.comments_in(call):
@@ -186,18 +187,12 @@ def _obstacle(get_metadata: Callable, call: cst.Call) -> str | None:
   return None
 
 
-def _is_support_import(assignment) -> bool:
-  """A binding made by the import of the support module (a rerun over converted code)."""
-  node = getattr(assignment, "node", None)
-  if not isinstance(node, cst.ImportFrom) or node.module is None:
-    return False
-  return cst.Module([]).code_for_node(node.module).rsplit(".", 1)[-1].endswith("pmap_shard_map")
-
-
-class _Walk(cst.CSTVisitor):
+class _Walk(FlaxImportsVisitor):
   """In one walk: the replicate calls, each call's positional arguments by the name they
   start from (``state`` of ``state`` or ``state.params``), single-name assignments from
   calls, and the Flax imports a rewrite may leave unused."""
+
+  FUNCTION = "replicate"
 
   def __init__(self, get_metadata: Callable):
     super().__init__()
@@ -207,10 +202,8 @@ class _Walk(cst.CSTVisitor):
     self.arguments: dict[cst.CSTNode, tuple[cst.Call, int]] = {}  # root -> (call, position)
     self.assigned: dict[cst.Call, cst.Name] = {}  # call -> the one name its result is bound to
     self.site_names: dict[cst.CSTNode, cst.Call] = {}  # name bound to a call -> that call
-    self.flax_imports: list[tuple[str, str | None, str | None]] = []
     self.returned: dict[cst.Call, cst.FunctionDef] = {}  # call -> the def returning it
     self.calls_of: dict[cst.Name, cst.Call] = {}  # a called name -> its call
-    self._statement: cst.SimpleStatementLine | None = None
     self._defs: list[cst.FunctionDef] = []
 
   def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -251,27 +244,6 @@ class _Walk(cst.CSTVisitor):
         and isinstance(node.value, cst.Call)):
       self.assigned[node.value] = node.targets[0].target
       self.site_names[node.targets[0].target] = node.value
-
-  def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-    self._statement = node
-
-  def visit_Import(self, node: cst.Import) -> None:
-    for alias in node.names:
-      if alias.evaluated_name == "flax.jax_utils" and self._plain():
-        self.flax_imports.append(("flax.jax_utils", None, alias.evaluated_alias))
-
-  def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-    if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
-      return
-    module = cst.Module([]).code_for_node(node.module)
-    wanted = {"flax": "jax_utils", "flax.jax_utils": "replicate"}.get(module)
-    for alias in node.names:
-      if alias.evaluated_name == wanted and self._plain():
-        self.flax_imports.append((module, wanted, alias.evaluated_alias))
-
-  def _plain(self) -> bool:
-    """No comment in or around the import statement: removing it loses none."""
-    return self._statement is not None and not site_comments.comments_in(self._statement)
 
 
 class _Feeds:

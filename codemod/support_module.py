@@ -15,6 +15,8 @@ import os
 import re
 from dataclasses import dataclass
 
+import libcst as cst
+
 from codemod import files
 
 VERSION = 2
@@ -168,3 +170,12 @@ def write(root: str, name: str) -> bool:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   files.write_atomically(path, source().encode("utf-8"))
   return True
+
+
+def is_import_of_support(assignment) -> bool:
+  """Whether a scope binding (libcst Assignment) was made by importing a support module
+  (as in a rerun over converted code), so a rewrite may use the name it binds."""
+  node = getattr(assignment, "node", None)
+  if not isinstance(node, cst.ImportFrom) or node.module is None:
+    return False
+  return cst.Module([]).code_for_node(node.module).rsplit(".", 1)[-1].endswith("pmap_shard_map")

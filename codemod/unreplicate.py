@@ -38,7 +38,8 @@ from typing import cast
 import libcst as cst
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import related, site_comments
+from codemod import related, site_comments, support_module
+from codemod.flax_imports import FlaxImportsVisitor
 from codemod.findings import Finding, Severity
 
 SUPPORT_NAME = "first_row"    # x[0] of one value
@@ -207,7 +208,7 @@ def _obstacle(get_metadata: Callable, node: cst.CSTNode, kind: str) -> str | Non
   if scope is None:
     return "its scope is unknown"
   name = _SUPPORT[kind]
-  if name in scope and not all(_is_support_import(a) for a in scope[name]):
+  if name in scope and not all(map(support_module.is_import_of_support, scope[name])):
     return f"the name {name} is bound to something else here"
   removed: list[cst.CSTNode] = [node]
   if kind == "flax":
@@ -221,14 +222,6 @@ def _obstacle(get_metadata: Callable, node: cst.CSTNode, kind: str) -> str | Non
   return None
 
 
-def _is_support_import(assignment) -> bool:
-  """A binding made by the import of the support module (a rerun over converted code)."""
-  node = getattr(assignment, "node", None)
-  if not isinstance(node, cst.ImportFrom) or node.module is None:
-    return False
-  return _code(node.module).rsplit(".", 1)[-1].endswith("pmap_shard_map")
-
-
 def _is_index0(node: cst.Subscript) -> bool:
   if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
     return False
@@ -237,10 +230,12 @@ def _is_index0(node: cst.Subscript) -> bool:
           and index.value.value == "0")
 
 
-class _Idioms(cst.CSTVisitor):
+class _Idioms(FlaxImportsVisitor):
   """The candidates in one walk: flax unreplicate calls, ``lambda x: x[0]`` given to a
   tree map, ``NAME[0]`` / ``CALL[0]`` subscripts, the subscripts that are assigned or
   deleted, the assignments from calls, and the flax.jax_utils imports."""
+
+  FUNCTION = "unreplicate"
 
   def __init__(self, get_metadata: Callable):
     super().__init__()
@@ -252,8 +247,6 @@ class _Idioms(cst.CSTVisitor):
     self.stored: set[cst.Subscript] = set()
     self._indexed: set[cst.Subscript] = set()  # subscripts that are indexed again
     self.assigns: list[cst.Assign] = []
-    self.flax_imports: list[tuple[str, str | None, str | None]] = []
-    self._statement: cst.SimpleStatementLine | None = None
 
   def _names(self, node: cst.CSTNode) -> set[str]:
     return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
@@ -320,28 +313,6 @@ class _Idioms(cst.CSTVisitor):
         self._store(element.value)
     elif isinstance(target, cst.StarredElement):
       self._store(target.value)
-
-  def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-    self._statement = node
-
-  def visit_Import(self, node: cst.Import) -> None:
-    for alias in node.names:
-      if alias.evaluated_name == "flax.jax_utils" and self._plain():
-        self.flax_imports.append(("flax.jax_utils", None, alias.evaluated_alias))
-
-  def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-    if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
-      return
-    module = _code(node.module)
-    wanted = {"flax": "jax_utils", "flax.jax_utils": "unreplicate"}.get(module)
-    for alias in node.names:
-      if alias.evaluated_name == wanted and self._plain():
-        self.flax_imports.append((module, wanted, alias.evaluated_alias))
-
-  def _plain(self) -> bool:
-    """No comment in or around the import statement: removing it loses none (libcst's
-    RemoveImportsVisitor drops the statement with the comment lines above it)."""
-    return self._statement is not None and not site_comments.comments_in(self._statement)
 
 
 def _is_first_row_lambda(node: cst.Lambda) -> bool:

@@ -123,28 +123,20 @@ def train(state, batch, log):
                    sites=sites, sites_after=sites_after,
                    kept_import="from flax import jax_utils")
 
+  def _reported(self, imports, body, kept, reason):
+    """``body`` (after STEP_BEFORE) converted with its replicate call kept and reported."""
+    new, findings = rewrite(f"import functools\n\nimport jax\n{imports}\n\n{STEP_BEFORE}\n\n"
+                            + textwrap.dedent(body))
+    self.assertIn(kept, new)
+    self.assertTrue(any(f"not rewritten: {reason}" in f.message for f in findings), findings)
+
   def test_the_name_bound_to_something_else_is_reported_not_shadowed(self):
-    source = textwrap.dedent("""\
-    import functools
-
-    import jax
-    from flax import jax_utils
-    from mylib import device_put_replicated
-
-
-    @functools.partial(jax.pmap, axis_name="batch")
-    def step(state, batch):
-      return state, batch * 2
-
-
+    self._reported("from flax import jax_utils\nfrom mylib import device_put_replicated", """\
     def train(state, batch):
       state = jax_utils.replicate(device_put_replicated(state))
       return step(state, batch)
-    """)
-    new, findings = rewrite(source)
-    self.assertIn("state = jax_utils.replicate(device_put_replicated(state))", new)
-    self.assertTrue(any("not rewritten: the name device_put_replicated is bound to something "
-                        "else here" in f.message for f in findings), findings)
+    """, "state = jax_utils.replicate(device_put_replicated(state))",
+                   "the name device_put_replicated is bound to something else here")
 
   def test_a_break_before_the_closing_parenthesis_stays_after_the_new_keyword(self):
     self._converts("from flax import jax_utils", """\
@@ -162,26 +154,11 @@ def train(state, batch):
 """, support="device_put_replicated, on_pmap_mesh")
 
   def test_a_call_holding_comments_is_reported_not_rewritten(self):
-    source = textwrap.dedent("""\
-    import functools
-
-    import jax
-    from flax import jax_utils
-
-
-    @functools.partial(jax.pmap, axis_name="batch")
-    def step(state, batch):
-      return state, batch * 2
-
-
+    self._reported("from flax import jax_utils", """\
     def train(state, batch):
       state = jax_utils.replicate(
           state,  # the whole train state
       )
       return step(state, batch)
-    """)
-    new, findings = rewrite(source)
-    self.assertIn("  state = jax_utils.replicate(\n      state,  # the whole train state\n  )",
-                  new)
-    self.assertTrue(any("not rewritten: comments inside the call" in f.message
-                        for f in findings), findings)
+    """, "  state = jax_utils.replicate(\n      state,  # the whole train state\n  )",
+                   "comments inside the call")
