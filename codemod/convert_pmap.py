@@ -685,7 +685,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
     wanted = self._wanted_imports(original_node)
-    return imports.add(updated_node, wanted, self._style.width) if wanted else updated_node
+    if not wanted:
+      return updated_node
+    # ``from jax import device_put_replicated``, whose calls now use the support module's
+    # function of that name: the support import would redefine it (ruff F811).
+    replaced = {w.name for w in wanted if w.name in removed_names.SUPPORT_CALLS.values()}
+    updated_node = imports.without(updated_node, ("jax", "jax.api"), replaced)
+    return imports.add(updated_node, wanted, self._style.width)
 
   # ----- names newest JAX removed (--target jax) -----
 
@@ -726,7 +732,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     style = self._style
     assert self._lines is not None
     self._replicas = replica_layout.plan(module, self.get_metadata, converted, style.width,
-                                         style.quote, self._lines)
+                                         style.quote, self._lines,
+                                         jax_import_replaced=self.target == "jax")
     if self._replicas.nodes:
       self._import_support(replica_layout.SUPPORT_NAME)
     for module_name, obj, alias in self._replicas.flax_imports:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from codemod import site_comments
+
 
 @dataclass(frozen=True)
 class Wanted:
@@ -147,6 +149,26 @@ def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000) -> cst.Mo
       body[at] = following.with_changes(
           leading_lines=[cst.EmptyLine(), *following.leading_lines])
   return module.with_changes(body=body[:at] + statements + body[at:])
+
+
+def without(module: cst.Module, sources: tuple[str, ...], names: set) -> cst.Module:
+  """``module`` without its top-level ``from SOURCE import NAME`` of ``names`` (unaliased),
+  a statement left empty removed; statements holding comments stay as written."""
+  if not names:
+    return module
+  body = []
+  for stmt in module.body:
+    node = _import_of(stmt)
+    if (isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar)
+        and _module_of(node)[0] in sources and not site_comments.comments_in(stmt)):
+      kept = [a for a in node.names if a.asname is not None or a.evaluated_name not in names]
+      if len(kept) != len(node.names):
+        if not kept:
+          continue
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        stmt = stmt.with_changes(body=[node.with_changes(names=kept)])
+    body.append(stmt)
+  return module.with_changes(body=body)
 
 
 def _wrapped(code: str, width: int) -> str:

@@ -134,9 +134,11 @@ def _too_long(get_metadata: Callable, call: cst.Call, new: cst.Call, width: int,
 
 
 def plan(module: cst.Module, get_metadata: Callable, sites: Sequence[Site], width: int,
-         quote: str, lines: Sequence[str]) -> Rewrites:
+         quote: str, lines: Sequence[str], jax_import_replaced: bool = False) -> Rewrites:
   """The rewrites of one file whose converted sites are ``sites``; ``width`` is its line
-  limit, ``quote`` its strings' quote character, ``lines`` its text."""
+  limit, ``quote`` its strings' quote character, ``lines`` its text.
+  ``jax_import_replaced``: ``from jax import device_put_replicated`` gives way to the
+  support module's import (``--target jax``), so it does not hold the name."""
   rewrites = Rewrites(quote=quote)
   text = "\n".join(lines)
   if "replicate" not in text:
@@ -152,7 +154,7 @@ def plan(module: cst.Module, get_metadata: Callable, sites: Sequence[Site], widt
       continue
     pos = get_metadata(PositionProvider, call).start
     old = "flax.jax_utils.replicate" if call in found.flax else "jax.device_put_replicated"
-    reason = _obstacle(get_metadata, call)
+    reason = _obstacle(get_metadata, call, jax_import_replaced)
     if reason is None:
       line = _too_long(get_metadata, call, _rewritten(call, axis, quote, _shift(call)), width,
                        lines)
@@ -175,16 +177,26 @@ def plan(module: cst.Module, get_metadata: Callable, sites: Sequence[Site], widt
   return rewrites
 
 
-def _obstacle(get_metadata: Callable, call: cst.Call) -> str | None:
+def _obstacle(get_metadata: Callable, call: cst.Call, jax_import_replaced: bool) -> str | None:
   scope = get_metadata(ScopeProvider, call, None)
   if scope is None:
     return "its scope is unknown"
-  if SUPPORT_NAME in scope and not all(map(support_module.is_import_of_support, scope[SUPPORT_NAME])):
-    if not (isinstance(call.func, cst.Name) and call.func.value == SUPPORT_NAME):
-      return f"the name {SUPPORT_NAME} is bound to something else here"
+  bindings = scope[SUPPORT_NAME] if SUPPORT_NAME in scope else ()
+  if not all(support_module.is_import_of_support(b)
+             or (jax_import_replaced and _is_jax_import(b)) for b in bindings):
+    return f"the name {SUPPORT_NAME} is bound to something else here"
   if site_comments.comments_in(call):
     return "comments inside the call (each stays next to the argument it describes)"
   return None
+
+
+def _is_jax_import(assignment) -> bool:
+  """``from jax import device_put_replicated`` (not renamed)."""
+  node = getattr(assignment, "node", None)
+  return (isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative
+          and cst.Module([]).code_for_node(node.module) in ("jax", "jax.api")
+          and not isinstance(node.names, cst.ImportStar)
+          and any(a.evaluated_name == SUPPORT_NAME and a.asname is None for a in node.names))
 
 
 class _Walk(FlaxImportsVisitor):

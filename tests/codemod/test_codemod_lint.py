@@ -76,6 +76,15 @@ f = jax.pmap(lambda x: x * 2, axis_name="i")
 spec = P("i")
 smap = shard_map
 ''',
+    # The removed name imported as it is: with --target jax its calls use the support
+    # module's function of that name, which must not redefine JAX's import (F811).
+    "removed_name_imported": '''\
+import jax
+from jax import device_put_replicated, jit
+
+step = jax.pmap(lambda s, x: (s, x * 2), axis_name="i")
+state, x = step(device_put_replicated(1.0, jax.devices()), jit(lambda v: v)(2.0))
+''',
 }
 
 

@@ -162,3 +162,18 @@ def train(state, batch):
       return step(state, batch)
     """, "  state = jax_utils.replicate(\n      state,  # the whole train state\n  )",
                    "comments inside the call")
+
+  def test_with_target_jax_the_jax_import_gives_way(self):
+    # --target jax replaces JAX's device_put_replicated with the support module's: the
+    # name JAX's import held is the support's now, so the call is laid out too.
+    source = f"import functools\n\nimport jax\nfrom jax import device_put_replicated\n\n\n" \
+        f"{STEP_BEFORE}\n\n" + textwrap.dedent("""\
+    def train(state, batch):
+      state = device_put_replicated(state, jax.local_devices())
+      return step(state, batch)
+    """)
+    new, _ = rewrite(source, target="jax")
+    self.assertIn('state = device_put_replicated(state, jax.local_devices(), axis_name="batch")',
+                  new)
+    self.assertNotIn("from jax import device_put_replicated", new)
+    self.assertIn("from pmap_shard_map import device_put_replicated, on_pmap_mesh", new)
