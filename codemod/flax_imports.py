@@ -1,7 +1,10 @@
 """The ``flax.jax_utils`` imports a rewrite of one of its functions may leave unused."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
+from libcst.metadata import QualifiedNameProvider, ScopeProvider
 
 from codemod import site_comments
 
@@ -14,10 +17,35 @@ class FlaxImportsVisitor(cst.CSTVisitor):
 
   FUNCTION = ""  # the jax_utils function the subclass's rewrite replaces
 
-  def __init__(self) -> None:
+  def __init__(self, get_metadata: Callable) -> None:
     super().__init__()
+    self.get_metadata = get_metadata  # type: ignore[method-assign]
     self.flax_imports: list[tuple[str, str | None, str | None]] = []
     self._statement: cst.SimpleStatementLine | None = None
+    self._aliases: dict[cst.CSTNode, cst.BaseExpression] = {}  # ``ju`` of ju = flax.jax_utils
+
+  def names(self, func: cst.BaseExpression) -> set[str]:
+    """The qualified names of a called expression, with a module alias made by assignment
+    (``ju = flax.jax_utils``; ``ju.replicate``) followed, as the import forms are."""
+    names = {q.name for q in self.get_metadata(QualifiedNameProvider, func, set())}
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+      return names
+    scope = self.get_metadata(ScopeProvider, func.value, None)
+    if scope is None:
+      return names
+    referents = {r for access in scope.accesses[func.value] for r in access.referents}
+    values = [self._aliases.get(getattr(r, "node", None)) for r in referents]  # type: ignore[arg-type]
+    known = [v for v in values if v is not None]
+    if not known or len(known) != len(values):
+      return names
+    bound = set.intersection(*({q.name for q in self.get_metadata(QualifiedNameProvider, v,
+                                                                   set())} for v in known))
+    return names | {f"{name}.{func.attr.value}" for name in bound}
+
+  def visit_Assign(self, node: cst.Assign) -> None:
+    if (len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
+        and isinstance(node.value, (cst.Attribute, cst.Name))):
+      self._aliases[node.targets[0].target] = node.value
 
   def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
     self._statement = node

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import PositionProvider, ScopeProvider
 
 from codemod import related, site_comments, support_module
 from codemod.flax_imports import FlaxImportsVisitor
@@ -207,9 +207,9 @@ class _Walk(FlaxImportsVisitor):
   FUNCTION = "replicate"
 
   def __init__(self, get_metadata: Callable):
-    super().__init__()
-    self.get_metadata = get_metadata  # type: ignore[method-assign]
+    super().__init__(get_metadata)
     self.replicates: list[cst.Call] = []
+    self._candidates: list[cst.Call] = []  # calls of some ``replicate`` / device_put_replicated
     self.flax: set[cst.Call] = set()
     self.arguments: dict[cst.CSTNode, tuple[cst.Call, int]] = {}  # root -> (call, position)
     self.assigned: dict[cst.Call, cst.Name] = {}  # call -> the one name its result is bound to
@@ -242,16 +242,20 @@ class _Walk(FlaxImportsVisitor):
     last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
     if last not in _LAST or not 1 <= len(node.args) <= 2:
       return
-    if any(a.keyword is not None or a.star for a in node.args):
-      return
-    names = {q.name for q in self.get_metadata(QualifiedNameProvider, func, set())}
-    if names & _FLAX:
-      self.flax.add(node)
-      self.replicates.append(node)
-    elif names & _JAX and len(node.args) == 2:
-      self.replicates.append(node)
+    if not any(a.keyword is not None or a.star for a in node.args):
+      self._candidates.append(node)  # whose it is, once every alias is known
+
+  def leave_Module(self, original_node: cst.Module) -> None:
+    for node in self._candidates:
+      names = self.names(node.func)
+      if names & _FLAX:
+        self.flax.add(node)
+        self.replicates.append(node)
+      elif names & _JAX and len(node.args) == 2:
+        self.replicates.append(node)
 
   def visit_Assign(self, node: cst.Assign) -> None:
+    super().visit_Assign(node)
     if (len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
         and isinstance(node.value, cst.Call)):
       self.assigned[node.value] = node.targets[0].target

@@ -238,9 +238,9 @@ class _Idioms(FlaxImportsVisitor):
   FUNCTION = "unreplicate"
 
   def __init__(self, get_metadata: Callable):
-    super().__init__()
-    self.get_metadata = get_metadata  # type: ignore[method-assign]
+    super().__init__(get_metadata)
     self.flax_calls: list[cst.Call] = []
+    self._unreplicates: list[cst.Call] = []  # calls of some ``unreplicate``
     self.lambdas: list[cst.Lambda] = []
     self.tree_maps: list[cst.Call] = []  # f(lambda x: x[0], tree), nothing else
     self.subscripts: list[cst.Subscript] = []
@@ -255,9 +255,8 @@ class _Idioms(FlaxImportsVisitor):
     func = node.func
     last = _last_name(func)
     if last == "unreplicate":
-      if (self._names(func) & _FLAX_UNREPLICATE and len(node.args) == 1
-          and node.args[0].keyword is None and not node.args[0].star):
-        self.flax_calls.append(node)
+      if len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star:
+        self._unreplicates.append(node)  # whose it is, once every alias is known
     elif last in _TREE_MAP_LAST:
       first = node.args[0] if node.args else None
       fun = (first.value if first is not None and first.keyword is None and not first.star
@@ -282,7 +281,11 @@ class _Idioms(FlaxImportsVisitor):
                  and (value.attr.value in _METADATA or node in self._indexed))):
       self.subscripts.append(node)
 
+  def leave_Module(self, original_node: cst.Module) -> None:
+    self.flax_calls = [c for c in self._unreplicates if self.names(c.func) & _FLAX_UNREPLICATE]
+
   def visit_Assign(self, node: cst.Assign) -> None:
+    super().visit_Assign(node)
     self.assigns.append(node)
     for target in node.targets:
       self._store(target.target)
@@ -348,6 +351,7 @@ class _Outputs:
   def __init__(self, get_metadata: Callable, found: _Idioms, site_nodes: set,
                site_defs: set):
     self.get_metadata = get_metadata
+    self.found = found
     self.site_nodes = site_nodes
     self.site_bindings: set[cst.CSTNode] = set(site_defs)  # defs, and names bound to sites
     for assign in found.assigns:
@@ -386,9 +390,7 @@ class _Outputs:
     as one row per device)."""
     if self._is_site(func):
       return True
-    return _last_name(func) == "replicate" and bool(
-        {q.name for q in self.get_metadata(QualifiedNameProvider, func, set())}
-        & _FLAX_REPLICATE)
+    return _last_name(func) == "replicate" and bool(self.found.names(func) & _FLAX_REPLICATE)
 
   def is_output(self, value: cst.BaseExpression) -> bool:
     value = _root(value)

@@ -177,3 +177,23 @@ def train(state, batch):
                   new)
     self.assertNotIn("from jax import device_put_replicated", new)
     self.assertIn("from pmap_shard_map import device_put_replicated, on_pmap_mesh", new)
+
+  def test_a_module_alias_made_by_assignment_is_followed(self):
+    # ``ju = flax.jax_utils`` below the function using it, as import forms are followed.
+    self._converts("import flax", """\
+def train(state, batch):
+  state = ju.replicate(state)
+  state, loss = step(state, batch)
+  return ju.unreplicate(state)
+
+
+ju = flax.jax_utils
+""", """\
+def train(state, batch):
+  state = device_put_replicated(state, axis_name="batch")
+  state, loss = step(state, batch)
+  return first_rows(state)
+
+
+ju = flax.jax_utils
+""", support="device_put_replicated, first_rows, on_pmap_mesh", kept_import="import flax")
