@@ -10,10 +10,10 @@ at least one converted site this transform rewrites
       ``tree_multimap``)                                ->  ``first_rows(t)``
   the same with more arguments (``is_leaf=``)         ->  the lambda alone: ``first_row``
   ``out[0]``, ``step(x)[0]``, ``out.a.b[0]`` where ``out`` is bound to a converted site's
-      outputs or to ``flax.jax_utils.replicate(...)`` results in the same scope (``out =
-      step(x)``, ``state, out = step(x)``, ``state = replicate(state)``), and otherwise
-      only to other calls' results or as a parameter, and ``step`` only to a converted
-      site                                               ->  ``first_row(out)``
+      outputs or to ``flax.jax_utils.replicate(...)`` / ``jax.device_put_replicated(...)``
+      results in the same scope (``out = step(x)``, ``state, out = step(x)``, ``state =
+      replicate(state)``), and otherwise only to other calls' results or as a parameter,
+      and ``step`` only to a converted site               ->  ``first_row(out)``
 
 ``first_row(x)`` is ``x[0]`` exactly, for every ``x``: a jax Array with a local shard
 holding row 0 whole gives that row read from the shard's buffer (same values, dtype,
@@ -45,7 +45,11 @@ from codemod.findings import Finding, Severity
 SUPPORT_NAME = "first_row"    # x[0] of one value
 TREE_SUPPORT_NAME = "first_rows"  # x[0] of every leaf
 _FLAX_UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
-_FLAX_REPLICATE = frozenset({"flax.jax_utils.replicate"})
+# What stacks one copy per device (the codemod may lay these out on a site's mesh, where
+# x[0] is a gather too): Flax's replicate and JAX's device_put_replicated.
+_REPLICATE = frozenset({"flax.jax_utils.replicate", "jax.device_put_replicated",
+                        "jax.api.device_put_replicated"})
+_REPLICATE_LAST = frozenset(name.rsplit(".", 1)[1] for name in _REPLICATE)
 # Attributes holding an array's metadata, not one of its rows: ``out.shape[0]`` stays.
 _METADATA = frozenset({"shape", "dtype", "ndim", "size", "itemsize", "nbytes", "sharding",
                        "addressable_shards", "global_shards", "devices", "aval",
@@ -386,11 +390,11 @@ class _Outputs:
                                      for r in found[0])
 
   def _is_producer(self, func: cst.BaseExpression) -> bool:
-    """A converted site, or Flax's ``replicate`` (whose values converted code also holds
-    as one row per device)."""
+    """A converted site, or Flax's ``replicate`` / JAX's ``device_put_replicated`` (whose
+    values converted code also holds as one row per device)."""
     if self._is_site(func):
       return True
-    return _last_name(func) == "replicate" and bool(self.found.names(func) & _FLAX_REPLICATE)
+    return _last_name(func) in _REPLICATE_LAST and bool(self.found.names(func) & _REPLICATE)
 
   def is_output(self, value: cst.BaseExpression) -> bool:
     value = _root(value)

@@ -197,3 +197,19 @@ def train(state, batch):
 
 ju = flax.jax_utils
 """, support="device_put_replicated, first_rows, on_pmap_mesh", kept_import="import flax")
+
+  def test_row_zero_of_values_laid_out_on_the_mesh_is_read_from_its_device(self):
+    # Laid out on the site's mesh, device_put_replicated's x[0] would be a gather too.
+    self._converts("", """\
+def train(state, batch):
+  state = jax.device_put_replicated(state, jax.local_devices())
+  first = state[0]
+  state, loss = step(state, batch)
+  return first, state[0]
+""", """\
+def train(state, batch):
+  state = device_put_replicated(state, jax.local_devices(), axis_name="batch")
+  first = first_row(state)
+  state, loss = step(state, batch)
+  return first, first_row(state)
+""", support="device_put_replicated, first_row, on_pmap_mesh")
