@@ -9,6 +9,11 @@ from libcst.metadata import QualifiedNameProvider, ScopeProvider
 from codemod import site_comments
 
 
+def last_name(func: cst.BaseExpression) -> str | None:
+  """``f`` of ``f`` or ``a.b.f``: what a call's function is named, before resolving it."""
+  return func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+
+
 class FlaxImportsVisitor(cst.CSTVisitor):
   """Collects into ``flax_imports`` each ``import flax.jax_utils``, ``from flax import
   jax_utils`` and ``from flax.jax_utils import FUNCTION`` statement holding no comment, as

@@ -27,7 +27,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
 from codemod import related, site_comments, support_module
-from codemod.flax_imports import FlaxImportsVisitor
+from codemod.flax_imports import FlaxImportsVisitor, last_name
 from codemod.findings import Finding, Severity
 from codemod.sites import Site, int_tuple, is_none
 
@@ -238,9 +238,7 @@ class _Walk(FlaxImportsVisitor):
       while isinstance(root, cst.Attribute):
         root = root.value
       self.arguments[root] = (node, i)
-    func = node.func
-    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-    if last not in _LAST or not 1 <= len(node.args) <= 2:
+    if last_name(node.func) not in _LAST or not 1 <= len(node.args) <= 2:
       return
     if not any(a.keyword is not None or a.star for a in node.args):
       self._candidates.append(node)  # whose it is, once every alias is known

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import libcst as cst
-from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import PositionProvider, ScopeProvider
 
 from codemod import related, site_comments, support_module
-from codemod.flax_imports import FlaxImportsVisitor
+from codemod.flax_imports import FlaxImportsVisitor, last_name
 from codemod.findings import Finding, Severity
 
 SUPPORT_NAME = "first_row"    # x[0] of one value
@@ -252,12 +252,9 @@ class _Idioms(FlaxImportsVisitor):
     self._indexed: set[cst.Subscript] = set()  # subscripts that are indexed again
     self.assigns: list[cst.Assign] = []
 
-  def _names(self, node: cst.CSTNode) -> set[str]:
-    return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
-
   def visit_Call(self, node: cst.Call) -> None:
     func = node.func
-    last = _last_name(func)
+    last = last_name(func)
     if last == "unreplicate":
       if len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star:
         self._unreplicates.append(node)  # whose it is, once every alias is known
@@ -268,7 +265,7 @@ class _Idioms(FlaxImportsVisitor):
                         if a.keyword is not None and a.keyword.value == "f"), None))
       # The qualified name (costly) only for the idiom's shape.
       if (isinstance(fun, cst.Lambda) and _is_first_row_lambda(fun)
-          and self._names(func) & _TREE_MAPS):
+          and self.names(func) & _TREE_MAPS):
         if len(node.args) == 2 and all(a.keyword is None and not a.star for a in node.args):
           self.tree_maps.append(node)
         else:
@@ -334,11 +331,6 @@ def _is_first_row_lambda(node: cst.Lambda) -> bool:
           and not body.lpar)
 
 
-def _last_name(func: cst.BaseExpression) -> str | None:
-  """``f`` of ``f`` or ``a.b.f``: what a call's function is named, before resolving it."""
-  return func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-
-
 def _root(value: cst.BaseExpression) -> cst.BaseExpression:
   """``out`` of ``out.a.b``: an attribute of a pmap output is one of its outputs too."""
   while isinstance(value, cst.Attribute):
@@ -394,7 +386,7 @@ class _Outputs:
     values converted code also holds as one row per device)."""
     if self._is_site(func):
       return True
-    return _last_name(func) in _REPLICATE_LAST and bool(self.found.names(func) & _REPLICATE)
+    return last_name(func) in _REPLICATE_LAST and bool(self.found.names(func) & _REPLICATE)
 
   def is_output(self, value: cst.BaseExpression) -> bool:
     value = _root(value)
