@@ -121,6 +121,9 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
     if hasattr(named, attr):
       setattr(sharded, attr, getattr(named, attr))
   _SITES[sharded] = fun
+  _REMADE[sharded] = lambda wrap: _sharded(
+      wrap(fun, axes), shard_map_partial, drop_device_axis, axes, static_argnums, axis_size,
+      devices, backend, across_hosts)
   return sharded
 
 
@@ -150,6 +153,17 @@ def pmap_site_function(fn):
     return _SITES.get(fn)
   except TypeError:  # not weakly referenceable: not a function made here
     return None
+
+
+_REMADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pmap_site_remade(fn, wrap):
+  """``fn`` (what ``on_pmap_mesh`` returned) made again with ``wrap(function, axis_names)``
+  in place of the function it maps, on the same mesh and specs. The other hook for
+  testing tools: ``pmap_compat.testing`` wraps the function to see each loop iteration
+  inside a call."""
+  return _REMADE[fn](wrap)
 
 
 def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(), devices=None):

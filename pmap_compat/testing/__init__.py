@@ -50,6 +50,18 @@ three fail the check), and, as information, how the replayed run's final outputs
 with the recording. Tolerance per call: bit for bit on the recording's jax, else
 `PER_CALL_MAX_ULP` (6) ulp; the same --rtol / --atol / --max-ulp replace it.
 
+Loops inside a call (a sampler's chain, a training epoch) compound rounding within the
+call, so `record` also runs each recorded call of a site that holds `scan` or `while`
+loops once more with its loops stepped (`loop_steps`): per loop and device, the initial
+values of what its iterations change, each iteration's slice of the scanned operands and
+each iteration's result go to the host and are stored (`loop_records`), with the outputs
+of that run (`--no-loop-steps` stores calls whole). `check --per-call` runs such a call
+stepped too, hands every iteration the recorded values to compute from and to go on
+with, and compares each with this run's and the call's outputs with the recorded ones; a
+value is also within tolerance when it differs by at most the bound in ulp of the
+largest value compared with it (one part of one iteration). It names the first loop,
+iteration and device beyond tolerance, and loop steps only one run has.
+
 A site is the function given to `jax.pmap` / `pmap_compat.pmap`, identified by its
 module and qualified name (which the codemod keeps; file and line are shown as a hint).
 While recording or checking, the CLI observes every pmap site the program creates
@@ -60,7 +72,8 @@ program must create its sites after observing began: the CLI imports it inside. 
 made inside jit, grad or another pmap are part of that computation and are not seen.
 Replicated leaves (identical copies along the device axis) are stored once; storing
 more than `--max-call-bytes` (default 1 GiB) stops the recording with an error naming
-that option. Library: `recording_calls(dir, calls_per_site=K, max_bytes=N)` and
+that option. Library: `recording_calls(dir, calls_per_site=K, max_bytes=N,
+step_loops=True)` and
 `checking_calls(dir, ...)` (context managers; import the program inside, and call
 `record` / `check` inside), then `replayer.report(final_report)`.
 

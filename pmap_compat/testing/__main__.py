@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
   rec.add_argument("--max-call-bytes", type=int, default=calls.DEFAULT_MAX_BYTES, metavar="N",
                    help="stop with an error when the stored calls would pass N bytes "
                    f"(default {calls.DEFAULT_MAX_BYTES:,}); replicated leaves count once")
+  rec.add_argument("--no-loop-steps", dest="loop_steps", action="store_false",
+                   help="store each call's inputs and outputs only, not every iteration of "
+                   "the loops inside it (which check --per-call replays one by one)")
   chk = sub.add_parser("check", help="run PROGRAM and compare its outputs with a recording")
   common(chk)
   chk.add_argument("--against", required=True, metavar="DIR", help="the recording")
@@ -76,7 +79,8 @@ def _record(args: argparse.Namespace, kwargs: dict) -> int:
   import pmap_compat.testing as testing  # pylint: disable=import-outside-toplevel
   from pmap_compat.testing import per_call, programs  # pylint: disable=import-outside-toplevel
   observe = (per_call.recording_calls(args.out, calls_per_site=args.calls,
-                                      max_bytes=args.max_call_bytes) if args.calls
+                                      max_bytes=args.max_call_bytes,
+                                      step_loops=args.loop_steps) if args.calls
              else contextlib.nullcontext())
   with _patched(args.patched), observe as recorder:
     fn = programs.find_function(programs.load_program(args.program), args.function)
@@ -89,6 +93,9 @@ def _record(args: argparse.Namespace, kwargs: dict) -> int:
     text += (f"\nrecorded the first {writer.calls_per_site} calls of {len(writer.sites)} pmap "
              f"sites ({sum(e.recorded for e in writer.sites.values())} calls, "
              f"{writer.bytes:,} bytes of arrays) for check --per-call")
+    if writer.iterations:
+      text += (f"; {writer.stepped_calls} of those calls hold loops: {writer.iterations:,} "
+               "loop iterations stored")
   _emit(text)
   return PASS
 

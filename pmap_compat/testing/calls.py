@@ -10,6 +10,8 @@ Layout, inside a recording directory (this process's part of it)::
                                                "directory"}, ...]}
   calls/site_000/call_00000/inputs   a recording (manifest.json + leaves/) of the call's
   calls/site_000/call_00000/outputs  (args, kwargs), and one of what it returned
+  calls/site_000/call_00000/loops    where the call holds loops: each iteration's carry
+  calls/site_000/call_00000/stepped  and what the call returned with them (loop_records)
 
 Inputs are the pytree `(args, kwargs)` as the site received it; a leaf that is no array
 or Python scalar (a static argument's object) is kept as its repr (kind `python.object`).
@@ -29,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pmap_compat.testing import recordings, trees
+from pmap_compat.testing import loop_records, recordings, trees
 from pmap_compat.testing.sites import Site
 
 FORMAT = "pmap_compat.testing.calls/1"
@@ -37,6 +39,14 @@ CALLS_DIR = "calls"
 INDEX = "sites.json"
 DEFAULT_CALLS = 3
 DEFAULT_MAX_BYTES = 2 ** 30
+STEPPED = "stepped"  # a call's outputs with its loops stepped (loop_records)
+
+
+@dataclasses.dataclass
+class Stepped:
+  """A call run again with its loops stepped: each iteration's carry, and its outputs."""
+  iterations: loop_records.IterationRecorder
+  outputs: tuple[dict, list[recordings.Leaf]]
 
 
 class TooLarge(ValueError):
@@ -88,6 +98,8 @@ class Writer:
     self._staging = tempfile.mkdtemp(prefix=".calls-", dir=parent)
     self.sites: dict[str, SiteEntry] = {}
     self.bytes = 0
+    self.stepped_calls = 0  # stored calls whose loops were stepped
+    self.iterations = 0  # loop iterations stored, over all calls
 
   def called(self, site: Site) -> tuple[SiteEntry, int]:
     """Counts a call; returns the site's entry and this call's index."""
@@ -98,8 +110,14 @@ class Writer:
     return entry, entry.calls - 1
 
   def store(self, entry: SiteEntry, index: int, inputs: tuple[dict, list[recordings.Leaf]],
-            outputs: tuple[dict, list[recordings.Leaf]]) -> None:
-    size = sum(recordings.stored_bytes(leaves, dedupe=True) for _, leaves in (inputs, outputs))
+            outputs: tuple[dict, list[recordings.Leaf]],
+            stepped: Stepped | None = None) -> None:
+    """Stores one call; `stepped`: its loop iterations and the outputs it gave with them."""
+    parts = {"inputs": inputs, "outputs": outputs}
+    if stepped is not None:
+      parts[STEPPED] = stepped.outputs
+    size = sum(recordings.stored_bytes(leaves, dedupe=True) for _, leaves in parts.values())
+    size += stepped.iterations.bytes if stepped is not None else 0
     if self.bytes + size > self.max_bytes:
       raise TooLarge(
           f"recording call {index} of pmap site {entry.key} ({entry.where}) would bring the "
@@ -108,9 +126,13 @@ class Writer:
           "site with --calls")
     call_dir = os.path.join(self._staging, entry.directory, f"call_{index:05d}")
     producer = {"jax": jax.__version__, "site": entry.key, "call": index}
-    for part, (structure, leaves) in (("inputs", inputs), ("outputs", outputs)):
+    for part, (structure, leaves) in parts.items():
       recordings.write_leaves(os.path.join(call_dir, part), structure, leaves, producer,
                               dedupe=True)
+    if stepped is not None:
+      stepped.iterations.write(call_dir)
+      self.stepped_calls += 1
+      self.iterations += stepped.iterations.iterations
     self.bytes += size
     entry.recorded = index + 1
 
@@ -139,12 +161,25 @@ class Stored:
   sites: dict[str, SiteEntry]
   bytes: int
 
+  def _call_dir(self, entry: SiteEntry, index: int) -> str:
+    return os.path.join(self.directory, entry.directory, f"call_{index:05d}")
+
   def call(self, entry: SiteEntry, index: int) -> tuple[recordings.Recording,
                                                         recordings.Recording]:
     """The recorded (inputs, outputs) of one call."""
-    call_dir = os.path.join(self.directory, entry.directory, f"call_{index:05d}")
+    call_dir = self._call_dir(entry, index)
     return (recordings.read(os.path.join(call_dir, "inputs")),
             recordings.read(os.path.join(call_dir, "outputs")))
+
+  def stepped(self, entry: SiteEntry, index: int) -> tuple[loop_records.RecordedIterations,
+                                                           recordings.Recording] | None:
+    """The recorded loop iterations of one call and the outputs it gave with them; None
+    when the call held no loop."""
+    call_dir = self._call_dir(entry, index)
+    iterations = loop_records.read(call_dir)
+    if iterations is None:
+      return None
+    return iterations, recordings.read(os.path.join(call_dir, STEPPED))
 
 
 def read(recording_dir: str) -> Stored:

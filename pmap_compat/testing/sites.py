@@ -17,9 +17,10 @@ hint for people. A second function with the same name (two lambdas in one functi
     jitted function for anything else.
 
 A `SiteCaller` hands each top-level call (no tracer among the arguments: calls inside
-jit, grad or an outer pmap are part of that computation) to `observer.call(site,
-implementation, args, kwargs)`, which must return what the call returns; every other
-attribute is the wrapped function's. Sites must be created while observing: a pmap
+jit, grad or an outer pmap are part of that computation) to `observer.call(caller, args,
+kwargs)`, which must return what the call returns (`caller.implementation` makes it;
+`caller.stepped(visitor)` is the same site with its loops stepped, see loop_steps); every
+other attribute is the wrapped function's. Sites must be created while observing: a pmap
 object made before (a module imported earlier) is not seen. Leaving the context restores
 every attribute; SiteCallers made meanwhile call straight through from then on.
 """
@@ -35,6 +36,8 @@ from typing import Any, Protocol
 from collections.abc import Callable, Iterator
 
 import jax
+
+from pmap_compat.testing import loop_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,19 +57,22 @@ class Site:
 class Observer(Protocol):
   active: bool
 
-  def call(self, site: Site, implementation: Callable[..., Any], args: tuple,
-           kwargs: dict) -> Any: ...
+  def call(self, caller: SiteCaller, args: tuple, kwargs: dict) -> Any: ...
 
 
 class SiteCaller:
   """What a pmap (or a converted site's jax.jit) returns while observing."""
 
   def __init__(self, implementation: Callable[..., Any], site: Site, user_function: Any,
-               observer: Observer):
+               observer: Observer,
+               stepped: Callable[[loop_steps.Visitor], Callable[..., Any]] | None = None):
     self._implementation = implementation
     self._observer = observer
     self.site = site
     self.user_function = user_function
+    # visitor -> this site built again (same implementation and options, no donation)
+    # with its loops stepped through `visitor` (loop_steps); None where it cannot be.
+    self.stepped = stepped
     for name in ("__module__", "__name__", "__qualname__", "__doc__"):
       try:
         object.__setattr__(self, name, getattr(implementation, name))
@@ -76,8 +82,12 @@ class SiteCaller:
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     if self._observer.active and not _traced(args, kwargs):
-      return self._observer.call(self.site, self._implementation, args, kwargs)
+      return self._observer.call(self, args, kwargs)
     return self._implementation(*args, **kwargs)
+
+  @property
+  def implementation(self) -> Callable[..., Any]:
+    return self._implementation
 
   def __getattr__(self, name: str) -> Any:  # lower, trace, eval_shape, _cache_size, ...
     return getattr(self._implementation, name)
@@ -111,6 +121,18 @@ def converted_site_function(fn: Any) -> Any:
   made `fn` (its `pmap_site_function` says so); None for any other function."""
   ask = getattr(fn, "__globals__", {}).get("pmap_site_function")
   return ask(fn) if callable(ask) else None
+
+
+def converted_site_remade(fn: Any) -> Callable[[Any], Any] | None:
+  """For a converted site `fn`: wrap -> `fn` made again with `wrap(function, axis_names)` in
+  place of the function it maps (the support module's `pmap_site_remade`, which support
+  modules written before it existed lack: None then)."""
+  remade = getattr(fn, "__globals__", {}).get("pmap_site_remade")
+  return functools.partial(remade, fn) if callable(remade) else None
+
+
+# The axis name a stepped pmap site gets when the program's pmap had none.
+_DEVICE_AXIS = "pmap_compat_testing_device"
 
 
 class SiteNames:
@@ -156,7 +178,15 @@ def observing(observer: Observer) -> Iterator[SiteNames]:
       mapped = original(fun, *args, **kwargs)
       if isinstance(mapped, SiteCaller):  # pmap_compat's pmap, observed as well
         return mapped
-      return SiteCaller(mapped, names.site_of(fun), user_function(fun), observer)
+
+      def stepped(visitor: loop_steps.Visitor) -> Callable[..., Any]:
+        # pmap(fun, axis_name=None, *, ...): the steps need an axis name to tell the
+        # devices apart; a fresh one where the program gave none changes nothing else.
+        options = {k: v for k, v in kwargs.items() if k not in ("donate_argnums", "axis_name")}
+        axis_name = (args[0] if args else kwargs.get("axis_name")) or _DEVICE_AXIS
+        return original(loop_steps.stepping(fun, axis_name, visitor), axis_name, **options)
+
+      return SiteCaller(mapped, names.site_of(fun), user_function(fun), observer, stepped)
     return pmap
 
   original_jit = jax.jit
@@ -169,7 +199,16 @@ def observing(observer: Observer) -> Iterator[SiteNames]:
     mapped = converted_site_function(args[0])
     if mapped is None:
       return jitted
-    return SiteCaller(jitted, names.site_of(mapped), user_function(mapped), observer)
+    remade = converted_site_remade(args[0])
+    stepped = None
+    if remade is not None:
+      options = {k: v for k, v in kwargs.items() if k not in ("donate_argnums", "donate_argnames")}
+
+      def stepped(visitor: loop_steps.Visitor) -> Callable[..., Any]:
+        return original_jit(remade(lambda fun, axes: loop_steps.stepping(fun, axes, visitor)),
+                            *args[1:], **options)
+
+    return SiteCaller(jitted, names.site_of(mapped), user_function(mapped), observer, stepped)
 
   if getattr(jax, "pmap", None) is not None:
     install(jax, "pmap", observed_pmap(jax.pmap))

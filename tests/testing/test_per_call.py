@@ -119,10 +119,14 @@ def test_sites_only_one_run_has_fail_the_check(tmp_path, capsys):
 
 def _converted(example: str, directory) -> str:
   """The codemod's --target jax rewrite of one example (support module included)."""
-  tree = equivalence.rewrite_files({os.path.join(EXAMPLES, example + ".py"): ()}, "jax",
-                                   str(directory))
+  return _converted_program(os.path.join(EXAMPLES, example + ".py"), directory)
+
+
+def _converted_program(program: str, directory) -> str:
+  """The codemod's --target jax rewrite of one program (support module included)."""
+  tree = equivalence.rewrite_files({program: ()}, "jax", str(directory))
   assert tree.error is None, tree.report
-  return os.path.join(str(directory), example + ".py")
+  return os.path.join(str(directory), os.path.basename(program))
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,14 @@ PER_CALL_MAX_ULP, where the end-to-end check reports the drift of the whole run.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from pmap_compat.testing import per_call
 from recording_cli import cli_env, edit_one_line, output
 from support import venvs
 
@@ -93,5 +96,92 @@ def test_flax_imagenet_end_to_end_still_reports_the_drift(legacy_recording):
   """Without --per-call the whole run is compared against the cross-version bound: the drift
   of three steps fails it, as it did before per-call checking existed."""
   r = _cli(catalog.NEWEST_LINE, ["check", PROGRAM, "--against", legacy_recording])
+  assert r.returncode == 1, output(r)
+  assert "BEYOND TOLERANCE" in r.stdout and "per-call" not in r.stdout
+
+
+# numpyro NUTS: the whole chain (warmup and sampling, 8 chains) is one pmap call, so its
+# outputs compound every leapfrog step's rounding; `record` steps the loops inside the call
+# and `check --per-call` replays them iteration by iteration, each from the recorded state.
+NUTS = catalog.PROGRAMS["numpyro_nuts"].path
+NUTS_SITE = "numpyro.infer.mcmc:MCMC._single_chain_mcmc"
+
+
+@pytest.fixture(scope="module")
+def nuts_recording(tmp_path_factory) -> tuple[str, int]:
+  """numpyro NUTS recorded under legacy jax.pmap on jax 0.6.0, and its iteration count."""
+  out = str(tmp_path_factory.mktemp("nuts") / "legacy")
+  r = _cli(catalog.LEGACY_LINE, ["record", NUTS, "--out", out])
+  assert r.returncode == 0, output(r)
+  found = re.search(r"1 of those calls hold loops: ([\d,]+) loop iterations stored", r.stdout)
+  assert found, r.stdout
+  return out, int(found.group(1).replace(",", ""))
+
+
+def _converted_numpyro(tmp_path) -> tuple[str, dict]:
+  """The program and a copy of jax 0.10.2's numpyro converted by the codemod, and the
+  environment that imports that copy."""
+  workdir = str(tmp_path / "converted")
+  source = subprocess.run(
+      [catalog.python_for(catalog.NEWEST_LINE), "-c",
+       "import os, numpyro; print(os.path.dirname(numpyro.__file__))"],
+      capture_output=True, text=True, check=True).stdout.strip()
+  shutil.copytree(source, os.path.join(workdir, "numpyro"),
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  program = shutil.copy(NUTS, workdir)
+  r = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--in-place",
+                      "--support-root", workdir, os.path.join(workdir, "numpyro"), program],
+                     cwd=venvs.ROOT, capture_output=True, text=True, check=False)
+  assert r.returncode == 0 and "2 pmap sites found, 2 converted" in r.stdout + r.stderr, output(r)
+  return program, {"PYTHONPATH": os.pathsep.join([workdir, venvs.ROOT])}
+
+
+def _nuts_check(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+  return subprocess.run([catalog.python_for(catalog.NEWEST_LINE), "-m", "pmap_compat.testing",
+                         *args], env=cli_env(env), cwd=venvs.ROOT, capture_output=True,
+                        text=True, timeout=TIMEOUT_S, check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pmap", "patched", "codemod"])
+def test_numpyro_nuts_checks_per_call_on_jax_0_10_2(nuts_recording, tmp_path, mode):
+  """Every leapfrog, tree-building and adaptation iteration of every chain within
+  PER_CALL_MAX_ULP (at part scale) of legacy's on jax 0.6.0, with numpyro 0.22 on 0.10.2
+  against numpyro 0.19 on 0.6.0, under 0.10.2's own pmap, patched() and the codemod."""
+  recording, iterations = nuts_recording
+  program, env = _converted_numpyro(tmp_path) if mode == "codemod" else (NUTS, None)
+  r = _nuts_check(["check", program, "--against", recording, "--per-call"]
+                  + (["--patched"] if mode == "patched" else []), env)
+  assert r.returncode == 0, output(r)
+  lines = r.stdout.splitlines()
+  assert (f"tolerance per call: max {per_call.PER_CALL_MAX_ULP} ulp (elementwise or at leaf "
+          "scale) (default across versions: recorded on jax 0.6.0, running jax 0.10.2)") in lines
+  assert any(l.startswith(f"  site {NUTS_SITE} (mcmc.py:") and
+             l.endswith("called 1 times (recorded run: 1, 1 stored)") for l in lines), r.stdout
+  [replayed] = [l for l in lines if "loop iterations replayed" in l]
+  assert replayed.startswith(f"      {iterations} loop iterations replayed: "), replayed
+  assert lines[-1].startswith("PASS (1 sites reached, 1 recorded calls replayed:"), r.stdout
+
+
+@pytest.mark.slow
+def test_numpyro_perturbed_leapfrog_is_caught_at_its_iteration(nuts_recording, tmp_path):
+  """A 0.1% longer position update in numpyro's leapfrog integrator (converted copy): the
+  first leapfrog of the first tree of the first sample fails."""
+  recording, _ = nuts_recording
+  program, env = _converted_numpyro(tmp_path)
+  edit_one_line(os.path.join(os.path.dirname(program), "numpyro", "infer", "hmc_util.py"),
+                "z + step_size * r_grad", "z + 1.001 * step_size * r_grad")
+  r = _nuts_check(["check", program, "--against", recording, "--per-call"], env)
+  assert r.returncode == 1, output(r)
+  first = next(l for l in r.stdout.splitlines() if l.startswith("first beyond tolerance:"))
+  assert re.match(rf"first beyond tolerance: site {re.escape(NUTS_SITE)}, call 0, in its loops: "
+                  r"loop \d+ \(while at util\.py:\d+\) iteration \(0, 0, 0\) on device 0, "
+                  r"result \d+ float32", first), first
+
+
+@pytest.mark.slow
+def test_numpyro_end_to_end_still_reports_the_drift(nuts_recording):
+  recording, _ = nuts_recording
+  r = _nuts_check(["check", NUTS, "--against", recording])
   assert r.returncode == 1, output(r)
   assert "BEYOND TOLERANCE" in r.stdout and "per-call" not in r.stdout
