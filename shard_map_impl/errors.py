@@ -156,9 +156,8 @@ def check_inferable(mesh: AnyMesh, manual: frozenset) -> None:
   from jax._src.mesh import AxisType
   kinds = mesh._name_to_type
   if not all(kinds[a] == AxisType.Explicit for a in manual):
-    # Built in mesh order, as JAX's frozenset(mesh.axis_names): a set's printed order
-    # can depend on the order its elements went in.
-    manual = frozenset(a for a in mesh.axis_names if a in manual)
+    # `manual` is the set as jax.shard_map holds it (manual_names): a set's printed order
+    # depends on how it was built, so it is printed as it is, not rebuilt.
     types = ", ".join(str(kinds[a]) for a in manual)
     raise TypeError("shard_map in_specs argument must be a pytree of "
                     "`jax.sharding.PartitionSpec` instances, but it was `None` when "
