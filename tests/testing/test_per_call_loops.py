@@ -17,7 +17,7 @@ from pmap_compat.testing import calls, loop_records
 from pmap_compat.testing.comparison import Tolerance
 from pmap_compat.testing.loop_steps import Loop
 from pmap_compat.testing.__main__ import main
-from recording_cli import cli, edit_one_line, output
+from recording_cli import cli, edit_one_line, output, two_process_job
 from support import venvs
 from test_per_call import _converted_program
 
@@ -180,9 +180,12 @@ def test_iterations_the_recording_lacks_are_named(chains, tmp_path, capsys):
           "(result) on device 0") in text, text
 
 
-@pytest.mark.parametrize("version", ["0.4.35", venvs.NEWEST])
+@pytest.mark.parametrize("version", [
+    v if v in ("0.4.35", venvs.NEWEST) else pytest.param(v, marks=pytest.mark.slow)
+    for v in venvs.RELEASES if v != "0.6.0"])
 def test_every_release_records_and_replays_its_own_iterations(tmp_path, version):
-  """The stepping rewrite works on the oldest and newest JAX pmap_compat.testing runs on."""
+  """The stepping rewrite works on every JAX pmap_compat.testing runs on (the oldest and
+  the newest in the default tier; 0.6.0 is this suite's own)."""
   program = str(tmp_path / "chains.py")
   with open(program, "w", encoding="utf-8") as f:
     f.write(CHAINS)
@@ -262,3 +265,54 @@ def test_a_wide_carry_beside_a_collective_does_not_deadlock(tmp_path, version):
     call_dir = os.path.join(stored.directory, site.directory, "call_00000")
     with np.load(os.path.join(call_dir, "loops", "loop_000.npz")) as arrays:
       assert "result_0_0" in arrays.files and "same_result_7_0" in arrays.files
+
+
+SPREAD = textwrap.dedent('''
+    import os
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+
+    def epoch(w, x):
+      def update(w, x_t):
+        grad = lax.pmean(jnp.tanh(w * x_t), "devices")  # spans both processes
+        return w - 0.1 * grad, jnp.sum(grad)
+      return lax.scan(update, w, x)
+
+
+    def run():
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+      jax.distributed.initialize(os.environ["PMAP_EXAMPLE_COORDINATOR"], num_processes=2,
+                                 process_id=int(os.environ["PMAP_EXAMPLE_PROCESS_ID"]))
+      n = jax.local_device_count()
+      offset = jax.process_index() * n
+      w = np.linspace(-1.0, 1.0, 2 * n * 3, dtype=np.float32).reshape(2 * n, 3)[offset:offset + n]
+      x = np.cos(np.arange(2 * n * 5 * 3, dtype=np.float32)).reshape(2 * n, 5, 3)[offset:offset + n]
+      w, sums = jax.pmap(epoch, axis_name="devices")(w, x)
+      return {"w": np.asarray(w), "sums": np.asarray(sums)}
+''')
+
+
+@pytest.mark.multiprocess
+def test_a_multi_process_job_records_and_replays_its_loops_per_process(tmp_path):
+  """Two processes of 4 devices, the loop's pmean spanning both: each process stores and
+  replays its own devices' iterations (devices 0-3 in process 0, 4-7 in process 1)."""
+  program = str(tmp_path / "spread.py")
+  with open(program, "w", encoding="utf-8") as f:
+    f.write(SPREAD)
+  out = str(tmp_path / "rec")
+  for r in two_process_job(["record", program, "--out", out]):
+    assert r.returncode == 0 and "20 loop iterations stored" in r.stdout, output(r)
+  for i in range(2):
+    stored = calls.read(os.path.join(out, f"process_{i}"))
+    [site] = stored.sites.values()
+    stepped = stored.stepped(site, 0)
+    assert stepped is not None
+    assert {key[2] for key in stepped[0].values} == set(range(4 * i, 4 * i + 4))
+  for i, r in enumerate(two_process_job(["check", program, "--against", out, "--per-call"])):
+    assert r.returncode == 0, output(r)
+    assert (f"[process {i}/2]       20 loop iterations replayed: 20 identical, 0 within "
+            "tolerance;") in r.stdout, r.stdout
