@@ -111,15 +111,14 @@ class Visitor(Protocol):
 
 
 def stepping(fun: Callable[..., Any], axis_names: Any, visitor: Visitor) -> Callable[..., Any]:
-  """`fun`, for the body of a map over `axis_names`, with each loop iteration's carry
-  handed to `visitor` (see the module docstring). Arguments that are not traced (static
-  ones) reach `fun` as they are."""
+  """`fun`, for the body of a map over `axis_names`, with what each of its loops receives
+  and each iteration returns handed to `visitor` (see the module docstring). Arguments
+  that are not traced (static ones) reach `fun` as they are."""
 
   @functools.wraps(fun)
   def stepped(*args: Any, **kwargs: Any) -> Any:
     flat, tree = jax.tree_util.tree_flatten((args, kwargs))
     traced = [i for i, x in enumerate(flat) if isinstance(x, jax.core.Tracer)]
-
     out_trees = []
 
     def on_traced(*values: Any) -> list[Any]:
