@@ -117,13 +117,20 @@ class Writer:
     if stepped is not None:
       parts[STEPPED] = stepped.outputs
     size = sum(recordings.stored_bytes(leaves, dedupe=True) for _, leaves in parts.values())
+    loops = " (its loop iterations included)" if stepped is not None else ""
+    remedies = "raise the cap, or store fewer calls per site with --calls" + (
+        ", or store calls whole with --no-loop-steps" if stepped is not None else "")
+    if stepped is not None and stepped.iterations.overflowed:
+      raise TooLarge(
+          f"recording call {index} of pmap site {entry.key} ({entry.where}): its loop "
+          f"iterations alone pass the cap of {self.max_bytes:,} bytes (--max-call-bytes / "
+          f"max_call_bytes), less the {self.bytes:,} already stored: {remedies}")
     size += stepped.iterations.bytes if stepped is not None else 0
     if self.bytes + size > self.max_bytes:
       raise TooLarge(
-          f"recording call {index} of pmap site {entry.key} ({entry.where}) would bring the "
-          f"stored calls to {self.bytes + size:,} bytes, over the cap of {self.max_bytes:,} "
-          "(--max-call-bytes / max_call_bytes): raise the cap, or store fewer calls per "
-          "site with --calls")
+          f"recording call {index} of pmap site {entry.key} ({entry.where}){loops} would "
+          f"bring the stored calls to {self.bytes + size:,} bytes, over the cap of "
+          f"{self.max_bytes:,} (--max-call-bytes / max_call_bytes): {remedies}")
     call_dir = os.path.join(self._staging, entry.directory, f"call_{index:05d}")
     producer = {"jax": jax.__version__, "site": entry.key, "call": index}
     for part, (structure, leaves) in parts.items():

@@ -62,20 +62,30 @@ class Relay:
 
 
 class IterationRecorder:
-  """Keeps everything the loops see and hands it back unchanged."""
+  """Keeps everything the loops see and hands it back unchanged. Past `limit` bytes as
+  received (before replicated values are stored once) it keeps nothing more and sets
+  `overflowed`, so a long loop cannot fill the memory before the size cap is checked."""
 
-  def __init__(self) -> None:
+  def __init__(self, limit: int | None = None) -> None:
     self.loops: dict[int, Loop] = {}
     self.values: dict[Key, list[np.ndarray]] = {}
+    self.limit = limit
+    self.received = 0
+    self.overflowed = False
     self._lock = threading.Lock()  # devices call back from their own threads
     self._files: dict[int, dict[str, np.ndarray]] | None = None  # once the call is over
 
   def step(self, loop: Loop, part: str, device: int, path: tuple[int, ...],
            values: list[np.ndarray]) -> Sequence[np.ndarray]:
     with self._lock:
-      self.loops[loop.number] = loop
-      self.values[(loop.number, part, device, path)] = [np.array(v, copy=True)
-                                                        for v in values]
+      self.received += sum(np.asarray(v).nbytes for v in values)
+      if self.limit is not None and self.received > self.limit:
+        self.overflowed = True
+        self.values.clear()
+      if not self.overflowed:
+        self.loops[loop.number] = loop
+        self.values[(loop.number, part, device, path)] = [np.array(v, copy=True)
+                                                          for v in values]
     return values
 
   @property

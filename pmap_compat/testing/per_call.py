@@ -71,7 +71,10 @@ class Recorder:
     inputs = calls.host_leaves((args, kwargs))  # before the call may donate them
     stepped = None
     if self.step_loops:
-      iterations = loop_records.IterationRecorder()
+      # Replicated values are stored once: as received they may take up to one copy per
+      # device of what the cap leaves.
+      room = self.writer.max_bytes - self.writer.bytes
+      iterations = loop_records.IterationRecorder(limit=room * jax.local_device_count())
       out = self.stepped.run(caller, iterations, args, kwargs)
       if out is not None:
         stepped = calls.Stepped(iterations, calls.host_leaves(out))

@@ -165,6 +165,15 @@ def test_the_size_cap_counts_the_iterations(chains, tmp_path, capsys):
   assert "over the cap of 5,000 (--max-call-bytes / max_call_bytes)" in capsys.readouterr().err
   assert main(["record", program, "--out", out, "--max-call-bytes", "5000",
                "--no-loop-steps"]) == 0
+  # A cap the iterations pass even before replicated values are stored once: the recorder
+  # stops keeping them as they come (a long loop does not fill the memory first).
+  capsys.readouterr()
+  assert main(["record", program, "--out", str(tmp_path / "small"),
+               "--max-call-bytes", "1000"]) == 2
+  err = capsys.readouterr().err
+  assert ("its loop iterations alone pass the cap of 1,000 bytes (--max-call-bytes / "
+          "max_call_bytes), less the 0 already stored: raise the cap, or store fewer calls per "
+          "site with --calls, or store calls whole with --no-loop-steps") in err, err
 
 
 def test_iterations_the_recording_lacks_are_named(chains, tmp_path, capsys):
