@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -266,12 +267,20 @@ def _in_float32_if_exact(expected: np.ndarray, actual: np.ndarray) -> tuple[np.n
     return as_narrow, actual.astype(narrow)
 
 
-def _leaf_ulp(x: np.ndarray) -> float:
-  """One ulp at the leaf's largest finite magnitude (the smallest subnormal if all are 0)."""
+def scale_ulp(values: Sequence[np.ndarray], dtype: np.dtype) -> float:
+  """One ulp of `dtype` at the largest finite magnitude among the floating `values` (the
+  smallest subnormal if all are 0): "ulp at leaf scale" for one leaf, "ulp at part scale"
+  for the values of one loop iteration (loop_records)."""
   import ml_dtypes  # pylint: disable=import-outside-toplevel
-  info = ml_dtypes.finfo(x.real.dtype if np.iscomplexobj(x) else x.dtype)
-  magnitudes = np.concatenate([np.abs(p.astype(np.float64)).ravel() for p in _real_parts(x)])
-  largest = magnitudes[np.isfinite(magnitudes)].max(initial=0.0)
+  dtype = np.dtype(dtype)
+  info = ml_dtypes.finfo(np.finfo(dtype).dtype if np.issubdtype(dtype, np.complexfloating)
+                         else dtype)
+  largest = 0.0
+  for x in values:
+    if _is_float(x.dtype) and x.size:
+      magnitudes = np.concatenate([np.abs(p.astype(np.float64)).ravel()
+                                   for p in _real_parts(x)])
+      largest = max(largest, float(magnitudes[np.isfinite(magnitudes)].max(initial=0.0)))
   if largest < float(info.tiny):
     return float(info.smallest_subnormal)
   return float(info.eps) * 2.0 ** np.floor(np.log2(largest))
@@ -304,7 +313,7 @@ def compare_values(expected: np.ndarray, actual: np.ndarray, tol: Tolerance) -> 
       ulps = np.maximum(ulps, ulp_distance(e, a))
     ulps = np.where(same | nan_mismatch, np.uint64(0), ulps)
     stats["max_ulp"] = int(ulps.max())
-    finite, leaf_ulp = np.where(nan_mismatch, 0.0, abs_diff), _leaf_ulp(expected)
+    finite, leaf_ulp = np.where(nan_mismatch, 0.0, abs_diff), scale_ulp([expected], expected.dtype)
     stats["scale_ulp"] = float(finite.max()) / leaf_ulp
     within |= (ulps <= np.uint64(tol.max_ulp)) | (finite <= tol.max_ulp * leaf_ulp)
   if nan_mismatch.any():

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from pmap_compat.testing.comparison import Tolerance, compare_values
+from pmap_compat.testing.comparison import Tolerance, compare_values, scale_ulp
 from pmap_compat.testing.loop_steps import ENTRY, PARTS, Loop
 
 FORMAT = "pmap_compat.testing.loops/2"
@@ -173,15 +173,13 @@ def read(call_dir: str) -> RecordedIterations | None:
   return RecordedIterations(loops, values)
 
 
-class IterationReplayer:
-  """Keeps this run's values of every loop and hands back the recorded ones, so each
-  iteration computes from what the recorded run's computed from."""
+class IterationReplayer(IterationRecorder):
+  """Keeps this run's values of every loop, as the recorder does, and hands back the
+  recorded ones, so each iteration computes from what the recorded run's computed from."""
 
   def __init__(self, recorded: RecordedIterations):
+    super().__init__()
     self.recorded = recorded
-    self.loops: dict[int, Loop] = {}
-    self.values: dict[Key, list[np.ndarray]] = {}
-    self._lock = threading.Lock()
 
   def same_loop(self, loop: Loop) -> bool:
     mine = self.recorded.loops.get(loop.number)
@@ -189,11 +187,8 @@ class IterationReplayer:
 
   def step(self, loop: Loop, part: str, device: int, path: tuple[int, ...],
            values: list[np.ndarray]) -> Sequence[np.ndarray]:
-    key = (loop.number, part, device, path)
-    with self._lock:
-      self.loops[loop.number] = loop
-      self.values[key] = [np.array(v, copy=True) for v in values]
-    recorded = self.recorded.values.get(key)
+    super().step(loop, part, device, path, values)
+    recorded = self.recorded.values.get((loop.number, part, device, path))
     if recorded is None or not self.same_loop(loop):
       return values
     return recorded
@@ -261,21 +256,6 @@ def _path(path: tuple[int, ...]) -> str:
   return "(" + ", ".join(str(i) for i in path) + ")"
 
 
-def _part_ulp(values: Sequence[np.ndarray], dtype: np.dtype) -> float:
-  """One ulp (of `dtype`) at the largest finite magnitude among the float `values`."""
-  import ml_dtypes  # pylint: disable=import-outside-toplevel
-  largest = 0.0
-  for value in values:
-    if np.issubdtype(value.dtype, np.inexact) and value.size:
-      magnitudes = np.abs(value.astype(np.complex128 if np.iscomplexobj(value) else np.float64))
-      finite = magnitudes[np.isfinite(magnitudes)]
-      largest = max(largest, float(finite.max(initial=0.0)))
-  info = ml_dtypes.finfo(dtype)
-  if largest < float(info.tiny):
-    return float(info.smallest_subnormal)
-  return float(info.eps) * 2.0 ** np.floor(np.log2(largest))
-
-
 def check(recorded: RecordedIterations, replayed: IterationReplayer,
           tolerance: Tolerance) -> LoopCheck:
   """Compares everything this run's loops saw with the recording."""
@@ -341,11 +321,8 @@ def _difference(loop: Loop, key: Key, index: int, expected: np.ndarray, actual: 
     return None
   status = stats["status"]
   part_ulp = 0.0
-  if np.issubdtype(expected.dtype, np.inexact):
-    with np.errstate(invalid="ignore", over="ignore"):
-      diff = np.abs(actual.astype(np.complex128 if np.iscomplexobj(expected) else np.float64)
-                    - expected)
-    part_ulp = float(np.nanmax(diff, initial=0.0)) / _part_ulp(part, expected.dtype)
+  if "max_ulp" in stats:  # a floating value
+    part_ulp = stats["max_abs"] / scale_ulp(part, expected.dtype)
     finite = not stats.get("detail")  # NaN in one run only stays beyond
     if status == "beyond" and not tolerance.exact and finite and part_ulp <= tolerance.max_ulp:
       status = "within"
