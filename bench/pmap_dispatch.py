@@ -17,11 +17,15 @@ Runs on either supported JAX line; what it compares against depends on the line 
     <= 1.15x jit; first call <= 1.3x jax.pmap; out[0] <= jax.pmap.
 
 Cases (rows): steady-state cases report the median main-thread CPU time of one call
-(time.thread_time), with the devices idle at the start of each call (we wait for
-each result outside the timed region); `first call` reports process CPU time (compilation
+(time.thread_time; wall time where this machine's thread clock ticks too coarsely to
+time one call, as on some accelerator hosts), with the devices idle at the start of each
+call (we wait for each result outside the timed region); `first call` reports process CPU time (compilation
 runs on other threads) of tracing, compiling and calling a brand-new function; `matmul`
 reports wall time per call with block_until_ready and is compared as throughput (its
-time is the same XLA executable's in every column, so its target is a noise margin).
+time is the same XLA executable's in every column, so its target is a noise margin);
+the two `train step` cases report wall time per step, waiting for its result, of an MLP
+trained with value_and_grad, pmean and an SGD update: small enough that dispatch bounds
+it, and large enough that the devices' compute does.
 Each round runs every case on every implementation. The implementations timed in this
 process alternate call by call, in a freshly shuffled order for every call, so load that
 comes and goes on a busy machine hits each of them alike (the merge worker's block of
@@ -34,12 +38,15 @@ throughput (b/a, higher is better).
   python bench/pmap_dispatch.py --quick    # smoke test (< 30 s): tiny call, pytree and
                                            # out[0], no merge worker
   python bench/pmap_dispatch.py --strict   # exit status 1 when a target fails
-The last line is a one-line summary starting with "dispatch:".
+  JAX_PLATFORMS=tpu python bench/pmap_dispatch.py   # on an accelerator's own devices
+It maps over every local device of the backend JAX runs on (8 forced host devices on
+the CPU, the default platform). The last line is a one-line summary starting with "dispatch:".
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -49,18 +56,21 @@ import subprocess
 import sys
 import time
 
-N_DEVICES = 8
+CPU_DEVICES = 8  # host devices forced on the CPU backend
 if "jax" not in sys.modules:
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={N_DEVICES}").strip()
+                             f" --xla_force_host_platform_device_count={CPU_DEVICES}").strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+DISPATCH_STEP, COMPUTE_STEP = "train step, dispatch bound", "train step, compute bound"
 CASES = ["tiny chained call", "numpy input", "psum", "64-leaf pytree", "in_axes=(0, None)",
-         "static int arg", "matmul (8,512,512)", "out[0]", "first call"]
+         "static int arg", "matmul (n,512,512)", "out[0]", "first call", DISPATCH_STEP,
+         COMPUTE_STEP]
 QUICK_CASES = ["tiny chained call", "64-leaf pytree", "out[0]"]
-WALL = {"matmul (8,512,512)"}
+WALL = {"matmul (n,512,512)"}  # wall time, compared as throughput
 PROCESS = {"first call"}
-PER_CALL = frozenset(CASES) - WALL - PROCESS - {"out[0]"}
+STEPS = {DISPATCH_STEP, COMPUTE_STEP}  # wall time per step, compared as time
+PER_CALL = frozenset(CASES) - WALL - PROCESS - STEPS - {"out[0]"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,13 +127,15 @@ LINES = {
         Target(_on("tiny chained call", "64-leaf pytree"), "legacy", 1.15),
         Target(_on("out[0]"), "legacy", 1.5),
         Target(_on("first call"), "legacy", 1.3),
-        Target(_on("matmul (8,512,512)"), "legacy", 0.95))),
+        Target(_on("matmul (n,512,512)"), "legacy", 0.95),
+        Target(frozenset(STEPS), "legacy", 1.0))),
     "0.10.2": JaxLine("jax.pmap", "jax:shard_map", False, (
         Target(PER_CALL, "jax.pmap", 1.0),
         Target(PER_CALL, "jit", 1.15),
         Target(_on("out[0]"), "jax.pmap", 1.0),
         Target(_on("first call"), "jax.pmap", 1.3),
-        Target(_on("matmul (8,512,512)"), "jax.pmap", 0.95))),
+        Target(_on("matmul (n,512,512)"), "jax.pmap", 0.95),
+        Target(frozenset(STEPS), "jax.pmap", 1.0))),
 }
 
 
@@ -134,6 +146,12 @@ def jax_line() -> JaxLine:
   except KeyError:
     raise SystemExit(f"bench/pmap_dispatch.py: jax {jax.__version__} is not a supported "
                      f"line; run it with jax {' or '.join(LINES)}") from None
+
+
+def n_devices() -> int:
+  """The devices every case maps over: all local devices of JAX's default backend."""
+  import jax
+  return jax.local_device_count()
 
 
 def _chained(f, first, *rest):
@@ -150,7 +168,8 @@ def _one_arg_cases(map1):
   one-argument function over axis 0 of all devices."""
   import jax
   import numpy as np
-  zeros = np.zeros((N_DEVICES,), np.float32)
+  n = n_devices()
+  zeros = np.zeros((n,), np.float32)
 
   def tiny():
     f = map1(lambda x: x + 1)
@@ -166,7 +185,7 @@ def _one_arg_cases(map1):
 
   def matmul():
     f = map1(lambda a: a @ a)
-    a = f(np.full((N_DEVICES, 512, 512), 1e-3, np.float32))
+    a = f(np.full((n, 512, 512), 1e-3, np.float32))
     return lambda: f(a).block_until_ready()
 
   def out0():
@@ -185,11 +204,63 @@ def _one_arg_cases(map1):
               first_call=first_call)
 
 
+def _train_steps(mapped_step):
+  """The two training-step cases; ``mapped_step`` maps a function of (params, x, y) over
+  axis 0 of every argument, with "i" the mapped axis's name."""
+  import jax
+
+  def case(width, depth, examples):
+    def setup():
+      params, x, y = _mlp_data(n_devices(), width, depth, examples)
+      step = mapped_step(_sgd_step)
+      state = [step(params, x, y)[0]]
+
+      def run():
+        state[0] = step(state[0], x, y)[0]
+        return jax.block_until_ready(state[0])
+      return run
+    return setup
+
+  # (width, layers, examples per device). The compute-bound step is smaller on the CPU,
+  # whose forced host devices share a few cores.
+  compute = (2048, 4, 1024) if jax.default_backend() != "cpu" else (512, 4, 128)
+  return dict(step_dispatch=case(128, 2, 8), step_compute=case(*compute))
+
+
+def _sgd_step(params, x, y):
+  """One SGD step of an MLP on this device's examples, gradients averaged over "i"."""
+  import jax
+  import jax.numpy as jnp
+
+  def loss(params):
+    h = x
+    for w in params[:-1]:
+      h = jnp.tanh(h @ w)
+    return jnp.mean((h @ params[-1] - y) ** 2)
+
+  value, grads = jax.value_and_grad(loss)(params)
+  grads = jax.lax.pmean(grads, "i")
+  # Rank 0 per device under pmap; shard_map's blocks keep the device axis, and so does this.
+  value = jnp.reshape(jax.lax.pmean(value, "i"), jnp.shape(x)[:-2])
+  return [w - 1e-3 * g for w, g in zip(params, grads, strict=True)], value
+
+
+def _mlp_data(n, width, depth, examples):
+  """Replicated parameters (depth square layers and a 1-wide head) and each device's batch."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  layers = [rng.normal(0, width ** -0.5, (width, width)).astype(np.float32)
+            for _ in range(depth)] + [rng.normal(0, width ** -0.5, (width, 1)).astype(np.float32)]
+  params = [np.broadcast_to(w, (n, *w.shape)).copy() for w in layers]
+  x = rng.normal(size=(n, examples, width)).astype(np.float32)
+  return params, x, rng.normal(size=(n, examples, 1)).astype(np.float32)
+
+
 def _ordered(shared, **own):
   """Case name -> setup, in CASES order."""
   cases = dict(shared, **own)
   order = ["tiny", "numpy_input", "psum", "pytree", "in_axes_none", "static_int", "matmul",
-           "out0", "first_call"]
+           "out0", "first_call", "step_dispatch", "step_compute"]
   return dict(zip(CASES, [cases[k] for k in order], strict=True))
 
 
@@ -198,7 +269,7 @@ def _pmap_cases(pmap):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  zeros = np.zeros((N_DEVICES,), np.float32)
+  zeros = np.zeros((n_devices(),), np.float32)
 
   def psum():
     f = pmap(lambda x: jax.lax.psum(x, "i"), "i")
@@ -216,7 +287,7 @@ def _pmap_cases(pmap):
     return lambda: f(x, 3)
 
   return _ordered(_one_arg_cases(pmap), psum=psum, in_axes_none=in_axes_none,
-                  static_int=static_int)
+                  static_int=static_int, **_train_steps(lambda f: pmap(f, "i")))
 
 
 def _jit_cases(shard_map):
@@ -225,14 +296,23 @@ def _jit_cases(shard_map):
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh, PartitionSpec as P
-  mesh = Mesh(np.array(jax.devices()[:N_DEVICES]), ("i",))
-  zeros = np.zeros((N_DEVICES,), np.float32)
+  mesh = Mesh(np.array(jax.local_devices()), ("i",))
+  zeros = np.zeros((n_devices(),), np.float32)
 
   mapped = P("i")
 
   def smap(fun, in_specs=mapped, out_specs=mapped, **jit_kwargs):
     return jax.jit(shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs),
                    **jit_kwargs)
+
+  # Replication checking off for the training steps, as pmap has none: jax 0.6.0's
+  # shard_map rejects value_and_grad of a loss computed from per-device values under it.
+  check = next(name for name in ("check_vma", "check_rep")
+               if name in inspect.signature(shard_map).parameters)
+
+  def unchecked(fun):
+    return jax.jit(shard_map(fun, mesh=mesh, in_specs=mapped, out_specs=mapped,
+                             **{check: False}))
 
   def psum():
     f = smap(lambda x: jax.lax.psum(x, "i"))
@@ -251,18 +331,38 @@ def _jit_cases(shard_map):
     return lambda: f(x, 3)
 
   return _ordered(_one_arg_cases(smap), psum=psum, in_axes_none=in_axes_none,
-                  static_int=static_int)
+                  static_int=static_int, **_train_steps(unchecked))
 
 
 def _clock(case):
-  if case in WALL:
+  if case in WALL or case in STEPS:
     return time.perf_counter
   if case in PROCESS:
-    return time.process_time
-  return time.thread_time
+    return time.process_time if _ticks_finely(time.process_time) else time.perf_counter
+  return time.thread_time if _ticks_finely(time.thread_time) else time.perf_counter
+
+
+_FINE: dict = {}
+
+
+def _ticks_finely(clock) -> bool:
+  """Does ``clock`` advance in steps of at most 10 µs? Some hosts' CPU-time clocks tick
+  per scheduler tick (milliseconds), which reads most calls as taking no time at all."""
+  if clock not in _FINE:
+    steps = []
+    for _ in range(5):
+      start = clock()
+      deadline = time.perf_counter() + 0.05
+      while (now := clock()) == start and time.perf_counter() < deadline:
+        pass
+      steps.append(now - start if now != start else math.inf)
+    _FINE[clock] = statistics.median(steps) <= 1e-5
+  return _FINE[clock]
 
 
 def _calls_per_round(case, quick):
+  if case in STEPS:
+    return 5 if quick else 20
   if case in PROCESS:
     return 2 if quick else 4
   if case in WALL:
@@ -354,9 +454,10 @@ Results = dict[tuple[str, str], dict[int, float]]  # (impl, case) -> round -> me
 
 def paired_ratios(results: Results, name: str, against: str, case: str) -> list[float]:
   """Each round's name/against time ratio (against/name, a throughput ratio, for WALL
-  rows); only rounds where both ran count."""
+  rows); only rounds where both ran and took measurable time count."""
   a, b = results.get((name, case), {}), results.get((against, case), {})
-  return [(b[r] / a[r]) if case in WALL else (a[r] / b[r]) for r in sorted(a.keys() & b.keys())]
+  both = [r for r in sorted(a.keys() & b.keys()) if a[r] > 0 and b[r] > 0]
+  return [(b[r] / a[r]) if case in WALL else (a[r] / b[r]) for r in both]
 
 
 def paired_ratio(results: Results, name: str, against: str, case: str) -> float | None:
@@ -374,6 +475,12 @@ def slower_in_most_rounds(ratios: list[float]) -> bool:
 
 def _fmt(case, seconds):
   return f"{seconds * 1e3:.2f} ms" if case in WALL | PROCESS else f"{seconds * 1e6:.1f} µs"
+
+
+def _devices_said() -> str:
+  import jax
+  count = jax.local_device_count()
+  return f"{count} {jax.default_backend().upper()} device{'s' if count != 1 else ''}"
 
 
 class Broken(Exception):
@@ -516,7 +623,7 @@ def main(argv=None):
       impl.close()
 
   names = [i.name for i in impls]
-  print(f"\npmap dispatch benchmark: jax {jax.__version__}, {jax.device_count()} CPU devices, "
+  print(f"\npmap dispatch benchmark: jax {jax.__version__}, {_devices_said()}, "
         f"{rounds} rounds, medians; a/b = median over rounds of that round's ratio "
         f"(matmul: b/a, throughput)\n")
   checked = verdicts(line, results, cases)
@@ -532,7 +639,7 @@ def main(argv=None):
              for r in [paired_ratio(results, "ours", line.reference, case)] if r is not None]
   print(f"dispatch: pmap_compat/{line.reference}: " + (", ".join(summary) or "n/a") +
         f"; targets {len(checked) - len(fails)}/{len(checked)} PASS"
-        f" (jax {jax.__version__}, {jax.device_count()} CPU devices, {rounds} rounds)")
+        f" (jax {jax.__version__}, {_devices_said()}, {rounds} rounds)")
   return 1 if args.strict and fails else 0
 
 
