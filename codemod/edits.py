@@ -5,13 +5,17 @@ when it fits the file's limit; else its arguments fill lines aligned after the
 parenthesis, or, when that is far right or does not fit, on hanging lines one
 continuation indent deeper than the line the call starts on. An argument that breaks over
 lines ends its line, so nested calls read as a hand-written tree, not a staircase. Code
-copied from the old site (``Copied``) keeps its continuation lines where they were
-relative to its first line. Comments the user wrote at the site travel with the argument
-they described: a call carrying comments is laid out one argument per line, each own-line
-comment before its argument and each trailing comment after that argument's comma.
+copied from the old site (``Copied``) keeps the shape of its continuation lines: those
+aligned inside it move with its first line, those hanging from the indentation of the
+line it started on hang from the indentation of the line it starts on now. Comments the
+user wrote at the site travel with the argument they described: a call carrying comments
+is laid out one argument per line, each own-line comment before its argument and each
+trailing comment after that argument's comma.
 """
 from __future__ import annotations
 
+import io
+import tokenize
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -78,7 +82,7 @@ class _Layout:
     if isinstance(value, str):
       return value
     if isinstance(value, Copied):
-      return _shift(value.code, column - value.column)
+      return _moved(value, column, indent, len(self.style.hang))
     return self.call(value, column, indent, reserve, hang_ok)
 
   def fits(self, text: str, column: int, reserve: int) -> bool:
@@ -202,20 +206,77 @@ def _end_column(text: str, column: int) -> int:
   return column + len(text) if last_newline < 0 else len(text) - last_newline - 1
 
 
-def _shift(code: str, delta: int) -> str:
-  """Moves every line after the first ``delta`` columns (right if positive); the inside of
-  a multi-line string stays as it is."""
-  if "\n" not in code or delta == 0 or '"""' in code or "'''" in code:
+def _moved(copied: Copied, column: int, indent: int, hang: int) -> str:
+  """``copied`` starting at ``column`` on a line indented by ``indent``, its continuation
+  lines moved to match: a line under a bracket its first line leaves open at the end hangs
+  from that line's indentation, so it moves with the indentation (its first line may now
+  start a line of its own, or follow other code); any other line moves with the text it is
+  aligned to. The inside of a multi-line string stays as it is."""
+  code = copied.code
+  along = column - copied.column  # how far the first line's text moves
+  if "\n" not in code or '"""' in code or "'''" in code:
     return code
-  first, *rest = code.split("\n")
-  moved = []
-  for line in rest:
-    if delta >= 0:
-      moved.append(" " * delta + line if line.strip() else line)
-    else:
-      strip = min(-delta, len(line) - len(line.lstrip(" ")))
-      moved.append(line[strip:])
-  return "\n".join([first, *moved])
+  lines = code.split("\n")
+  anchors = _anchors(code)
+  hanging = [(_lead(lines[i]), a[2]) for i, a in anchors.items()
+             if a is not None and a[:2] == (0, True)]
+  # The old indentation the first line's brackets hang from: the code's own start when
+  # the lines hanging from them sit right of it; else (the code followed other code on its
+  # line) one continuation indent left of them, or, for closing brackets alone, theirs.
+  opened = [lead for lead, closes in hanging if not closes]
+  closed = [lead for lead, closes in hanging if closes]
+  base = copied.column
+  if opened and min(opened) <= copied.column:
+    base = min(opened) - hang
+  elif not opened and closed and min(closed) < copied.column:
+    base = min(closed)
+  deltas = [along] * len(lines)
+  for i in range(1, len(lines)):
+    anchor = anchors.get(i)
+    if anchor is not None:
+      line, hangs, _ = anchor
+      deltas[i] = deltas[line] if line else (indent - base if hangs else along)
+  return "\n".join([lines[0], *(_shift(line, delta) for line, delta in
+                                 zip(lines[1:], deltas[1:], strict=True))])
+
+
+def _anchors(code: str) -> dict[int, tuple[int, bool, bool] | None]:
+  """For each continuation line of ``code``: the line that opened the innermost bracket its
+  start is inside, whether that bracket ends its line (a hanging indent), and whether the
+  line starts by closing it; None for a line outside brackets (after a backslash), or when
+  ``code`` does not tokenize."""
+  anchors: dict[int, tuple[int, bool, bool] | None] = {}
+  try:
+    tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+  except (tokenize.TokenError, IndentationError, SyntaxError):
+    return anchors
+  stack: list[list] = []  # [line opened on, ends that line (None until the next token)]
+  for tok in tokens:
+    if tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                    tokenize.ENDMARKER):
+      continue
+    line = tok.start[0] - 1
+    if stack and stack[-1][1] is None and tok.type != tokenize.COMMENT:
+      stack[-1][1] = line > stack[-1][0]
+    if line and line not in anchors:
+      closes = tok.type == tokenize.OP and tok.string in (")", "]", "}")
+      anchors[line] = (stack[-1][0], bool(stack[-1][1]), closes) if stack else None
+    if tok.type == tokenize.OP and tok.string in ("(", "[", "{"):
+      stack.append([tok.end[0] - 1, None])
+    elif tok.type == tokenize.OP and tok.string in (")", "]", "}") and stack:
+      stack.pop()
+  return anchors
+
+
+def _lead(line: str) -> int:
+  return len(line) - len(line.lstrip(" "))
+
+
+def _shift(line: str, delta: int) -> str:
+  """``line`` moved ``delta`` columns (right if positive), never past its start."""
+  if delta >= 0:
+    return " " * delta + line if line.strip() else line
+  return line[min(-delta, _lead(line)):]
 
 
 class _AbsoluteIndent(cst.CSTTransformer):

@@ -1,12 +1,27 @@
 """The layout conventions of the file being converted, so generated code reads like its own.
 
-``detect(text, path)`` reads the line limit from the project's configuration, found by
-walking up from the file (ruff/black ``line-length`` in pyproject.toml or ruff.toml,
-flake8 ``max-line-length`` in setup.cfg / tox.ini / .flake8, yapf ``column_limit`` in
-.style.yapf / setup.cfg / pyproject.toml, pylint ``max-line-length`` in pylintrc /
-.pylintrc / setup.cfg / pyproject.toml); without one, from the file's own longest lines
-(80 when they are all shorter). The continuation indent, the block indentation unit and
-the quote style come from the file's text.
+``detect(text, path)`` takes the line limit from the project's configuration, found by
+walking up from the file to the repository root (the directory holding .git or .hg); the
+nearest directory with a setting wins. In one directory, a formatter's width comes before
+a linter's ceiling, since the formatter decides how the code is wrapped:
+
+1. ruff ``line-length`` (.ruff.toml, ruff.toml, pyproject.toml ``[tool.ruff]``, following
+   ``extend``), black and pyink ``line-length`` (pyproject.toml), yapf ``column_limit``
+   (pyproject.toml ``[tool.yapf]``, .style.yapf ``[style]``, setup.cfg ``[yapf]``);
+2. such a formatter configured without a width: its default, 88 for ruff, black and pyink,
+   79 or 80 for yapf (after ``based_on_style``);
+3. ruff's ``[lint.pycodestyle] max-line-length``, flake8 / pycodestyle
+   ``max-line-length`` (setup.cfg, tox.ini, .flake8), pylint ``max-line-length`` (any
+   ``[tool.pylint.*]`` table, pylintrc, .pylintrc, ``[pylint*]`` in setup.cfg / tox.ini).
+   A linter configured without a limit says nothing (pylint's 100 is a ceiling, rarely
+   the code's width).
+
+Without any of these, ``max_line_length`` from .editorconfig applies (its own rules: the
+matching sections of every .editorconfig up to one with ``root = true``, later ones
+overriding earlier, ``off`` unsetting it). Without that, the limit is what the file's code
+reaches: the lengths of code, never comments, docstrings or the lines inside a multi-line
+string, 80 when shorter. The continuation indent, the block indentation unit and the
+quote style come from the file's text.
 """
 from __future__ import annotations
 
@@ -16,7 +31,9 @@ import io
 import os
 import re
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 try:  # Python 3.11+
   import tomllib
@@ -24,13 +41,11 @@ except ImportError:  # pragma: no cover - Python 3.10
   tomllib = None  # type: ignore[assignment]
 
 DEFAULT_WIDTH = 80
-_INI_FILES = (("setup.cfg", ("flake8", "pycodestyle", "yapf", "pylint.format", "pylint")),
-              ("tox.ini", ("flake8", "pycodestyle")),
-              (".flake8", ("flake8",)),
-              (".style.yapf", ("style", "yapf")),
-              ("pylintrc", ("format", "FORMAT")),
-              (".pylintrc", ("format", "FORMAT")))
-_INI_KEYS = ("max-line-length", "max_line_length", "column_limit")
+FORMATTER_DEFAULT = 88  # ruff's, black's and pyink's line-length
+_YAPF_STYLES = {"pep8": 79, "google": 80, "yapf": 80, "chromium": 80, "facebook": 80}
+# Code that reaches a few columns short of a common limit was written to that limit.
+_COMMON_WIDTHS = (88, 100, 120)
+_SNAP = 4
 _STOP_AT = (".git", ".hg")  # the repository root: configuration above it is not the project's
 
 
@@ -55,69 +70,365 @@ def configured_width(path: str) -> int | None:
     if width is not None:
       return width
     parent = os.path.dirname(directory)
-    if parent == directory or any(os.path.exists(os.path.join(directory, stop))
-                                  for stop in _STOP_AT):
-      return None
+    if parent == directory or _is_root(directory):
+      return editorconfig_width(path)
     directory = parent
 
 
+def _is_root(directory: str) -> bool:
+  return any(os.path.exists(os.path.join(directory, stop)) for stop in _STOP_AT)
+
+
 def _width_in(directory: str) -> int | None:
-  for name in ("pyproject.toml", "ruff.toml", ".ruff.toml"):
-    width = _toml_width(os.path.join(directory, name))
+  """The limit this directory's configuration files set, by the order in the docstring."""
+  pyproject = _toml(os.path.join(directory, "pyproject.toml")) or {}
+  tool = pyproject.get("tool")
+  tool = tool if isinstance(tool, dict) else {}
+  ruff = next((data for data in (_toml(os.path.join(directory, name))
+                                 for name in (".ruff.toml", "ruff.toml")) if data is not None),
+              tool.get("ruff"))
+  ruff = _ruff_settings(ruff, directory) if isinstance(ruff, dict) else None
+  yapf = _yapf_settings(directory, tool)
+  formatters: list[tuple[dict | None, str, int]] = [
+      (ruff, "line-length", FORMATTER_DEFAULT),
+      (_table(tool, "black"), "line-length", FORMATTER_DEFAULT),
+      (_table(tool, "pyink"), "line-length", FORMATTER_DEFAULT),
+      (yapf, "column_limit", _yapf_default(yapf))]
+  for settings, key, _ in formatters:
+    width = _positive((settings or {}).get(key))
     if width is not None:
       return width
-  for name, sections in _INI_FILES:
-    width = _ini_width(os.path.join(directory, name), sections)
-    if width is not None:
-      return width
-  return None
+  for settings, _, default in formatters:
+    if settings is not None:
+      return default
+  return next((w for w in (_ruff_pycodestyle(ruff), _flake8_width(directory),
+                           _pylint_width(directory, tool)) if w is not None), None)
 
 
-def _toml_width(path: str) -> int | None:
+def _toml(path: str) -> dict | None:
   if tomllib is None or not os.path.isfile(path):
     return None
   try:
     with open(path, "rb") as f:
-      data = tomllib.load(f)
+      return tomllib.load(f)
   except (OSError, ValueError):
     return None
-  tool = data.get("tool", {}) if not path.endswith("ruff.toml") else {"ruff": data}
-  candidates = [tool.get("ruff", {}).get("line-length"), tool.get("black", {}).get("line-length"),
-                tool.get("yapf", {}).get("column_limit"),
-                tool.get("pylint", {}).get("format", {}).get("max-line-length")]
-  return next((int(c) for c in candidates if isinstance(c, int) and c > 0), None)
 
 
-def _ini_width(path: str, sections: tuple[str, ...]) -> int | None:
+def _table(data: dict, name: str) -> dict | None:
+  value = data.get(name)
+  return value if isinstance(value, dict) else None
+
+
+def _positive(value: Any) -> int | None:
+  """A configured width: an int, or a string of digits (ini files, yapf's toml)."""
+  if isinstance(value, bool):
+    return None
+  if isinstance(value, str):
+    match = re.match(r"\s*(\d+)", value)  # pylint allows a comment after the value
+    value = int(match.group(1)) if match else None
+  return value if isinstance(value, int) and value > 0 else None
+
+
+def _ruff_settings(ruff: dict, directory: str, depth: int = 0) -> dict:
+  """Ruff's settings, with what they leave unset taken from the file they ``extend``."""
+  extend = ruff.get("extend")
+  if not isinstance(extend, str) or depth > 8:
+    return ruff
+  path = os.path.join(directory, os.path.expanduser(extend))
+  base = _toml(path)
+  if base is None:
+    return ruff
+  if os.path.basename(path) == "pyproject.toml":
+    base = _table(base.get("tool") or {}, "ruff") or {}
+  base = _ruff_settings(base, os.path.dirname(path), depth + 1)
+  return {**base, **ruff, "lint": {**(_table(base, "lint") or {}), **(_table(ruff, "lint") or {})}}
+
+
+def _ruff_pycodestyle(ruff: dict | None) -> int | None:
+  if ruff is None:
+    return None
+  for holder in (_table(ruff, "lint") or {}, ruff):  # [lint.pycodestyle], then the old place
+    width = _positive((_table(holder, "pycodestyle") or {}).get("max-line-length"))
+    if width is not None:
+      return width
+  return None
+
+
+def _yapf_settings(directory: str, tool: dict) -> dict | None:
+  """yapf's style options, from the first of its files that has a section for them."""
+  found = _table(tool, "yapf")
+  if found is not None:
+    return found
+  for name, section in ((".style.yapf", "style"), ("setup.cfg", "yapf")):
+    parser = _ini(os.path.join(directory, name))
+    if parser is not None and parser.has_section(section):
+      return dict(parser.items(section))
+  return None
+
+
+def _yapf_default(yapf: dict | None) -> int:
+  style = str((yapf or {}).get("based_on_style", "pep8")).strip().lower()
+  return _YAPF_STYLES.get(style, _YAPF_STYLES["pep8"])
+
+
+def _flake8_width(directory: str) -> int | None:
+  for name, sections in (("setup.cfg", ("flake8", "pycodestyle", "pep8")),
+                         ("tox.ini", ("flake8", "pycodestyle", "pep8")),
+                         (".flake8", ("flake8",))):
+    parser = _ini(os.path.join(directory, name))
+    for section in sections:
+      if parser is None or not parser.has_section(section):
+        continue
+      for key in ("max-line-length", "max_line_length"):
+        width = _positive(parser.get(section, key, fallback=None))
+        if width is not None:
+          return width
+  return None
+
+
+def _pylint_width(directory: str, tool: dict) -> int | None:
+  # pylint reads an option from any table under [tool.pylint], from any section of a
+  # pylintrc, and from the sections named pylint* of setup.cfg and tox.ini.
+  width = _pylint_width_from_tool(tool)
+  for name in ("pylintrc.toml", ".pylintrc.toml"):
+    data = _toml(os.path.join(directory, name))
+    width = width or (_pylint_width_from_tool(data.get("tool") or {}) if data else None)
+  for name in ("pylintrc", ".pylintrc"):
+    width = width or _ini_option(os.path.join(directory, name), lambda section: True)
+  for name in ("setup.cfg", "tox.ini"):
+    width = width or _ini_option(os.path.join(directory, name),
+                                 lambda section: section.startswith("pylint"))
+  return width
+
+
+def _pylint_width_from_tool(tool: dict) -> int | None:
+  pylint = _table(tool, "pylint") or {}
+  values = [pylint.get("max-line-length"),
+            *(t.get("max-line-length") for t in pylint.values() if isinstance(t, dict))]
+  return next((w for w in map(_positive, values) if w is not None), None)
+
+
+def _ini_option(path: str, wanted: Callable[[str], bool]) -> int | None:
+  parser = _ini(path)
+  if parser is None:
+    return None
+  for section in parser.sections():
+    if wanted(section.lower()):
+      width = _positive(parser.get(section, "max-line-length", fallback=None))
+      if width is not None:
+        return width
+  return None
+
+
+def _ini(path: str) -> configparser.ConfigParser | None:
   if not os.path.isfile(path):
     return None
   parser = configparser.ConfigParser(interpolation=None, strict=False)
   try:
-    parser.read(path, encoding="utf-8")
+    parser.read(path, encoding="utf-8-sig")
   except (configparser.Error, UnicodeDecodeError):
     return None
-  for section in sections:
-    if not parser.has_section(section):
+  return parser
+
+
+def editorconfig_width(path: str) -> int | None:
+  """``max_line_length`` for ``path`` from the .editorconfig files above it (up to the
+  repository root or one with ``root = true``), the nearest file and later section winning."""
+  path = os.path.abspath(path)
+  files = []
+  directory = os.path.dirname(path)
+  while True:
+    config = os.path.join(directory, ".editorconfig")
+    if os.path.isfile(config):
+      root, sections = _editorconfig(config)
+      files.append((directory, sections))
+      if root:
+        break
+    parent = os.path.dirname(directory)
+    if parent == directory or _is_root(directory):
+      break
+    directory = parent
+  width: int | None = None
+  for directory, sections in reversed(files):  # the farthest first: nearer ones override
+    relative = os.path.relpath(path, directory).replace(os.sep, "/")
+    for glob, properties in sections:
+      value = properties.get("max_line_length")
+      if value is not None and _editorconfig_match(glob, relative):
+        width = _positive(value) if value != "off" else None
+  return width
+
+
+def _editorconfig(path: str) -> tuple[bool, list[tuple[str, dict[str, str]]]]:
+  """Whether the file says ``root = true``, and its sections' globs and properties."""
+  root = False
+  sections: list[tuple[str, dict[str, str]]] = []
+  try:
+    with open(path, encoding="utf-8-sig") as f:
+      lines = f.read().splitlines()
+  except (OSError, UnicodeDecodeError):
+    return False, []
+  for line in lines:
+    line = line.strip()
+    if not line or line.startswith(("#", ";")):
       continue
-    for key in _INI_KEYS:
-      value = parser.get(section, key, fallback="").strip()
-      if value.isdigit() and int(value) > 0:
-        return int(value)
+    header = re.fullmatch(r"\[(.*)\]", line)
+    if header:
+      sections.append((header.group(1), {}))
+      continue
+    key, sep, value = line.partition("=")
+    if not sep:
+      continue
+    key, value = key.strip().lower(), value.strip().lower()
+    if sections:
+      sections[-1][1][key] = value
+    elif key == "root":
+      root = value == "true"
+  return root, sections
+
+
+def _editorconfig_match(glob: str, relative: str) -> bool:
+  """Whether the section ``glob`` matches ``relative``, the path from its file's directory."""
+  if "/" not in glob:
+    glob = "**/" + glob
+  pattern = _glob_regex(glob.lstrip("/"))
+  return re.fullmatch(pattern, relative) is not None or (
+      glob.startswith("**/") and re.fullmatch(_glob_regex(glob[3:]), relative) is not None)
+
+
+def _glob_regex(glob: str) -> str:
+  """EditorConfig's glob syntax (``*``, ``**``, ``?``, ``[...]``, ``{a,b}``, ``{1..9}``)."""
+  out, i = [], 0
+  while i < len(glob):
+    c = glob[i]
+    brace = _closing_brace(glob, i) if c == "{" else None
+    if c == "\\" and i + 1 < len(glob):
+      out.append(re.escape(glob[i + 1]))
+      i += 1
+    elif glob.startswith("**", i):
+      out.append(".*")
+      i += 1
+    elif c == "*":
+      out.append("[^/]*")
+    elif c == "?":
+      out.append("[^/]")
+    elif c == "[" and "]" in glob[i + 2:]:
+      end = glob.index("]", i + 2)
+      chars = glob[i + 1:end].replace("\\", "\\\\")
+      if chars.startswith("!"):
+        chars = "^" + chars[1:]
+      elif chars.startswith("^"):
+        chars = "\\" + chars
+      out.append(f"[{chars}]")
+      i = end
+    elif brace is not None:
+      body = glob[i + 1:brace]
+      numbers = re.fullmatch(r"([+-]?\d+)\.\.([+-]?\d+)", body)
+      if numbers:
+        low, high = sorted(int(n) for n in numbers.groups())
+        out.append("(?:" + "|".join(str(n) for n in range(low, min(high, low + 1000) + 1)) + ")")
+      else:
+        out.append("(?:" + "|".join(_glob_regex(part) for part in _split_top(body)) + ")")
+      i = brace
+    else:
+      out.append(re.escape(c))
+    i += 1
+  return "".join(out)
+
+
+def _closing_brace(glob: str, start: int) -> int | None:
+  depth = 0
+  for i in range(start, len(glob)):
+    if glob[i] == "{":
+      depth += 1
+    elif glob[i] == "}":
+      depth -= 1
+      if depth == 0:
+        return i
   return None
+
+
+def _split_top(body: str) -> list[str]:
+  """``a,{b,c},d`` -> ``a``, ``{b,c}``, ``d``."""
+  parts, depth, current = [], 0, ""
+  for c in body:
+    if c == "," and depth == 0:
+      parts.append(current)
+      current = ""
+      continue
+    depth += (c == "{") - (c == "}")
+    current += c
+  return [*parts, current]
 
 
 def width_from_text(text: str) -> int:
   """The file's own limit: what its long code lines reach (a stray long line, such as a
-  URL, does not count), at least 80."""
-  lengths = sorted(len(line.rstrip()) for line in text.splitlines()
-                   if line.strip() and not line.lstrip().startswith("#")
-                   and "://" not in line)
+  URL, does not count), at least 80, raised to a common limit a few columns above it."""
+  lengths = sorted(code_lengths(text))
   if not lengths:
     return DEFAULT_WIDTH
   # The second longest line, or the 99.5th percentile in a long file: one outlier is not
   # the limit.
-  index = max(0, len(lengths) - max(2, len(lengths) // 200))
-  return max(DEFAULT_WIDTH, lengths[index])
+  reached = lengths[max(0, len(lengths) - max(2, len(lengths) // 200))]
+  if reached <= DEFAULT_WIDTH:
+    return DEFAULT_WIDTH
+  return next((w for w in _COMMON_WIDTHS if reached <= w <= reached + _SNAP), reached)
+
+
+_TEXT = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+         tokenize.ENDMARKER}
+# Python 3.12+ splits an f-string into tokens (3.14 a t-string too).
+_STRING_START = {getattr(tokenize, n) for n in ("FSTRING_START", "TSTRING_START")
+                 if hasattr(tokenize, n)}
+_STRING_END = {getattr(tokenize, n) for n in ("FSTRING_END", "TSTRING_END") if hasattr(tokenize, n)}
+
+
+def code_lengths(text: str) -> list[int]:
+  """For each line holding code, the column where its code ends: without its comment, and
+  leaving out the lines inside a multi-line string, docstrings (and other statements that
+  are only a string) and lines with a URL in a string."""
+  try:
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+  except (tokenize.TokenError, IndentationError, SyntaxError):
+    return _code_lengths_by_line(text)
+  ends: dict[int, int] = {}
+  urls: set[int] = set()
+  statement: list[tuple[int, int]] = []  # (line, end column) of its tokens on one line
+  only_strings = True
+  depth, first = 0, 0  # f-strings open around the token; the line the outermost starts on
+  for tok in tokens:
+    if tok.type in _STRING_START:
+      depth, first = depth + 1, first if depth else tok.start[0]
+    if depth or tok.type == tokenize.STRING:
+      if "://" in tok.string:
+        urls.add(tok.start[0])
+      if tok.type in _STRING_END:
+        depth -= 1
+      # A string is code on the line it ends on, when it starts there too; the lines of a
+      # multi-line one are its text.
+      if not depth and tok.start[0] == tok.end[0] and (tok.type == tokenize.STRING
+                                                       or first == tok.end[0]):
+        statement.append((tok.end[0], tok.end[1]))
+    elif tok.type == tokenize.NEWLINE:
+      if not only_strings:
+        for line, end in statement:
+          ends[line] = max(ends.get(line, 0), end)
+      statement, only_strings = [], True
+    elif tok.type not in _TEXT:
+      only_strings = False
+      statement.append((tok.end[0], tok.end[1]))
+  return [end for line, end in ends.items() if line not in urls]
+
+
+def _code_lengths_by_line(text: str) -> list[int]:
+  """The same, for text that does not tokenize: comment-only lines and a trailing comment
+  that holds no quote left out."""
+  lengths = []
+  for line in text.splitlines():
+    code = re.sub(r"\s+#[^'\"]*$", "", line).rstrip()
+    if code and not code.lstrip().startswith("#") and "://" not in code:
+      lengths.append(len(code))
+  return lengths
 
 
 def _unit(text: str) -> str:
