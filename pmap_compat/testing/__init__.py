@@ -33,7 +33,11 @@ move many of their own ulp). A float64 leaf whose recorded values are all float3
 values (`float(loss)` of a float32 loss) is measured in float32 ulp. Integer, bool,
 string and PRNG-key leaves must stay identical. Passing any of rtol / atol / max_ulp replaces the default (the others
 become 0): an element then passes when it is within max_ulp ulp as above or
-|new - recorded| <= atol + rtol * |recorded|.
+|new - recorded| <= atol + rtol * |recorded|. Identical infinities and NaNs are
+identical; a NaN with another payload or a zero with the other sign is "value-equal,
+bits differ", within any tolerance but bit for bit (which names it, and fails); a
+non-finite value that matches nothing (inf against a finite value or -inf, NaN against a
+number) fails any tolerance. The scales are the largest finite magnitudes.
 
 Per call (`check --per-call`). Rounding differences between XLA versions compound over
 a training loop's steps, and one ulp can change an MCMC chain's path, so a long program

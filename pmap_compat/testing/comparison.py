@@ -1,7 +1,11 @@
 """Leaf-by-leaf comparison of a recording with a new run, and the report it produces.
 
 Per leaf the verdict is one of
-  identical   same kind, dtype, shape and bits (NaNs may differ in payload only)
+  identical   same kind, dtype, shape and bits
+  value-equal every element equal as a number, some in other bits: a NaN with another
+              payload, a zero with the other sign ("value-equal, bits differ"); within
+              any tolerance but bit for bit
+  bits-differ the same, where the tolerance is bit for bit: it fails, named as such
   within      values differ, every element within the tolerance
   beyond      some element beyond the tolerance
   mismatch    the leaf's kind, dtype or shape (or key implementation) differs
@@ -15,6 +19,9 @@ value). An element is within tolerance when
     ("ulp at leaf scale": rounding in a sum or product is relative to its operands,
     so a value that cancels toward zero may move many of its own ulp), or
   - |actual - recorded| <= atol + rtol * |recorded|.
+Identical non-finite values are equal at every scale; one that does not match (NaN
+against a number, an infinity against anything but itself) is beyond any tolerance, and
+the scales are the largest finite magnitudes, so an infinity hides no finite difference.
 `max_ulp` applies to floating leaves only: integer and bool leaves differ only under
 atol/rtol; PRNG keys and strings never. A float64 leaf whose recorded values are all
 float32 values (a python float taken from a float32 array, as `float(loss)` gives) is
@@ -38,6 +45,15 @@ from pmap_compat.testing import recordings, trees
 # room for loops that compound the differences; a real change (a perturbed program)
 # moves values by orders of magnitude more.
 CROSS_VERSION_MAX_ULP = 16
+
+# Statuses of a leaf whose elements all equal the recorded ones as numbers, some in other
+# bits: ok unless the tolerance is bit for bit.
+VALUE_EQUAL = "value-equal"
+BITS_DIFFER = "bits-differ"
+# Statuses whose LeafReport carries the difference statistics.
+VALUE_STATUSES = ("within", "beyond", VALUE_EQUAL, BITS_DIFFER)
+_VERDICTS = {"within": "within tolerance", "beyond": "BEYOND TOLERANCE",
+             VALUE_EQUAL: "within tolerance", BITS_DIFFER: "NOT BIT FOR BIT"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,19 +111,23 @@ class LeafReport:
 
   @property
   def ok(self) -> bool:
-    return self.status in ("identical", "within")
+    return self.status in ("identical", "within", VALUE_EQUAL)
 
   def line(self, path_width: int = 0) -> str:
     kind = f"{self.dtype}{list(self.shape)}" if self.shape is not None else str(self.dtype)
     text = f"{trees.display_path(self.path):<{path_width}}  {kind:<18}  "
     if self.status == "identical":
       return text + "identical"
-    if self.status in ("within", "beyond"):
-      verdict = "within tolerance" if self.ok else "BEYOND TOLERANCE"
-      return text + f"{self.difference()}  {verdict}" + (f" ({self.detail})" if self.detail else "")
+    if self.status in (VALUE_EQUAL, BITS_DIFFER):  # difference() holds the detail
+      return text + f"{self.difference()}  {_VERDICTS[self.status]}"
+    if self.status in VALUE_STATUSES:
+      return (text + f"{self.difference()}  {_VERDICTS[self.status]}"
+              + (f" ({self.detail})" if self.detail else ""))
     return text + f"{self.status.upper()}: {self.detail}"
 
   def difference(self) -> str:
+    if self.status in (VALUE_EQUAL, BITS_DIFFER):
+      return f"{self.differing} of {self.size} elements value-equal, bits differ ({self.detail})"
     parts = [f"{self.differing} of {self.size} elements differ"]
     if self.max_ulp is not None:
       parts.append(f"max ulp {self.max_ulp} ({self.scale_ulp:.3g} at leaf scale)")
@@ -137,11 +157,18 @@ class Report:
     return [leaf for leaf in self.leaves if not leaf.ok]
 
   @property
+  def only_bits_differ(self) -> bool:
+    """Failing only because some values are equal in other bits, where bit for bit is due."""
+    failures = self.failures
+    return (not self.structure and bool(failures)
+            and all(leaf.status == BITS_DIFFER for leaf in failures))
+
+  @property
   def worst(self) -> LeafReport | None:
     """The first failing leaf, else the one with the largest ulp (then abs) difference."""
     if self.failures:
       return self.failures[0]
-    differing = [leaf for leaf in self.leaves if leaf.status == "within"]
+    differing = [leaf for leaf in self.leaves if leaf.status in ("within", VALUE_EQUAL)]
     if not differing:
       return None
     return max(differing, key=lambda l: (l.max_ulp or 0, l.max_abs or 0.0))
@@ -149,7 +176,10 @@ class Report:
   def summary(self) -> str:
     identical = sum(leaf.status == "identical" for leaf in self.leaves)
     within = sum(leaf.status == "within" for leaf in self.leaves)
-    counts = f"{len(self.leaves)} leaves: {identical} identical, {within} within tolerance"
+    equal = sum(leaf.status == VALUE_EQUAL for leaf in self.leaves)
+    counts = (f"{len(self.leaves)} leaves: {identical} identical, "
+              + (f"{equal} value-equal (bits differ), " if equal else "")
+              + f"{within} within tolerance")
     if self.ok:
       return f"PASS ({counts})"
     bad = [trees.display_path(l.path) for l in self.failures]
@@ -190,7 +220,7 @@ class Report:
     if worst is None:
       lines.append("worst leaf: none, every leaf is identical")
     else:
-      how = worst.difference() if worst.status in ("within", "beyond") else worst.detail
+      how = worst.difference() if worst.status in VALUE_STATUSES else worst.detail
       lines.append(f"worst leaf: {trees.display_path(worst.path)} ({how})")
     lines.append(self.summary())
     return "\n".join(lines)
@@ -243,13 +273,53 @@ def _isnan(x: np.ndarray) -> np.ndarray:
 
 
 def _bits_equal(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
-  """Elementwise: same bits, except that any NaN equals any NaN."""
+  """Elementwise: the same bits (NaN payloads and the signs of zeros too)."""
   if np.iscomplexobj(expected):
     real, imag = (_bits_equal(e, a) for e, a in
                   zip(_real_parts(expected), _real_parts(actual), strict=True))
     return real & imag
   bits = np.dtype(f"uint{8 * expected.dtype.itemsize}")
-  return (expected.view(bits) == actual.view(bits)) | (_isnan(expected) & _isnan(actual))
+  return expected.view(bits) == actual.view(bits)
+
+
+def _value_equal(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
+  """Elementwise: equal as numbers, where any NaN equals any NaN and -0.0 equals 0.0 (and
+  an infinity only itself); values that are not floating: the same bits."""
+  if not _is_float(expected.dtype):
+    return _bits_equal(expected, actual)
+  equal = np.ones(expected.shape, bool)
+  for e, a in zip(_real_parts(expected), _real_parts(actual), strict=True):
+    e64, a64 = e.astype(np.float64), a.astype(np.float64)
+    equal &= (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
+  return equal
+
+
+def _plural(n: int, one: str, many: str) -> str:
+  return f"{n} {one if n == 1 else many}"
+
+
+def _bits_only(expected: np.ndarray, mask: np.ndarray) -> str:
+  """What differs in the bits of the value-equal elements `mask`: NaN payloads, zero signs."""
+  nans = int((mask & _isnan(expected)).sum())
+  zeros = int(mask.sum()) - nans
+  return ", ".join(([_plural(nans, "NaN payload", "NaN payloads")] if nans else [])
+                   + ([_plural(zeros, "sign of zero", "signs of zero")] if zeros else []))
+
+
+def _unmatched(expected: np.ndarray, actual: np.ndarray, mask: np.ndarray) -> list[str]:
+  """The non-finite values of `mask` that match nothing, said as numbers cannot be."""
+  notes = []
+  nan_once = mask & (_isnan(expected) != _isnan(actual))
+  if nan_once.any():
+    notes.append(_plural(int(nan_once.sum()), "element is", "elements are")
+                 + " NaN in one run only")
+  infinite = mask & ~nan_once
+  if infinite.any():
+    first = tuple(int(i) for i in np.argwhere(infinite)[0])
+    notes.append(_plural(int(infinite.sum()), "element differs", "elements differ")
+                 + f" in an infinity, the first at {first}: recorded {expected[first]}, "
+                 f"got {actual[first]}")
+  return notes
 
 
 def _in_float32_if_exact(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -286,8 +356,11 @@ def scale_ulp(values: Sequence[np.ndarray], dtype: np.dtype) -> float:
   return float(info.eps) * 2.0 ** np.floor(np.log2(largest))
 
 
-def compare_values(expected: np.ndarray, actual: np.ndarray, tol: Tolerance) -> dict:
-  """Status and difference statistics for two arrays of one dtype and shape."""
+def compare_values(expected: np.ndarray, actual: np.ndarray, tol: Tolerance,
+                   together: Sequence[np.ndarray] = ()) -> dict:
+  """Status and difference statistics for two arrays of one dtype and shape. "ulp at scale"
+  (`scale_ulp`) is measured at the largest finite magnitude of `expected`, or of the
+  recorded values computed `together` with it where larger (loop_records: part scale)."""
   expected = np.ascontiguousarray(expected)
   actual = np.ascontiguousarray(actual)
   if expected.size == 0 or expected.dtype.itemsize == 0:  # float0 carries no values
@@ -295,30 +368,43 @@ def compare_values(expected: np.ndarray, actual: np.ndarray, tol: Tolerance) -> 
   same = _bits_equal(expected, actual)
   if same.all():
     return {"status": "identical"}
+  equal = _value_equal(expected, actual)
   stats: dict[str, Any] = {"differing": int((~same).sum()), "size": int(expected.size)}
+  bits_only = equal & ~same
+  if equal.all():  # a NaN payload or a zero's sign: no number differs, the bits do
+    stats["detail"] = _bits_only(expected, bits_only)
+    stats["status"] = BITS_DIFFER if tol.exact else VALUE_EQUAL
+    return stats
+  notes = ([f"{int(bits_only.sum())} of those value-equal, bits differ: "
+            f"{_bits_only(expected, bits_only)}"] if bits_only.any() else [])
   wide = np.complex128 if np.iscomplexobj(expected) else np.float64
   e64, a64 = expected.astype(wide), actual.astype(wide)
+  # Non-finite values that are not equal (NaN against a number, an infinity against
+  # anything but itself) have no ulp or scale to be within: beyond any tolerance.
+  unmatched = ~equal & ~(np.isfinite(e64) & np.isfinite(a64))
+  notes += _unmatched(expected, actual, unmatched)
   with np.errstate(invalid="ignore", over="ignore"):
     abs_diff = np.abs(a64 - e64)
-  abs_diff = np.where(same, 0.0, np.where(np.isnan(abs_diff), np.inf, abs_diff))
+  abs_diff = np.where(equal, 0.0, np.where(unmatched, np.inf, abs_diff))
   with np.errstate(divide="ignore", invalid="ignore"):
-    rel = np.where(abs_diff == 0, 0.0, abs_diff / np.abs(e64))
+    rel = np.where(unmatched, np.inf, np.where(abs_diff == 0, 0.0, abs_diff / np.abs(e64)))
   stats["max_abs"], stats["max_rel"] = float(abs_diff.max()), float(rel.max())
-  within = same | (abs_diff <= tol.atol + tol.rtol * np.abs(e64))
-  nan_mismatch = ~same & (_isnan(expected) | _isnan(actual))
+  with np.errstate(invalid="ignore"):  # rtol 0 times an infinity
+    within = equal | (abs_diff <= tol.atol + tol.rtol * np.abs(e64))
   if _is_float(expected.dtype):
     expected, actual = _in_float32_if_exact(expected, actual)
     ulps = np.zeros(expected.shape, np.uint64)
     for e, a in zip(_real_parts(expected), _real_parts(actual), strict=True):
       ulps = np.maximum(ulps, ulp_distance(e, a))
-    ulps = np.where(same | nan_mismatch, np.uint64(0), ulps)
+    ulps = np.where(equal | unmatched, np.uint64(0), ulps)
     stats["max_ulp"] = int(ulps.max())
-    finite, leaf_ulp = np.where(nan_mismatch, 0.0, abs_diff), scale_ulp([expected], expected.dtype)
-    stats["scale_ulp"] = float(finite.max()) / leaf_ulp
-    within |= (ulps <= np.uint64(tol.max_ulp)) | (finite <= tol.max_ulp * leaf_ulp)
-  if nan_mismatch.any():
-    stats["detail"] = f"{int(nan_mismatch.sum())} elements are NaN in one run only"
-  within &= ~nan_mismatch
+    finite = np.where(unmatched, 0.0, abs_diff)
+    one = scale_ulp([expected, *together], expected.dtype)
+    stats["scale_ulp"] = float(finite.max() / one)
+    within |= (ulps <= np.uint64(tol.max_ulp)) | (finite <= tol.max_ulp * one)
+  within &= ~unmatched
+  if notes:
+    stats["detail"] = "; ".join(notes)
   stats["status"] = "within" if not tol.exact and within.all() else "beyond"
   return stats
 

@@ -18,7 +18,9 @@ Tolerance is the per-call one, with one more way to be within it: a difference o
 most `max_ulp` ulp of the largest magnitude among the values compared together (one
 part of one iteration: "ulp at part scale"). Rounding is relative to the magnitudes a
 computation works with: a log-weight that is the difference of two energies near 60
-moves by an ulp of 60, many of its own ulp, and the energies are among the results.
+moves by an ulp of 60, many of its own ulp, and the energies are among the results. The
+part's scale is its largest finite magnitude: an infinity among the results (a diverging
+leapfrog's energy) neither differs from itself nor hides a finite value's difference.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from pmap_compat.testing.comparison import Tolerance, compare_values, scale_ulp
+from pmap_compat.testing.comparison import (BITS_DIFFER, VALUE_EQUAL, Tolerance,
+                                            compare_values)
 from pmap_compat.testing.loop_steps import ENTRY, PARTS, Loop
 
 FORMAT = "pmap_compat.testing.loops/2"
@@ -207,17 +210,25 @@ class IterationDifference:
   index: int  # the value's position in its part
   dtype: str
   shape: tuple[int, ...]
-  status: str  # "within" or "beyond"
+  status: str  # a comparison.VALUE_STATUSES one
   max_ulp: int
-  part_ulp: float  # max abs difference in ulp of the part's largest magnitude
+  part_ulp: float  # max finite abs difference in ulp of the part's largest finite magnitude
   max_abs: float
+  detail: str = ""  # what ulp cannot say: bits of equal values, non-finite values unmatched
+
+  @property
+  def ok(self) -> bool:
+    return self.status in ("within", VALUE_EQUAL)
 
   def describe(self) -> str:
     when = (f"entering at {_path(self.path)}" if self.part == ENTRY
             else f"iteration {_path(self.path)}")
-    return (f"{self.loop.describe()} {when} on device {self.device}, {_WHAT[self.part]} "
-            f"{self.index} {self.dtype}{list(self.shape)}: max ulp {self.max_ulp} "
-            f"({self.part_ulp:.3g} at part scale), max abs {self.max_abs:.3g}")
+    what = (f"{self.loop.describe()} {when} on device {self.device}, {_WHAT[self.part]} "
+            f"{self.index} {self.dtype}{list(self.shape)}: ")
+    if self.status in (VALUE_EQUAL, BITS_DIFFER):
+      return what + f"value-equal, bits differ ({self.detail})"
+    return (what + f"max ulp {self.max_ulp} ({self.part_ulp:.3g} at part scale), max abs "
+            f"{self.max_abs:.3g}" + (f" ({self.detail})" if self.detail else ""))
 
 
 @dataclasses.dataclass
@@ -225,6 +236,8 @@ class LoopCheck:
   """Every stepped loop of one call against the recording."""
   iterations: int = 0  # iterations whose results were compared
   identical: int = 0  # of those, with every part identical
+  # The worst difference of each part that fails the tolerance (bit for bit: value-equal
+  # values in other bits too).
   beyond: list[IterationDifference] = dataclasses.field(default_factory=list)
   worst: IterationDifference | None = None
   structure: list[str] = dataclasses.field(default_factory=list)
@@ -233,11 +246,21 @@ class LoopCheck:
   def ok(self) -> bool:
     return not self.beyond and not self.structure
 
+  @property
+  def only_bits_differ(self) -> bool:
+    """Failing only because values are equal in other bits, where bit for bit is due."""
+    return (not self.structure and bool(self.beyond)
+            and all(d.status == BITS_DIFFER for d in self.beyond))
+
   def summary(self) -> str:
-    beyond = len({(d.loop.number, d.device, d.path) for d in self.beyond if d.part != ENTRY})
+    failing = {(d.loop.number, d.device, d.path): d.status for d in self.beyond
+               if d.part != ENTRY}
+    beyond = sum(status != BITS_DIFFER for status in failing.values())
+    bits = len(failing) - beyond
     text = (f"{self.iterations} loop iterations replayed: {self.identical} identical, "
-            f"{self.iterations - self.identical - beyond} within tolerance")
-    return text + (f", {beyond} BEYOND TOLERANCE" if beyond else "")
+            f"{self.iterations - self.identical - len(failing)} within tolerance")
+    return (text + (f", {beyond} BEYOND TOLERANCE" if beyond else "")
+            + (f", {bits} NOT BIT FOR BIT (value-equal, bits differ)" if bits else ""))
 
 
 def _ran(loop: Loop, part: str, path: tuple[int, ...]) -> tuple[tuple[float, float], ...]:
@@ -297,7 +320,7 @@ def check(recorded: RecordedIterations, replayed: IterationReplayer,
     if key[1] != ENTRY:
       differing.add((key[0], key[2], key[3]))
     worst = max(differences, key=_rank)
-    if worst.status == "beyond":
+    if not worst.ok:
       result.beyond.append(worst)
     if result.worst is None or _rank(worst) > _rank(result.worst):
       result.worst = worst
@@ -310,22 +333,18 @@ def _step(loop: Loop, key: Key) -> str:
   return f"{loop.describe()} {when} ({key[1]}) on device {key[2]}"
 
 
-def _rank(d: IterationDifference) -> tuple[bool, float, float]:
-  return (d.status == "beyond", d.part_ulp, d.max_abs)
+def _rank(d: IterationDifference) -> tuple[bool, bool, float, float]:
+  return (d.status == "beyond", not d.ok, d.part_ulp, d.max_abs)
 
 
 def _difference(loop: Loop, key: Key, index: int, expected: np.ndarray, actual: np.ndarray,
                 part: Sequence[np.ndarray], tolerance: Tolerance) -> IterationDifference | None:
-  stats = compare_values(expected, actual, tolerance)
+  # At part scale: compare_values measures the difference at the part's largest finite
+  # magnitude, so its verdict (non-finite values included) is the iteration's.
+  stats = compare_values(expected, actual, tolerance, together=part)
   if stats["status"] == "identical":
     return None
-  status = stats["status"]
-  part_ulp = 0.0
-  if "max_ulp" in stats:  # a floating value
-    part_ulp = stats["max_abs"] / scale_ulp(part, expected.dtype)
-    finite = not stats.get("detail")  # NaN in one run only stays beyond
-    if status == "beyond" and not tolerance.exact and finite and part_ulp <= tolerance.max_ulp:
-      status = "within"
   return IterationDifference(loop, key[1], key[2], key[3], index, str(expected.dtype),
-                             tuple(expected.shape), status, int(stats.get("max_ulp", 0)),
-                             part_ulp, float(stats.get("max_abs", 0.0)))
+                             tuple(expected.shape), stats["status"],
+                             int(stats.get("max_ulp", 0)), float(stats.get("scale_ulp", 0.0)),
+                             float(stats.get("max_abs", 0.0)), stats.get("detail", ""))

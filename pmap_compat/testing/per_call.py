@@ -28,8 +28,8 @@ import jax
 import numpy as np
 
 from pmap_compat.testing import calls, loop_records, recordings, sites, trees
-from pmap_compat.testing.comparison import (LeafReport, Report, Tolerance, choose_tolerance,
-                                            compare)
+from pmap_compat.testing.comparison import (VALUE_STATUSES, LeafReport, Report, Tolerance,
+                                            choose_tolerance, compare)
 
 # Default per-call bound across jax/jaxlib versions. One call of a site has no loop to
 # compound rounding: measured from legacy jax.pmap on jax 0.6.0 to jax 0.10.2 (its own
@@ -241,10 +241,18 @@ class CallResult:
                                  else loops.beyond[0].describe())
     return _first_problem(self.outputs)
 
+  def only_bits_differ(self) -> bool:
+    """Failing only because values are equal in other bits, where bit for bit is due."""
+    loops, outputs = self.loops, self.outputs
+    return (not self.ok and not self.inputs.structure
+            and (outputs.ok or outputs.only_bits_differ)
+            and (loops is None or loops.ok or loops.only_bits_differ))
+
   def line(self) -> str:
     loops = self.loops
     if not self.ok:
-      text = "BEYOND TOLERANCE: " + self.problem()
+      verdict = "NOT BIT FOR BIT" if self.only_bits_differ() else "BEYOND TOLERANCE"
+      text = f"{verdict}: " + self.problem()
     elif self.outputs.worst is None:
       text = "identical"
     else:
@@ -275,7 +283,7 @@ def _first_problem(report: Report) -> str:
   if report.structure:
     return report.structure[0]
   bad = report.failures[0]
-  what = bad.difference() if bad.status in ("within", "beyond") else bad.detail
+  what = bad.difference() if bad.status in VALUE_STATUSES else bad.detail
   return f"leaf {trees.display_path(bad.path)} {bad.dtype}{list(bad.shape or ())}: {what}"
 
 

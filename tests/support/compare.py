@@ -54,13 +54,44 @@ def _describe(path: tuple) -> str:
 
 
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-  if a.dtype.kind in "fc":
-    # NaNs may carry different payloads; everything else must match bit for bit.
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    if not np.array_equal(nan_a, nan_b):
-      return False
-    a, b = np.where(nan_a, 0, a), np.where(nan_b, 0, b)
+  """Bit for bit: NaN payloads and the signs of zeros too (one release, one answer)."""
   return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def _value_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """Elementwise: equal as numbers (a NaN equals any NaN, -0.0 equals 0.0, an infinity only
+  itself); values that are not floating: equal."""
+  if not jax.dtypes.issubdtype(a.dtype, np.inexact):  # bfloat16 and float8 are inexact too
+    return np.asarray(a == b)
+  equal = np.ones(a.shape, bool)
+  parts = ((a.real, b.real), (a.imag, b.imag)) if a.dtype.kind == "c" else ((a, b),)
+  for x, y in ((x.astype(np.float64), y.astype(np.float64)) for x, y in parts):
+    equal &= (x == y) | (np.isnan(x) & np.isnan(y))
+  return equal
+
+
+def _bits_message(where: str, e: np.ndarray, a: np.ndarray) -> str:
+  """Why two arrays are not bit for bit: the first element whose value, else whose bits, differ."""
+  equal = _value_equal(e, a)
+  if not equal.all():
+    diff = np.argwhere(~equal)
+    first = tuple(int(i) for i in diff[0])
+    return (f"at {where}: values differ from legacy in {len(diff)} of {e.size} elements; "
+            f"first at index {first}: legacy {e[first]!r} vs {a[first]!r}")
+  bits = lambda x: np.ascontiguousarray(x).reshape(x.size, -1).view(np.uint8)  # noqa: E731
+  differ = np.flatnonzero((bits(e) != bits(a)).any(axis=-1))
+  first = tuple(int(i) for i in np.unravel_index(int(differ[0]), e.shape))
+  return (f"at {where}: value-equal, bits differ (a NaN payload or a zero's sign) in "
+          f"{len(differ)} of {e.size} elements; first at index {first}: legacy bits "
+          f"{_hex(e[first])} vs {_hex(a[first])}")
+
+
+def _hex(x: Any) -> str:
+  """An element's bits, as the integer of its width (bytes beyond 8: in memory order)."""
+  x = np.asarray(x)
+  if x.dtype.itemsize in (1, 2, 4, 8):
+    return f"0x{int(x.view(np.dtype(f'uint{8 * x.dtype.itemsize}'))):0{2 * x.dtype.itemsize}x}"
+  return x.tobytes().hex()
 
 
 def assert_leaf_equal(expected: Any, actual: Any, *, where: str = "<root>",
@@ -82,11 +113,7 @@ def assert_leaf_equal(expected: Any, actual: Any, *, where: str = "<root>",
   e, a = np.asarray(expected), np.asarray(actual)
   if rtol is None and atol is None:
     if not _bits_equal(e, a):
-      diff = np.argwhere(e != a)
-      raise AssertionError(
-          f"at {where}: values differ from legacy in {len(diff)} of {e.size} elements; "
-          f"first at index {tuple(diff[0]) if len(diff) else '?'}: "
-          f"legacy {e[tuple(diff[0])] if len(diff) else e!r} vs {a[tuple(diff[0])] if len(diff) else a!r}")
+      raise AssertionError(_bits_message(where, e, a))
   else:
     np.testing.assert_allclose(a, e, rtol=rtol or 0, atol=atol or 0,
                                err_msg=f"at {where}: values differ from legacy")
