@@ -4,14 +4,18 @@ bind yet, placed where the file keeps its own.
 A name the file already binds at module level (say ``import jax`` in a later notebook
 cell, or after a setup statement) is not imported again: a second import would shadow an
 unused first one (ruff F811). A name the new code does not use is not imported (F401).
-New imports go after the import block that holds the file's own ``jax`` import (a
-notebook's import cell), else after the leading import block, as libcst's
-AddImportsVisitor places them; support names join an existing import of the support
-module.
+New imports go into the run of import statements that holds the file's own ``jax``
+import (a notebook's import cell), else the leading one, each into its isort section
+(``__future__``, standard library, third party, first party, relative) as ruff's I001
+orders them: at its sorted place where the file's section is sorted (ruff's default or
+``force-sort-within-sections``), else after the section's last statement; a section the
+file lacks is started between its neighbours. Support names join an existing import of
+the support module.
 """
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 import libcst as cst
@@ -88,29 +92,207 @@ def _skips_first(body: list) -> bool:
           and first.targets[0].target.value == "__strict__")
 
 
-def insertion_index(body: list) -> int:
-  """Where new imports go in a module body: after the run of imports that holds the
-  file's first jax import, else after the leading run of imports."""
+# isort's sections, in file order.
+FUTURE, STDLIB, THIRD_PARTY, FIRST_PARTY, LOCAL = range(5)
+# notebook.py's cell markers and masked IPython lines: boundaries, not comments of the
+# statement below them, so an import put before that statement goes below them.
+_PINNED = re.compile(r"# pmap-to-shmap:cell \d+$|#_pmap_to_shmap_magic_")
+
+
+def _pinned(stmt: cst.CSTNode) -> bool:
+  return any(line.comment is not None and _PINNED.match(line.comment.value)
+             for line in getattr(stmt, "leading_lines", ()))
+
+
+def _node(stmt: cst.CSTNode) -> cst.Import | cst.ImportFrom:
+  node = _import_of(stmt)
+  assert node is not None
+  return node
+
+
+def _run(body: list) -> tuple[int, int]:
+  """The statements new imports join, ``body[start:end]``: the run of imports that holds
+  the file's first jax import, else the leading run after a docstring; empty where the
+  file starts with code."""
   imports = [_import_of(stmt) for stmt in body]
   start = next((i for i, node in enumerate(imports) if node is not None and _is_jax_import(node)),
                None)
-  if start is None:
+  if start is not None:
+    while start > 0 and imports[start - 1] is not None:
+      start -= 1
+  else:
     start = 1 if _skips_first(body) else 0
-    while start < len(body):
-      node = imports[start]
-      if not isinstance(node, cst.ImportFrom) or _module_of(node)[0] != "__future__":
-        break
-      start += 1
   end = start
   while end < len(body) and imports[end] is not None:
     end += 1
-  return end
+  return start, end
 
 
-def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000) -> cst.Module:
+def _section(node: cst.Import | cst.ImportFrom, first_party: frozenset[str]) -> int:
+  """The node's section by name alone; a module not known otherwise is third party."""
+  if isinstance(node, cst.ImportFrom) and node.relative:
+    return LOCAL
+  top = _module_of(node)[0].split(".")[0]
+  if top == "__future__":
+    return FUTURE
+  if top in first_party:
+    return FIRST_PARTY
+  return STDLIB if top in sys.stdlib_module_names else THIRD_PARTY
+
+
+def _sections(body: list, first_party: frozenset[str]) -> list[int]:
+  """The sections of ``body`` (a run of imports). isort writes one blank-line separated
+  block per section, so a block of modules not known otherwise that follows a third-party
+  block is the file's first party (``from mypkg import x``)."""
+  sections = [_section(_node(stmt), first_party) for stmt in body]
+  starts = [i for i, stmt in enumerate(body) if i == 0 or any(
+      line.comment is None for line in stmt.leading_lines)]
+  seen_third = False
+  for begin, stop in zip(starts, [*starts[1:], len(body)][:len(starts)], strict=True):
+    block = sections[begin:stop]
+    if seen_third and all(s in (THIRD_PARTY, FIRST_PARTY) for s in block):
+      sections[begin:stop] = [FIRST_PARTY] * len(block)
+    elif THIRD_PARTY in block:
+      seen_third = True
+  return sections
+
+
+def _natural(text: str) -> tuple:
+  """ruff's natural order: digit runs compare as numbers (``a9`` before ``a10``)."""
+  return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text)))
+
+
+def _optional(text: str | None) -> tuple:
+  return () if text is None else (_natural(text),)
+
+
+def _member_key(alias: cst.ImportAlias) -> tuple:
+  """ruff's order of imported names: CONSTANTS, Classes, variables, case-insensitively."""
+  name = alias.evaluated_name
+  kind = 0 if len(name) > 1 and name.isupper() else 1 if name[:1].isupper() else 2
+  return (1, kind, _natural(name.lower()), _natural(name), _optional(alias.evaluated_alias))
+
+
+def _key(node: cst.Import | cst.ImportFrom, force_sort: bool) -> tuple:
+  """ruff's isort key of a statement within its section: by module name, case-insensitively,
+  ``import m`` before ``from m import x`` unless ``force-sort-within-sections``."""
+  if isinstance(node, cst.Import):
+    alias = node.names[0]
+    name = alias.evaluated_name
+    key: tuple = (0, _natural(name.lower()), _natural(name), (),
+                  _optional(alias.evaluated_alias))
+  else:
+    name = _module_of(node)[0].lstrip(".")
+    first = ((0,) if isinstance(node.names, cst.ImportStar)
+             else min(_member_key(alias) for alias in node.names))
+    key = (-len(node.relative), _natural(name.lower()), _natural(name), (first,), ())
+  return key if force_sort else (isinstance(node, cst.ImportFrom), *key)
+
+
+def _is_sorted(keys: list[tuple]) -> bool:
+  return all(a <= b for a, b in zip(keys, keys[1:], strict=False))
+
+
+def _force_sorted(nodes: list, sections: list[int]) -> bool:
+  """Whether the file sorts ``import m`` and ``from m import x`` together (Google style):
+  some section is sorted only that way."""
+  votes = 0
+  for section in set(sections):
+    members = [node for node, s in zip(nodes, sections, strict=True) if s == section]
+    plain = _is_sorted([_key(node, False) for node in members])
+    force = _is_sorted([_key(node, True) for node in members])
+    votes += force - plain
+  return votes > 0
+
+
+def _blank_first(lines: list) -> list:
+  """``lines`` starting with a blank line (a new section's separation)."""
+  return lines if lines and lines[0].comment is None else [cst.EmptyLine(), *lines]
+
+
+def _split_leading(stmt: cst.CSTNode) -> tuple[list, list]:
+  """An import's leading lines as (what goes above a statement inserted before it: pinned
+  markers and blank lines, what stays with it: its comments)."""
+  lines = list(getattr(stmt, "leading_lines", ()))
+  pinned = max((i + 1 for i, line in enumerate(lines)
+                if line.comment is not None and _PINNED.match(line.comment.value)), default=0)
+  blanks = pinned
+  while blanks < len(lines) and lines[blanks].comment is None:
+    blanks += 1
+  return lines[:blanks], lines[blanks:]
+
+
+def _placed(body: list, statements: list, first_party: frozenset[str]) -> list:
+  """``body`` with the new import ``statements`` placed in their sections (see the module
+  docstring)."""
+  start, end = _run(body)
+  # In a notebook, the run's last cell: where the new imports went before they were grouped,
+  # and ruff sorts each cell by itself.
+  start = max((i for i in range(start, end) if _pinned(body[i])), default=start)
+  nodes = [_node(stmt) for stmt in body[start:end]]
+  sections = _sections(body[start:end], first_party)
+  force_sort = _force_sorted(nodes, sections)
+  by_top: dict[str, int] = {}
+  for node, section in zip(nodes, sections, strict=True):
+    if section not in (FUTURE, LOCAL):
+      for module in _module_of(node):
+        by_top.setdefault(module.split(".")[0], section)
+  new = []
+  for stmt in statements:
+    node = _node(stmt)
+    section = _section(node, first_party)
+    if section != LOCAL:  # a module the run imports already (jax) joins that import's section
+      section = by_top.get(_module_of(node)[0].split(".")[0], section)
+    new.append((section, _key(node, force_sort), stmt, node))
+  for section, key, stmt, node in sorted(new, key=lambda item: item[:2]):
+    members = [i for i, s in enumerate(sections) if s == section]
+    lower = [i for i, s in enumerate(sections) if s < section]
+    higher = [i for i, s in enumerate(sections) if s > section]
+    if members:
+      keys = [_key(nodes[i], force_sort) for i in members]
+      after = next((i for i, k in zip(members, keys, strict=True) if k > key), None)
+      if after is None or not _is_sorted(keys):
+        at = members[-1] + 1  # after the section's last statement
+      else:
+        at = after
+        above, kept = _split_leading(body[start + at])
+        stmt = stmt.with_changes(leading_lines=above)
+        if kept and (above or at == 0):
+          kept = _blank_first(kept)
+        body[start + at] = body[start + at].with_changes(leading_lines=kept)
+    elif lower:
+      at = max(lower) + 1  # a new section after those before it in isort's order
+      stmt = stmt.with_changes(leading_lines=[cst.EmptyLine()])
+      if at < len(nodes):
+        following = body[start + at]
+        body[start + at] = following.with_changes(
+            leading_lines=_blank_first(list(following.leading_lines)))
+    elif higher:
+      at = min(higher)  # a new section before those after it
+      above, kept = _split_leading(body[start + at])
+      stmt = stmt.with_changes(leading_lines=above)
+      body[start + at] = body[start + at].with_changes(leading_lines=_blank_first(kept))
+    else:
+      at = 0
+      if start < len(body):
+        # Imports where there were none: a blank line before the code that follows.
+        following = body[start]
+        if not any(line.comment is None for line in getattr(following, "leading_lines", ())):
+          body[start] = following.with_changes(
+              leading_lines=[cst.EmptyLine(), *following.leading_lines])
+    body.insert(start + at, stmt)
+    nodes.insert(at, node)
+    sections.insert(at, section)
+  return body
+
+
+def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000,
+        first_party: frozenset[str] = frozenset()) -> cst.Module:
   """``module`` with the ``wanted`` imports: names from a module it already imports with
-  ``from`` join that statement, the rest are new statements at ``insertion_index``; a
-  ``from`` import longer than ``width`` continues in parentheses, names aligned."""
+  ``from`` join that statement, the rest are new statements placed in their sections (see
+  the module docstring); a ``from`` import longer than ``width`` continues in parentheses,
+  names aligned. ``first_party`` names the top-level modules of the file's own project,
+  besides the support module (a wanted import neither jax nor standard library)."""
   body = list(module.body)
   merged: set[Wanted] = set()
   for i, stmt in enumerate(body):
@@ -140,15 +322,9 @@ def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000) -> cst.Mo
            + [w for w in new if w.name is not None and w.alias is None])
   statements = [cst.parse_statement(_wrapped(w.code(), width), config=module.config_for_parsing)
                 for w in _grouped(order)]
-  at = insertion_index(body)
-  if at < len(body) and _import_of(body[at]) is None and (at == 0 or _import_of(body[at - 1])
-                                                          is None):
-    # Imports where there were none: a blank line before the code that follows.
-    following = body[at]
-    if not any(line.comment is None for line in getattr(following, "leading_lines", ())):
-      body[at] = following.with_changes(
-          leading_lines=[cst.EmptyLine(), *following.leading_lines])
-  return module.with_changes(body=body[:at] + statements + body[at:])
+  support = {w.module.split(".")[0] for w in wanted if w.name and not w.relative} - {"jax"}
+  first_party = first_party | {top for top in support if top not in sys.stdlib_module_names}
+  return module.with_changes(body=_placed(body, statements, first_party))
 
 
 def without(module: cst.Module, sources: tuple[str, ...], names: set) -> cst.Module:

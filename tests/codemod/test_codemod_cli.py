@@ -143,7 +143,7 @@ def test_notebook_code_cells_are_converted(tmp_path, capsys):
   assert code == 0, err
   new = json.loads(path.read_text())
   cells = ["".join(c["source"]) for c in new["cells"]]
-  assert cells[0].startswith("%matplotlib inline\nimport jax\n")
+  assert cells[0].startswith("%matplotlib inline\nimport functools\n\nimport jax\n")
   assert cells[1] == "jax.pmap(f) in prose\n"
   # Nothing to import in Colab: the support code is a cell before the converted one.
   assert notebook_support.names_in(cells[2]) == ("on_pmap_mesh",)
@@ -203,7 +203,7 @@ def test_byte_order_mark_is_kept(tmp_path, capsys):
   path.write_bytes(b"\xef\xbb\xbf" + SITE.encode())
   run_cli("--in-place", path, capsys=capsys)
   raw = path.read_bytes()
-  assert raw.startswith(b"\xef\xbb\xbfimport jax\n") and b"jax.jit(" in raw
+  assert raw.startswith(b"\xef\xbb\xbfimport functools\n\nimport jax\n") and b"jax.jit(" in raw
 
 
 # ----- the support module the converted files import -----
@@ -298,7 +298,8 @@ def test_myst_markdown_code_cells_are_converted(tmp_path, capsys):
   code, _, err = run_cli("--in-place", path, capsys=capsys)
   assert code == 0, err
   new = path.read_text()
-  assert "Prose mentioning jax.pmap(f)." in new and ":tags: [hide-output]\nimport jax\n" in new
+  assert "Prose mentioning jax.pmap(f)." in new
+  assert ":tags: [hide-output]\nimport functools\n\nimport jax\n" in new
   assert "jax.pmap(lambda" not in new and "on_pmap_mesh(" in new
   assert f"{path}:19:8 INFO code cell 2: pmap converted" in err
   assert new.split("```{code-cell} ipython3\nstep")[0].count("\n") > 0

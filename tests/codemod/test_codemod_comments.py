@@ -233,10 +233,12 @@ class ExactLayoutTest(PmapCodemodTest):
               static_broadcasted_argnums=(0, 1, 2),  # Task, dataset and modality args.
           )
         '''), textwrap.dedent('''
-        import jax
         import functools
-        from jax.sharding import PartitionSpec as P
+
+        import jax
         from jax.experimental.shard_map import shard_map
+        from jax.sharding import PartitionSpec as P
+
         from pmap_shard_map import on_pmap_mesh
 
         def build(eval_step):
@@ -252,8 +254,9 @@ class ExactLayoutTest(PmapCodemodTest):
     self.assertCodemod(textwrap.dedent(CORPUS["kfac_pragma"]), textwrap.dedent('''
         import functools
         import jax
-        from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
+        from jax.sharding import PartitionSpec as P
+
         from pmap_shard_map import on_pmap_mesh
 
         @functools.partial(

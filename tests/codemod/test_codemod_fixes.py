@@ -122,7 +122,7 @@ def test_imports_are_added_with_the_leading_imports_not_mid_module():
                "from pmap_shard_map import on_pmap_mesh",
                "from jax.sharding import PartitionSpec as P"):
     assert line in head
-  assert new.startswith('"""Doc."""\nimport jax\n')
+  assert new.startswith('"""Doc."""\nimport functools\n\nimport jax\n')
 
 
 COMPILED_NAMES = '''\

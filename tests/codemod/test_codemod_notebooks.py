@@ -64,7 +64,9 @@ def _as_py(tmp_path: pathlib.Path, code: str) -> tuple[str, list[str]]:
 
 
 def _without_support_import(text: str) -> str:
-  return "".join(l for l in _lines(text) if not l.startswith("from pmap_shard_map import"))
+  # With the blank line before it where it starts the first-party section.
+  return re.sub(r"(?m)^(?:\n(?=from pmap_shard_map import))?from pmap_shard_map import.*\n", "",
+                text)
 
 
 def _user_cells(cells: list[dict]) -> list[dict]:

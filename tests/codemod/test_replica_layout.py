@@ -12,8 +12,8 @@ HEAD = """\
 import functools
 
 import jax
-from jax.sharding import PartitionSpec as P
 from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
 """
 
 
@@ -50,7 +50,7 @@ class ReplicaLayoutTest(PmapCodemodTest):
     head = HEAD
     if kept_import is not None:
       head = head.replace("import jax\n", f"import jax\n{kept_import}\n", 1)
-    after = f"{head}from pmap_shard_map import {support}\n\n\n{sites_after}\n\n{body_after}"
+    after = f"{head}\nfrom pmap_shard_map import {support}\n\n\n{sites_after}\n\n{body_after}"
     self.assertCodemod(before, after)
     again, _ = rewrite(after)
     self.assertEqual(again, after, "a second run changed the output")

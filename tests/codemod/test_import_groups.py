@@ -1,0 +1,337 @@
+"""New imports join their isort section (standard library, third party, first party,
+relative) in the file's order, checked against ruff's own isort rule: a header that
+passes ``ruff check --select I`` before the rewrite passes it after."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import libcst as cst
+import pytest
+
+from codemod import imports
+from codemod_testing import rewrite
+
+RUFF = os.path.join(os.path.dirname(sys.executable), "ruff")
+FIRST_PARTY = 'lint.isort.known-first-party = ["mypkg", "pmap_shard_map", "flax"]'
+GOOGLE = "lint.isort.force-sort-within-sections = true"
+
+W = imports.Wanted
+P_SPEC = W("jax.sharding", "PartitionSpec", "P")
+SHARD_MAP = W("jax.experimental.shard_map", "shard_map")
+SUPPORT = W("pmap_shard_map", "on_pmap_mesh")
+CONVERTED = [W("functools"), P_SPEC, SHARD_MAP, SUPPORT]  # what a file importing jax gets
+
+# name: (header, wanted, extra ruff config, the header after)
+CASES = {
+    "sorted_sections": ('''\
+"""Train."""
+import os
+import sys
+
+import jax
+import numpy as np
+
+from mypkg import util
+
+x = 1
+''', CONVERTED, (), '''\
+"""Train."""
+import functools
+import os
+import sys
+
+import jax
+import numpy as np
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from mypkg import util
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+    # Google style: ``import m`` and ``from m import x`` sorted together by module.
+    "google_style": ('''\
+import os
+from typing import Any
+
+from absl import app
+import jax
+from jax import numpy as jnp
+import numpy as np
+
+from mypkg import util
+
+x = 1
+''', CONVERTED, (GOOGLE,), '''\
+import functools
+import os
+from typing import Any
+
+from absl import app
+import jax
+from jax import numpy as jnp
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from mypkg import util
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+    # Only third party: the standard library and first party sections are started.
+    "only_numpy": ('''\
+import numpy as np
+
+x = 1
+''', [W("jax"), *CONVERTED], (), '''\
+import functools
+
+import jax
+import numpy as np
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+    "docstring_and_future": ('''\
+"""Doc."""
+
+from __future__ import annotations
+
+import jax
+
+x = 1
+''', CONVERTED, (), '''\
+"""Doc."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+    # ``mypkg`` is first party by its block after the third-party one: the support
+    # module joins it rather than starting a block of its own.
+    "first_party_block": ('''\
+import jax
+
+from mypkg import util
+from mypkg.sub import thing
+
+x = 1
+''', CONVERTED, (), '''\
+import functools
+
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from mypkg import util
+from mypkg.sub import thing
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+    # A file inside a package imports the support module relatively: furthest first.
+    "relative": ('''\
+import jax
+
+from . import utils
+
+x = 1
+''', [*CONVERTED[:3], W("_pmap_shard_map", "on_pmap_mesh", relative=2)], (), '''\
+import functools
+
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from .._pmap_shard_map import on_pmap_mesh
+from . import utils
+
+x = 1
+'''),
+    # flax's own files: flax is first party, the support module inside it too.
+    "flax_package": ('''\
+import jax
+
+from flax import linen as nn
+
+x = 1
+''', [*CONVERTED[:3], W("flax._pmap_shard_map", "on_pmap_mesh")], (), '''\
+import functools
+
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from flax import linen as nn
+from flax._pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+    # Comments stay on their statements; a section heading stays above its statement.
+    "comments": ('''\
+import os  # noqa: F401
+
+# Accelerators.
+import jax
+import numpy as np  # numerics
+
+x = 1
+''', [W("absl"), *CONVERTED], (), '''\
+import functools
+import os  # noqa: F401
+
+import absl
+
+# Accelerators.
+import jax
+import numpy as np  # numerics
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+    # Names join the file's import of the support module.
+    "joined": ('''\
+import functools
+
+import jax
+
+from pmap_shard_map import device_put_replicated
+
+x = 1
+''', CONVERTED[1:], (), '''\
+import functools
+
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from pmap_shard_map import device_put_replicated, on_pmap_mesh
+
+x = 1
+'''),
+    "no_imports": ('''\
+"""Doc."""
+
+x = 1
+''', [W("jax"), *CONVERTED], (), '''\
+"""Doc."""
+import functools
+
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''),
+}
+
+
+def _isort_clean(code: str, config: tuple[str, ...]) -> bool:
+  args = [RUFF, "check", "--isolated", "--no-cache", "--select", "I", "--config", FIRST_PARTY]
+  for option in config:
+    args += ["--config", option]
+  run = subprocess.run([*args, "--stdin-filename", "x.py", "-"], input=code, text=True,
+                       capture_output=True, timeout=60, check=False)
+  assert run.returncode in (0, 1), run.stderr
+  return run.returncode == 0
+
+
+def _add(code: str, wanted: list[imports.Wanted]) -> str:
+  return imports.add(cst.parse_module(code), wanted).code
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_sorted_file_stays_sorted(name):
+  before, wanted, config, expected = CASES[name]
+  assert _isort_clean(before, config)
+  after = _add(before, wanted)
+  assert after == expected
+  assert _isort_clean(after, config)
+
+
+def test_unsorted_file_gets_imports_next_to_their_group_without_reordering():
+  before = "import numpy as np\nimport jax\nimport os\n\nx = 1\n"
+  assert not _isort_clean(before, ())
+  after = _add(before, CONVERTED)
+  assert after == '''\
+import numpy as np
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+import functools
+import os
+
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''
+
+
+def test_imports_after_setup_code_join_the_run_holding_jax():
+  setup = 'import os\n\nos.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"\n\n'
+  after = _add(setup + "import functools\nimport jax\n\nx = 1\n", CONVERTED[1:])
+  assert after == setup + '''\
+import functools
+import jax
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+from pmap_shard_map import on_pmap_mesh
+
+x = 1
+'''
+
+
+def test_first_party_given_by_the_caller():
+  before = "import mylib\n\nx = 1\n"
+  assert _add(before, [P_SPEC]) == (
+      "import mylib\nfrom jax.sharding import PartitionSpec as P\n\nx = 1\n")
+  after = imports.add(cst.parse_module(before), [P_SPEC], first_party=frozenset({"mylib"})).code
+  assert after == "from jax.sharding import PartitionSpec as P\n\nimport mylib\n\nx = 1\n"
+
+
+def test_notebook_cell_marker_stays_above_the_new_imports():
+  # A later cell's imports: nothing goes into the cell before (above its marker).
+  before = "x = 1\n# pmap-to-shmap:cell 1\nimport jax\n"
+  after = _add(before, [W("functools")])
+  assert after == "x = 1\n# pmap-to-shmap:cell 1\nimport functools\n\nimport jax\n"
+
+
+def test_converted_file_passes_isort():
+  before = '''\
+"""Train."""
+import os
+
+import jax
+import numpy as np
+
+from mypkg import util
+
+step = jax.pmap(lambda v: v * 2, axis_name="i")
+'''
+  assert _isort_clean(before, ())
+  for target in ("experimental", "jax"):
+    after, _ = rewrite(before, target=target)
+    assert "jax.pmap" not in after and "import functools\nimport os\n" in after
+    assert "from mypkg import util\nfrom pmap_shard_map import on_pmap_mesh\n" in after
+    assert _isort_clean(after, ())
