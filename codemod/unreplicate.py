@@ -9,22 +9,27 @@ at least one converted site this transform rewrites
   ``jax.tree.map(lambda x: x[0], t)`` (or ``jax.tree_util.tree_map``, ``jax.tree_map``,
       ``tree_multimap``)                                ->  ``first_rows(t)``
   the same with more arguments (``is_leaf=``)         ->  the lambda alone: ``first_row``
-  ``out[0]``, ``step(x)[0]``, ``out.a.b[0]`` where ``out`` is bound to a converted site's
-      outputs or to ``flax.jax_utils.replicate(...)`` / ``jax.device_put_replicated(...)``
-      results in the same scope (``out = step(x)``, ``state, out = step(x)``, ``state =
-      replicate(state)``), and otherwise only to other calls' results or as a parameter,
-      and ``step`` only to a converted site               ->  ``first_row(out)``
+  ``out[0]``, ``step(x)[0]``, ``out.a.b[0]`` where every binding of ``out`` that may
+      reach that point (``codemod.reaching``: rebinding, branches, loops) is to a
+      converted site's outputs or to ``flax.jax_utils.replicate(...)`` /
+      ``jax.device_put_replicated(...)`` results (``out = step(x)``, ``state, out =
+      step(x)``, ``state = replicate(state)``), and ``step`` only to a converted site
+                                                      ->  ``first_row(out)``
 
 ``first_row(x)`` is ``x[0]`` exactly, for every ``x``: a jax Array with a local shard
 holding row 0 whole gives that row read from the shard's buffer (same values, dtype,
 shape and weak type; uncommitted on that device, as legacy pmap's ``x[0]`` was), and
 anything else (numpy arrays, Python values such as a tuple of outputs, tracers, PRNG key
 arrays) is indexed as ``x[0]``; ``first_rows(t)`` is ``jax.tree.map(first_row, t)``, its
-rows read in one program per device. So the rewrite needs no proof about the values;
-what stays reported (the INFO ``related`` gives, with the reason) is what the transform
-cannot rewrite cleanly: the support name bound to something else where the rewrite
-would use it, comments inside the replaced text, or a line that would grow past the
-file's limit.
+rows read in one program per device. So the rewrite is safe on any value; but it, and
+its entry, say the value is a converted site's output, so ``out[0]`` is rewritten only
+where that is proven at that point: elsewhere, for a name bound to such outputs at some
+other point (``model = init(); model[0]; model = replicate(model)``), an INFO entry says
+why it stays (another binding may reach it, or its value cannot be followed there).
+What else stays reported (the INFO ``related`` gives, with the reason) is what the
+transform cannot rewrite cleanly: the support name bound to something else where the
+rewrite would use it, comments inside the replaced text, or a line that would grow past
+the file's limit.
 Files without converted sites are only reported: their ``x[0]`` may well not be pmap's.
 """
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import cast
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from codemod import related, site_comments, support_module
+from codemod import reaching, related, site_comments, support_module
 from codemod.flax_imports import FlaxImportsVisitor, last_name
 from codemod.findings import Finding, Severity
 
@@ -130,13 +135,14 @@ def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CS
     return Rewrites()  # no [0] and no unreplicate: nothing to walk for
   found = _Idioms(get_metadata)
   module.visit(found)
-  outputs = _Outputs(get_metadata, found, set(site_nodes), set(site_defs))
+  outputs = _Outputs(module, get_metadata, found, set(site_nodes), set(site_defs))
+  verdicts = {node: outputs.verdict(node.value) for node in found.subscripts
+              if node not in found.stored}
   candidates: list[tuple[cst.CSTNode, str]] = (
       [(node, "flax") for node in found.flax_calls]
       + [(node, "tree_map") for node in found.tree_maps]
       + [(node, "lambda") for node in found.lambdas]
-      + [(node, "subscript") for node in found.subscripts
-         if node not in found.stored and outputs.is_output(node.value)])
+      + [(node, "subscript") for node, (output, _) in verdicts.items() if output])
   candidates.sort(key=lambda item: _start(get_metadata, item[0]))
   rewrites = Rewrites()
   growth: collections.Counter = collections.Counter()  # line -> characters added so far
@@ -170,6 +176,12 @@ def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CS
     rewrites.kinds[node] = kind
     rewrites.findings.append(Finding(line, column, Severity.INFO,
                                      (_MESSAGES[kind] + _WHY).format(name=_SUPPORT[kind])))
+  for node, (_, why) in verdicts.items():
+    if why is not None:
+      line, column = _column(get_metadata, node)
+      rewrites.findings.append(Finding(line, column, Severity.INFO,
+                                       f"{_code(node.value)}[0] left as written: {why}"))
+  rewrites.findings.sort(key=lambda f: (f.line, f.column))
   if any(kind == "flax" for kind in rewrites.kinds.values()):
     rewrites.flax_imports = found.flax_imports  # removed where nothing else uses them
   return rewrites
@@ -340,12 +352,13 @@ def _root(value: cst.BaseExpression) -> cst.BaseExpression:
 
 class _Outputs:
   """Which expressions are a converted site's outputs (or replicated values): a call of
-  the site (or of a name bound only to it) or of Flax's ``replicate``, a name bound to such
-  calls' results in its own scope (and otherwise only to other calls' results or as a
-  parameter), or an attribute of either."""
+  the site (or of a name bound only to it) or of Flax's ``replicate``, a name whose every
+  binding that may reach the expression is to such calls' results, or an attribute of
+  either."""
 
-  def __init__(self, get_metadata: Callable, found: _Idioms, site_nodes: set,
-               site_defs: set):
+  def __init__(self, module: cst.Module, get_metadata: Callable, found: _Idioms,
+               site_nodes: set, site_defs: set):
+    self.module = module
     self.get_metadata = get_metadata
     self.found = found
     self.site_nodes = site_nodes
@@ -355,31 +368,28 @@ class _Outputs:
         self.site_bindings.update(t.target for t in assign.targets
                                   if isinstance(t.target, cst.Name))
     self.output_bindings: set[cst.CSTNode] = set()
-    self.call_bindings: set[cst.CSTNode] = set()  # names bound to any call's results
     for assign in found.assigns:
-      if isinstance(assign.value, cst.Call):
-        names = [n for target in assign.targets for n in _names_in(target.target)]
-        self.call_bindings.update(names)
-        if self._is_producer(assign.value.func):
-          self.output_bindings.update(names)
+      if isinstance(assign.value, cst.Call) and self._is_producer(assign.value.func):
+        self.output_bindings.update(n for target in assign.targets
+                                    for n in _names_in(target.target))
 
-  def _referents(self, name: cst.Name) -> tuple[set, object] | None:
+  def _referents(self, name: cst.Name) -> set | None:
     scope = self.get_metadata(ScopeProvider, name, None)
     if scope is None:
       return None
     referents = set()
     for access in scope.accesses[name]:
       referents.update(access.referents)
-    return (referents, scope) if referents else None
+    return referents or None
 
   def _is_site(self, func: cst.BaseExpression) -> bool:
     if func in self.site_nodes:
       return True
     if not isinstance(func, cst.Name):
       return False
-    found = self._referents(func)
-    return found is not None and all(getattr(r, "node", None) in self.site_bindings
-                                     for r in found[0])
+    referents = self._referents(func)
+    return referents is not None and all(getattr(r, "node", None) in self.site_bindings
+                                         for r in referents)
 
   def _is_producer(self, func: cst.BaseExpression) -> bool:
     """A converted site, or Flax's ``replicate`` / JAX's ``device_put_replicated`` (whose
@@ -388,24 +398,35 @@ class _Outputs:
       return True
     return last_name(func) in _REPLICATE_LAST and bool(self.found.names(func) & _REPLICATE)
 
-  def is_output(self, value: cst.BaseExpression) -> bool:
+  def verdict(self, value: cst.BaseExpression) -> tuple[bool, str | None]:
+    """Whether ``value`` is an output here, and if not, why, where that is worth an entry:
+    a name bound to outputs somewhere, whose value here may be another."""
     value = _root(value)
     if isinstance(value, cst.Call):
-      return self._is_producer(value.func)
+      return self._is_producer(value.func), None
     if not isinstance(value, cst.Name):
-      return False
-    found = self._referents(value)
-    if found is None:
-      return False
-    referents, scope = found
-    # The name's bindings in its own scope: at least one to outputs, the rest to other
-    # calls' results or a parameter (``state = create_state(); state = replicate(state)``;
-    # bindings are not followed in program order). Any other binding (a literal, another
-    # name, ``+=``) leaves it alone.
-    nodes = [getattr(r, "node", None) for r in referents]
-    return (all(r.scope is scope for r in referents)
-            and any(n in self.output_bindings for n in nodes)
-            and all(n in self.call_bindings or isinstance(n, cst.Param) for n in nodes))
+      return False, None
+    referents = self._referents(value)
+    if referents is None or not any(getattr(r, "node", None) in self.output_bindings
+                                    for r in referents):
+      return False, None  # never bound to an output: nothing to say
+    name = value.value
+    reach = reaching.reaching(self.module, self.get_metadata, value)
+    if reach is None:
+      return False, (f"which value `{name}` holds here cannot be followed (a global, "
+                     "nonlocal or enclosing scope's name, or one bound in a nested scope)")
+    others = sorted(self._line(n) for n in reach.bindings - self.output_bindings)
+    if others:
+      return False, (f"`{name}` may hold a value other than a converted site's output or a "
+                     f"replicated value here (bound at line {others[0]})")
+    if reach.outside:
+      return False, f"`{name}` may hold here what it held before this body bound it"
+    if not reach.bindings:
+      return False, f"no binding of `{name}` reaches this point"
+    return True, None
+
+  def _line(self, node: cst.CSTNode) -> int:
+    return self.get_metadata(PositionProvider, node).start.line
 
 
 def _names_in(target: cst.BaseExpression) -> list[cst.Name]:

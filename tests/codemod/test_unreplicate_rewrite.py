@@ -1,7 +1,8 @@
 """Rule: in a file with converted pmap sites, x[0] taken of their outputs (Flax's
-unreplicate, ``tree_map(lambda x: x[0], ...)``, ``out[0]`` of a site's output) becomes
-the support module's ``first_row``; only the rewritten nodes change, and what cannot be
-rewritten cleanly stays as it is, reported as before."""
+unreplicate, ``tree_map(lambda x: x[0], ...)``, ``out[0]`` where every binding of
+``out`` that may reach it is a site's output) becomes the support module's ``first_row``;
+only the rewritten nodes change, and what cannot be rewritten cleanly stays as it is,
+reported as before."""
 import textwrap
 
 from codemod_testing import PmapCodemodTest, rewrite
@@ -10,8 +11,8 @@ HEAD = """\
 import functools
 
 import jax
-from jax.sharding import PartitionSpec as P
 from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
 """
 
 STEP_BEFORE = """\
@@ -50,7 +51,7 @@ class UnreplicateRewriteTest(PmapCodemodTest):
                                 out_specs=P("i"), check_vma=False)""")
     if kept_import is not None:  # stays where it was, after `import jax`
       head = head.replace("import jax\n", f"import jax\n{kept_import}\n", 1)
-    after = f"{head}from pmap_shard_map import {support}\n\n\n{step}\n\n{body_after}"
+    after = f"{head}\nfrom pmap_shard_map import {support}\n\n\n{step}\n\n{body_after}"
     self.assertCodemod(before, after, target=target)
     again, _ = rewrite(after, target=target)
     self.assertEqual(again, after, "a second run changed the output")
@@ -192,11 +193,191 @@ def run(state, batch, other, f):
   loss2 += 1
   out = step(state, batch)
   out[0] = batch
-  rows = [batch]
-  rows = step(state, batch)
-  return (other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out, other.step[0], f(out)[0],
-          rows[0])
+  return other[0], mixed[0], loss2[0], loss[1], loss[0, 1], out, other.step[0], f(out)[0]
 """)
+
+  # Which bindings reach the x[0] decides, not which ones the name has somewhere.
+
+  def test_pgx_tuple_indexed_before_the_name_holds_outputs_stays(self):
+    # pgx's alphazero: model[0] indexes init's (params, state) tuple; model only holds
+    # replicated values and the site's outputs further down.
+    before = """\
+import jax
+
+train = jax.pmap(lambda model, opt_state, batch: (model, opt_state, batch), axis_name="i")
+
+
+def main(forward, optimizer, rng, dummy_state, devices, batches):
+    model = forward.init(rng, dummy_state.observation)  # (params, state)
+    opt_state = optimizer.init(params=model[0])
+    model, opt_state = jax.device_put_replicated((model, opt_state), devices)
+    for batch in batches:
+        model, opt_state, loss = train(model, opt_state, batch)
+    return model[0], loss[0]
+"""
+    after = f"""\
+{HEAD}from pmap_shard_map import first_row, on_pmap_mesh
+
+train = jax.jit(
+    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
+                                   check_rep=False),
+                 drop_device_axis=True)(
+        lambda model, opt_state, batch: (model, opt_state, batch)))
+
+
+def main(forward, optimizer, rng, dummy_state, devices, batches):
+    model = forward.init(rng, dummy_state.observation)  # (params, state)
+    opt_state = optimizer.init(params=model[0])
+    model, opt_state = jax.device_put_replicated((model, opt_state), devices)
+    for batch in batches:
+        model, opt_state, loss = train(model, opt_state, batch)
+    return first_row(model), first_row(loss)
+"""
+    self.assertConverts(before, after)  # code compared, not the imports' layout
+    [(line, message)] = [i for i in _infos(before) if "model[0]" in i[1]]
+    assert line == 8, line
+    assert message == ("model[0] left as written: `model` may hold a value other than a "
+                       "converted site's output or a replicated value here (bound at line 7)")
+
+  def test_rebinding_after_the_use(self):
+    self._converts("", """\
+def run(state, batch, make):
+  out = make(batch)
+  first = out[0]
+  rows = [batch]
+  out = step(state, batch)
+  rows = step(state, batch)
+  return first, out[0], rows[0]
+""", """\
+def run(state, batch, make):
+  out = make(batch)
+  first = out[0]
+  rows = [batch]
+  out = step(state, batch)
+  rows = step(state, batch)
+  return first, first_row(out), first_row(rows)
+""", support="first_row, on_pmap_mesh")
+
+  def test_branches(self):
+    # One arm binding another call's result reaches the use; both arms binding outputs
+    # (or an arm that returns) do not.
+    self._converts("", """\
+def run(state, batch, cond, other):
+  out = step(state, batch)
+  if cond:
+    out = other(batch)
+  both = step(state, batch)
+  if cond:
+    both = step(state, 1)
+  elif batch:
+    both = other(batch)
+    both = step(both, 2)
+  else:
+    both = step(state, 3)
+  return out[0], both[0]
+""", """\
+def run(state, batch, cond, other):
+  out = step(state, batch)
+  if cond:
+    out = other(batch)
+  both = step(state, batch)
+  if cond:
+    both = step(state, 1)
+  elif batch:
+    both = other(batch)
+    both = step(both, 2)
+  else:
+    both = step(state, 3)
+  return out[0], first_row(both)
+""", support="first_row, on_pmap_mesh")
+
+  def test_loop_carried_site_outputs_and_a_replicated_start(self):
+    # The Flax loop: the replicated state and the step's outputs reach each [0] (the
+    # loop's own rebinding through the back edge); unreplicate needs no proof.
+    body = """\
+def train(state, batches):
+  state = jax_utils.replicate(state)
+  for batch in batches:
+    print(state.step[0])
+    state, metrics = step(state, batch)
+    print(state.params[0], metrics[0])
+  return jax_utils.unreplicate(state), state[0]
+"""
+    # The support import is wrapped here: code compared, not layout.
+    self.assertConverts(
+        f"import functools\n\nimport jax\nfrom flax import jax_utils\n\n\n{STEP_BEFORE}\n\n"
+        + body, f"{HEAD}from pmap_shard_map import device_put_replicated, first_row, "
+        f"first_rows, on_pmap_mesh\n\n\n{STEP_AFTER}\n\n" + """\
+def train(state, batches):
+  state = device_put_replicated(state, axis_name="i")
+  for batch in batches:
+    print(first_row(state.step))
+    state, metrics = step(state, batch)
+    print(first_row(state.params), first_row(metrics))
+  return first_rows(state), first_row(state)
+""")
+
+  def test_loop_carried_binding_of_another_call_stays(self):
+    # update's result reaches state[0] through the back edge, the first time round the
+    # site's output does; after the loop, both.
+    self._stays("""\
+def run(state, batch, update):
+  state = step(state, batch)
+  firsts = []
+  for _ in range(3):
+    firsts.append(state[0])
+    state = update(state)
+  while batch:
+    state, batch = step(state, batch)
+    if batch:
+      state = update(state)
+      continue
+  return firsts, state[0]
+""")
+
+  def test_tuple_of_another_call_stays(self):
+    self._stays("""\
+def run(state, batch, other):
+  a, b = step(state, batch)
+  c, d = other(batch)
+  a, b = other(a)
+  return a[0], b[0], c[0]
+""")
+
+  def test_parameter_reaching_stays(self):
+    self._converts("", """\
+def run(state, batch, cond):
+  first = state[0]
+  if cond:
+    state, _ = step(state, batch)
+  second = state[0]
+  state, _ = step(state, batch)
+  return first, second, state[0]
+""", """\
+def run(state, batch, cond):
+  first = state[0]
+  if cond:
+    state, _ = step(state, batch)
+  second = state[0]
+  state, _ = step(state, batch)
+  return first, second, first_row(state)
+""", support="first_row, on_pmap_mesh")
+    infos = _infos(f"import functools\n\nimport jax\n\n\n{STEP_BEFORE}\n\n" + """\
+def run(state, batch, cond):
+  first = state[0]
+  if cond:
+    state, _ = step(state, batch)
+  second = state[0]
+""")
+    assert infos == [(12, "state[0] left as written: `state` may hold a value other than a "
+                          "converted site's output or a replicated value here (bound at line 11)"),
+                     (15, "state[0] left as written: `state` may hold a value other than a "
+                          "converted site's output or a replicated value here (bound at line 11)")], infos
+
+  def test_site_output_bound_then_indexed(self):
+    self._converts("", "def run(y):\n  x = step(y, y)\n  return x[0]\n",
+                   "def run(y):\n  x = step(y, y)\n  return first_row(x)\n",
+                   support="first_row, on_pmap_mesh")
 
   def test_other_lambdas_and_calls_stay(self):
     self._stays("""\
@@ -287,7 +468,8 @@ from flax import jax_utils
 step = jax.pmap(lambda x: x)
 print(jax_utils.unreplicate(step(1)))
 """)
-    assert new.startswith("import jax\n# Flax's helpers.\nfrom flax import jax_utils\n")
+    assert new.startswith(
+        "import functools\n\nimport jax\n# Flax's helpers.\nfrom flax import jax_utils\n")
     assert new.endswith("print(first_rows(step(1)))\n")
 
 
