@@ -23,7 +23,10 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import io
 import os
+import re
+import tokenize
 from collections.abc import Sequence
 from typing import cast
 
@@ -116,6 +119,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._site_lines: list[int] = []
     self._module: cst.Module | None = None
     self._lines: list[str] | None = None
+    self._string_starts: dict[int, int] = {}
     self._file_style: file_style.FileStyle | None = None
     self._imports_requested = False
     self._support_names: list[str] = []
@@ -621,9 +625,16 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     return self._lines[line - 1] if line - 1 < len(self._lines) else ""
 
   def _indent_of(self, line: int) -> str:
+    """The indentation of ``line``; for a line that starts inside a multi-line string
+    (``\"\"\", jax.pmap(...)``), that of the line the string starts on."""
     if self._lines is None:
       assert self._module is not None  # set by visit_Module before any site is built
-      self._lines = (self._source if self._source is not None else self._module.code).splitlines()
+      text = self._source if self._source is not None else self._module.code
+      # Python's line breaks only: str.splitlines also breaks at \f, \v, U+2028, ...,
+      # which would shift every later line against libcst's positions.
+      self._lines = _LINE_BREAK.split(text)
+      self._string_starts = _string_starts(text)
+    line = self._string_starts.get(line, line)
     text = self._lines[line - 1] if line - 1 < len(self._lines) else ""
     return text[:len(text) - len(text.lstrip())]
 
@@ -814,6 +825,23 @@ def _missing_comments(originals: Sequence[cst.CSTNode], new: Sequence[cst.CSTNod
       else:
         missing.append(comment.value)
   return missing
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _string_starts(text: str) -> dict[int, int]:
+  """Line -> the line its multi-line string token starts on, for every line that starts
+  inside one (1-based); empty when the text does not tokenize."""
+  starts: dict[int, int] = {}
+  try:
+    for tok in tokenize.generate_tokens(io.StringIO(text, newline=None).readline):
+      if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+        for line in range(tok.start[0] + 1, tok.end[0] + 1):
+          starts[line] = starts.get(tok.start[0], tok.start[0])
+  except (tokenize.TokenError, IndentationError, SyntaxError):
+    pass
+  return starts
 
 
 def _code(node: cst.CSTNode | None) -> str:

@@ -131,3 +131,40 @@ def test_no_staircase_of_calls_at_one_indent():
   columns = [len(line) - len(line.lstrip()) for line in openers]
   assert len(columns) == len(set(columns)), after
   assert max(len(line) for line in lines) <= 88, after
+
+
+LONG_LAMBDA = "lambda y: y * 2 + some_really_long_name_for_a_constant_value_here"
+
+
+def _hanging(after: str, opener: str) -> list[str]:
+  """The lines after the one ending in ``opener`` up to the statement's end."""
+  lines = after.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.endswith(opener))
+  return [line for line in lines[start + 1:] if line.strip()]
+
+
+def test_a_site_after_a_multi_line_string_hangs_from_its_statements_indentation():
+  # The site's line starts inside the string: its own leading blanks are the string's.
+  source = ('import jax\n\n\nclass T:\n  def setUp(self):\n    self.doc = ("""\n  text\n'
+            f'""", jax.pmap({LONG_LAMBDA}, axis_name="batch", donate_argnums=(0,)))\n')
+  after, _ = rewrite(source)
+  compile(after, "strings", "exec")
+  continued = _hanging(after, '""", jax.jit(')
+  # One continuation indent (4) deeper than the `self.doc = (` line (4).
+  assert continued and all(line.startswith(" " * 8) for line in continued), after
+
+
+@pytest.mark.parametrize("separator", ["\x0c", "\u2028"])
+def test_line_breaks_python_does_not_make_leave_positions_as_libcst_reads_them(separator):
+  # A form feed alone on a line, or U+2028 inside a string: str.splitlines breaks at
+  # both, Python and libcst at neither.
+  gap = "\x0c\n" if separator == "\x0c" else ""
+  source = (f"import jax\n\nNOTE = 'a{separator if gap == '' else ''}b'\n{gap}\n"
+            "def g(x):\n  if x is not None:\n"
+            f"    return jax.pmap({LONG_LAMBDA}, axis_name='data', donate_argnums=(0,))(x)\n")
+  after, findings = rewrite(source)
+  assert not [f for f in findings if "internal error" in str(f)], findings
+  compile(after, "breaks", "exec")
+  continued = _hanging(after, "return jax.jit(")
+  # One continuation indent deeper than the `return` line (4).
+  assert continued and all(line.startswith(" " * 8) for line in continued), after
