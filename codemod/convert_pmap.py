@@ -36,7 +36,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from codemod import (edits, file_style, imports, removed_names, replica_layout, site_comments,
-                     support_module, unreplicate)
+                     support_module, targets, unreplicate)
 from codemod.edits import Arg, Call, Copied
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -44,7 +44,7 @@ from codemod.sites import (PARTIAL_NAMES, PmapOptions, References, Site, contain
                            is_none, qualified)
 
 DEFAULT_AXIS = "pmap_axis"
-TARGETS = ("experimental", "jax")
+TARGETS = targets.TARGETS
 _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.PartitionSpec",
                          "jax.experimental.pjit.PartitionSpec",
                          "jax._src.partition_spec.PartitionSpec"})
@@ -78,9 +78,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   @staticmethod
   def add_args(arg_parser: argparse.ArgumentParser) -> None:
     arg_parser.add_argument(
-        "--target", choices=TARGETS, default="jax",
+        "--target", choices=TARGETS, default=None,
         help="shard_map API to emit: jax.experimental.shard_map (jax < 0.6.1) or "
-             "jax.shard_map; jax also rewrites names newest JAX removed")
+             "jax.shard_map; jax also rewrites names newest JAX removed (default: the one "
+             "that runs on the jax the file's repository declares, else on the installed jax)")
     arg_parser.add_argument(
         "--multihost", action="store_true",
         help="convert host-local arrays to global ones and back around each site")
@@ -92,14 +93,15 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         help="write the support module under DIR when a file is converted (libcst's runner; "
              "the project CLI chooses and writes it itself)")
 
-  def __init__(self, context: CodemodContext, target: str = "experimental",
+  def __init__(self, context: CodemodContext, target: str | None = None,
                multihost: bool = False, support_module: str | None = support_module.DEFAULT_NAME,
                support_root: str | None = None, source: str | None = None,
                caller_writes_support: bool = False) -> None:
     super().__init__(context)
-    if target not in TARGETS:
+    if target is not None and target not in TARGETS:
       raise ValueError(f"target must be 'experimental' or 'jax', got {target!r}")
-    self.target = target
+    self._target_option = target  # None: each file's own (targets.for_file)
+    self.target = target or "jax"
     self.multihost = multihost
     self.support_module = support_module
     self.support_root = support_root
@@ -130,6 +132,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
+    path = self.context.filename
+    choice = targets.for_file(path if path and os.path.isfile(path) else None,
+                              self._target_option)
+    self.target = choice.target
     # libcst's runner writes the module itself (a name, never None: that is for notebooks).
     written = self.support_module or support_module.DEFAULT_NAME
     if self.support_root is not None:
@@ -142,6 +148,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
       raise RuntimeError("a site planned for conversion was not rewritten")
     self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
+    note = choice.note()
+    if self.sites_converted and note is not None:
+      self._warn(1, 1, Severity.WARNING, note)
     if self.sites_converted and self.support_root is not None:
       support_module.write(self.support_root, written)
     elif self.sites_converted and not self.caller_writes_support:

@@ -37,20 +37,6 @@ EXIT_OK, EXIT_CHANGES_PENDING, EXIT_INTERNAL_ERROR, EXIT_UNREADABLE_OR_UNWRITABL
 _PROGRESS_FROM = 100  # files; smaller runs print no progress lines
 
 
-def default_target() -> str:
-  """'experimental' for an installed jax older than 0.6.1 (no jax.shard_map), else 'jax'."""
-  try:
-    from importlib.metadata import version
-    installed = version("jax")
-  except Exception:  # PackageNotFoundError, or no metadata at all
-    return "jax"
-  numbers = []
-  for part in installed.split(".")[:3]:
-    digits = "".join(ch for ch in part if ch.isdigit())
-    numbers.append(int(digits or 0))
-  return "experimental" if tuple(numbers) < (0, 6, 1) else "jax"
-
-
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="pmap-to-shmap",
@@ -68,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes")
   p.add_argument("--target", choices=("experimental", "jax"),
                  help="which shard_map API to emit: jax.experimental.shard_map (jax < 0.6.1) "
-                      "or jax.shard_map; default: chosen from the installed jax")
+                      "or jax.shard_map; default: for each file, the one that runs on every "
+                      "jax its repository declares (pyproject, setup.cfg/py, requirements), "
+                      "else the installed jax's")
   p.add_argument("--strategy", choices=("shard_map", "shim"), default="shard_map",
                  help="shard_map: rewrite to jax.jit(shard_map); shim: jax.pmap -> pmap_compat.pmap")
   p.add_argument("--multihost", action="store_true",
@@ -186,7 +174,7 @@ def _main(argv: Sequence[str] | None) -> int:
   except ValueError as e:
     print(f"pmap-to-shmap: error: {e}", file=sys.stderr)
     return EXIT_INTERNAL_ERROR
-  options = Options(target=args.target or default_target(), strategy=args.strategy,
+  options = Options(target=args.target, strategy=args.strategy,
                     multihost=args.multihost, support_module=args.support_module,
                     scripts_root=None if explicit else args.support_root)
   found = files.discover(args.paths, follow_symlinks=args.follow_symlinks)

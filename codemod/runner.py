@@ -25,7 +25,7 @@ from codemod.findings import SITES_KEY, FileResult, Finding, Severity
 
 @dataclass(frozen=True)
 class Options:
-  target: str = "experimental"
+  target: str | None = None  # None: each file's own (codemod.targets.for_file)
   strategy: str = "shard_map"
   multihost: bool = False
   # How converted files import the support module; None puts the support code into the

@@ -179,16 +179,18 @@ def test_shim_strategy(tmp_path, capsys):
   assert path.read_text() == "import pmap_compat\n\ng = pmap_compat.pmap(f, axis_name='i')\n"
 
 
-def test_default_target_follows_the_installed_jax(monkeypatch):
+def test_without_a_declared_jax_the_target_follows_the_installed_jax(monkeypatch):
   import importlib.metadata as md
-  assert pmap_to_shmap.default_target() == "experimental"  # jax 0.6.0 here
+
+  from codemod import targets
+  assert targets.installed_target() == "experimental"  # jax 0.6.0 here
   monkeypatch.setattr(md, "version", lambda name: "0.6.1")
-  assert pmap_to_shmap.default_target() == "jax"
+  assert targets.installed_target() == "jax"
 
   def missing(name):
     raise md.PackageNotFoundError(name)
   monkeypatch.setattr(md, "version", missing)
-  assert pmap_to_shmap.default_target() == "jax"
+  assert targets.installed_target() == "jax"
 
 
 def test_module_entry_point_runs(tree):

@@ -105,8 +105,8 @@ def _grad_of_replicated_params() -> str:
 
 
 def _codemod_default_target() -> str:
-  from codemod.pmap_to_shmap import default_target  # pylint: disable=import-outside-toplevel
-  return default_target()
+  from codemod.targets import installed_target  # pylint: disable=import-outside-toplevel
+  return installed_target()
 
 
 def _pmap_facts() -> dict[str, str]:
@@ -152,7 +152,8 @@ def facts() -> dict[str, str]:
           _grad_of_replicated_params(),
       "`shard_map_impl`": _works(_shard_map_impl_agrees),
       "`pmap_compat.pmap`, `patched()`": _works(_pmap_compat_runs_nested),
-      "codemod's default `--target` (the tool itself needs only libcst)": _codemod_default_target(),
+      "codemod's default `--target` where the repository declares no jax (the tool itself needs "
+      "only libcst)": _codemod_default_target(),
       "`python -m pmap_compat.testing record` / `check`": _works(
           lambda: __import__("pmap_compat.testing")),
   }
