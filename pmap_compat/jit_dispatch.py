@@ -21,6 +21,7 @@ served from C++.
 """
 from __future__ import annotations
 
+import types
 from typing import Any
 from collections.abc import Callable
 
@@ -120,6 +121,13 @@ class PmapFunction:
     if _debug_nans.value or _debug_infs.value:
       return self._cache_miss(*args, **kwargs)[0]
     return self._call(*args, **kwargs)
+
+  def __get__(self, instance: Any, owner: Any = None) -> Any:
+    # Stored on a class it is a method, as legacy's C++ PmapFunction and any function:
+    # ``obj.f(x)`` passes ``obj`` first (e.g. static_broadcasted_argnums=(0,) on ``self``).
+    if instance is None:
+      return self
+    return types.MethodType(self, instance)
 
   @property
   def _cache_size(self) -> int:

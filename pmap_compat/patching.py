@@ -11,8 +11,9 @@ itself. While patched:
 - ``jax.device_put_replicated`` / ``jax.device_put_sharded``, which pmap code pairs with
   ``pmap``, exist: jax 0.10.0 dropped them from the ``jax`` namespace but kept their
   implementations (``jax._src.api``), which place values exactly as the pmap of that JAX
-  expects them. Where ``jax`` still has them they are left alone. They are JAX's own
-  functions, so a name bound to them elsewhere already calls what ``patch()`` provides.
+  expects them. ``device_put_sharded`` also takes shards that span several devices, as
+  ``y[0]`` of that JAX's pmap outputs does (``placement``). Where ``jax`` still has them
+  they are left alone.
 
 References that ``patch()`` cannot rebind without reaching into other code's objects, a
 default argument, a closure variable, a ``functools.partial`` holding JAX's ``pmap``, are
@@ -45,9 +46,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
-from jax._src import api as jax_api
 
-from pmap_compat import jax_line
+from pmap_compat import jax_line, placement
 
 # Removed from the jax namespace in 0.10.0; restored while patched where they are missing.
 _PLACEMENT = ("device_put_replicated", "device_put_sharded")
@@ -232,7 +232,7 @@ def _patch(stacklevel: int) -> None:
       _rebound.extend(prebuilt)
       for name in _PLACEMENT:
         if name not in vars(jax):
-          setattr(jax, name, getattr(jax_api, name))
+          setattr(jax, name, getattr(placement, name))
           _added.append(name)
     _depth += 1
   if unreachable:
