@@ -1,15 +1,18 @@
 """The shared module converted files import (``pmap_shard_map`` by default), as text.
 
 Its body is ``codemod/support_source.py``; the copy written into a converted tree starts
-with a header line carrying a version and the hash of the body, so a rerun can tell an
-up-to-date copy (left alone) from an older one (replaced) and from a file it did not
-write or that was edited since (never overwritten: an error names the flag to pick
-another name). One text serves every --target and --multihost choice, so separate
-runs over one tree agree on it.
+with a header line carrying a version and a digest of the body's syntax tree, so a rerun
+can tell an up-to-date copy (left alone) from an older one (replaced) and from a file it
+did not write or that was edited since (never overwritten: an error names the flag to
+pick another name), whatever the repository's formatter (black, pyink, ruff format,
+yapf) did to the copy's layout. Body and header fit in 80 columns. One text serves
+every --target and --multihost choice, so separate runs over one tree agree on it.
 """
 from __future__ import annotations
 
+import ast
 import enum
+import functools
 import hashlib
 import os
 import re
@@ -19,7 +22,7 @@ import libcst as cst
 
 from codemod import files
 
-VERSION = 2
+VERSION = 3  # 3: the header's digest is of the syntax tree; the header fits 80 columns
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 
@@ -32,9 +35,33 @@ def import_of(spelling: str | None) -> tuple[str, int] | None:
     return None
   module = spelling.lstrip(".")
   return module, len(spelling) - len(module)
-_HEADER = "# Written by pmap-to-shmap: support module v{version} sha256:{digest}. Do not edit.\n"
+
+
+# The header line: the version, and a digest of the body's syntax tree (what a
+# formatter cannot change: see tree_digest), so a copy that the repository's
+# formatter rewrote is still recognised as ours. Within 80 columns, like the body.
+_HEADER = "# pmap-to-shmap support module v{version} sha256:{digest}. Do not edit.\n"
 _HEADER_RE = re.compile(
+    r"# pmap-to-shmap support module v(\d+) sha256:([0-9a-f]{24})\. Do not edit\.")
+# v1 and v2 headers: the sha256 of the body's text, which a formatter changes.
+_OLD_HEADER_RE = re.compile(
     r"# Written by pmap-to-shmap: support module v(\d+) sha256:([0-9a-f]{64})\. Do not edit\.")
+# tree_digest of each body a v2 header was written with (support_source.py at each
+# of its commits), so a copy of one that a formatter rewrote is replaced, not refused.
+_V2_TREE_DIGESTS = frozenset({
+    "ed146ce06b105c527c036076",  # e4948ce
+    "31c2f533958d1eaba929fefa",  # a4a1350
+    "36043ecdbfe920b2a305919c",  # b782744
+    "3e76fd5f971285284ef8a55b",  # 1e359e3
+    "fd2d25f9693701b9d8a7e9b0",  # d814f62
+    "653b15f8f21f8a280eb4fe45",  # c199fc0
+    "0ba57a02fff12a711db7cfb3",  # 749a099
+    "c6ff8a8e8e873ad87902d111",  # 5879298
+    "a0ea82841f3d033f56e67783",  # 6dc3c7a
+    "c3ec7bd3b0186eea71e6b86e",  # 52c93b9
+    "62079d76eb576736992626ed",  # 32521f8
+    "b0954324127d9fd6054a1602",  # d4f346c
+})
 
 
 def body() -> str:
@@ -50,8 +77,63 @@ def _body() -> str:
 def source() -> str:
   """The module's full text, header included."""
   body = _body()
-  digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
-  return _HEADER.format(version=VERSION, digest=digest) + body
+  return _HEADER.format(version=VERSION, digest=_tree_digest_cached(body)) + body
+
+
+def tree_digest(text: str) -> str | None:
+  """sha256 (24 hex digits) of ``text``'s syntax tree in a canonical form; None if it
+  does not parse. Formatting (indentation, quotes, line wrapping, trailing commas,
+  parentheses, blank lines, comments) leaves the tree as it is; docstrings are left
+  out too, since formatters reindent them and ruff's docstring-code-format rewrites
+  the code in them. The form is the same on every Python version (ast.dump's is not:
+  3.13 leaves out empty fields, 3.12 added type_params)."""
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError):
+    return None
+  return hashlib.sha256(_canonical(tree).encode("utf-8")).hexdigest()[:24]
+
+
+_tree_digest_cached = functools.lru_cache(maxsize=4)(tree_digest)
+
+
+def _canonical(node: object) -> str:
+  if isinstance(node, list):
+    return "[" + ",".join(_canonical(item) for item in node if not _is_docstring(item)) + "]"
+  if not isinstance(node, ast.AST):
+    return repr(node)
+  fields = []
+  for name, value in ast.iter_fields(node):
+    # Fields a Python version adds are empty where older ones lack them; ``kind`` is
+    # the u of u"..." and type comments are not parsed by default.
+    if value is None or value == [] or name in ("kind", "type_comment"):
+      continue
+    if isinstance(node, ast.JoinedStr) and name == "values":
+      value = _literals_merged(value)
+    fields.append(f"{name}={_canonical(value)}")
+  return f"{type(node).__name__}({','.join(fields)})"
+
+
+def _literals_merged(parts: list[ast.expr]) -> list[ast.expr]:
+  """An f-string's parts with adjacent literal ones merged and empty ones dropped:
+  ``f"a{x}" "b"`` (which a formatter may join) is ``f"a{x}b"``."""
+  out: list[ast.expr] = []
+  for part in parts:
+    if isinstance(part, ast.Constant) and isinstance(part.value, str):
+      last = out[-1] if out else None
+      if isinstance(last, ast.Constant) and isinstance(last.value, str):
+        out[-1] = ast.Constant(last.value + part.value)
+      elif part.value:
+        out.append(part)
+    else:
+      out.append(part)
+  return out
+
+
+def _is_docstring(node: object) -> bool:
+  """A statement that is just a string: a docstring (or a string that does nothing)."""
+  return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+          and isinstance(node.value.value, str))
 
 
 PACKAGE_NAME = "_pmap_shard_map"  # the module inside a package: private to it
@@ -119,16 +201,28 @@ class Status(enum.Enum):
 def status_of(text: str | None) -> Status:
   if text is None:
     return Status.MISSING
+  if text == source():
+    return Status.CURRENT
   first, _, body = text.partition("\n")
-  match = _HEADER_RE.fullmatch(first)
-  if not match or hashlib.sha256(body.encode("utf-8")).hexdigest() != match.group(2):
+  first = first.rstrip()  # a CRLF file's \r
+  old = _OLD_HEADER_RE.fullmatch(first)
+  if old:
+    # An older copy as written (its text's hash), or rewritten by a formatter.
+    if (hashlib.sha256(body.encode("utf-8")).hexdigest() == old.group(2)
+        or _tree_digest_cached(body) in _V2_TREE_DIGESTS):
+      return Status.STALE
     return Status.FOREIGN
-  return Status.CURRENT if text == source() else Status.STALE
+  match = _HEADER_RE.fullmatch(first)
+  if not match or _tree_digest_cached(body) != match.group(2):
+    return Status.FOREIGN
+  if int(match.group(1)) == VERSION and match.group(2) == _tree_digest_cached(_body()):
+    return Status.CURRENT  # reformatted: left as the repository's formatter made it
+  return Status.STALE
 
 
 def is_support_module(text: str) -> bool:
   """Whether ``text`` starts with the header a written support module has."""
-  return _HEADER_RE.match(text) is not None
+  return _HEADER_RE.match(text) is not None or _OLD_HEADER_RE.match(text) is not None
 
 
 def path_for(root: str, name: str) -> str:

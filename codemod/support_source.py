@@ -1,20 +1,23 @@
-"""The run-time part of code converted from ``jax.pmap`` to ``jax.jit`` over ``shard_map``.
+"""The run-time part of code converted from ``jax.pmap`` to ``jax.jit`` over
+``shard_map``.
 
-pmap-to-shmap writes this file once per converted tree; the converted sites import it.
-A site reads like this::
+pmap-to-shmap writes this file once per converted tree; the converted sites
+import it. A site reads like this::
 
   @functools.partial(jax.jit, donate_argnums=(0,))
-  @on_pmap_mesh(functools.partial(shard_map, in_specs=(P("i"), P()), out_specs=P("i")),
-                drop_device_axis=True)
+  @on_pmap_mesh(
+      functools.partial(shard_map, in_specs=(P("i"), P()), out_specs=P("i")),
+      drop_device_axis=True)
   def step(params, lr): ...
 
-``on_pmap_mesh`` supplies the one thing a site cannot write at import time: the mesh
-pmap ran on (the first n local devices for a mapped axis of size n), built on the first
-call so importing a converted file does not start JAX's backend. ``drop_device_axis``
-is pmap's rank reduction: each device's function sees its slice without the mapped
-axis, and its outputs get the axis back where ``out_specs`` put it. With more than one
-process, legacy pmap spanned every host: a site converted without ``--multihost``
-raises instead of silently reducing over one host's devices only.
+``on_pmap_mesh`` supplies the one thing a site cannot write at import time: the
+mesh pmap ran on (the first n local devices for a mapped axis of size n), built
+on the first call so importing a converted file does not start JAX's backend.
+``drop_device_axis`` is pmap's rank reduction: each device's function sees its
+slice without the mapped axis, and its outputs get the axis back where
+``out_specs`` put it. With more than one process, legacy pmap spanned every
+host: a site converted without ``--multihost`` raises instead of silently
+reducing over one host's devices only.
 """
 import functools
 import math
@@ -26,26 +29,30 @@ import numpy as np
 PartitionSpec = jax.sharding.PartitionSpec
 
 
-def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None, static_argnums=(),
-                 axis_size=None, devices=None, backend=None, across_hosts=False):
-  """Decorator: ``fun`` -> a function for ``jax.jit`` that runs ``shard_map_partial``
-  (shard_map with in_specs / out_specs filled in) over pmap's mesh.
+def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None,
+                 static_argnums=(), axis_size=None, devices=None, backend=None,
+                 across_hosts=False):
+  """Decorator: ``fun`` -> a function for ``jax.jit`` that runs
+  ``shard_map_partial`` (shard_map with in_specs / out_specs filled in) over
+  pmap's mesh.
 
   ``axes`` lists the mesh axes, outer first, when the specs alone do not say
-  (nested pmaps, or axis_size). ``static_argnums`` arguments reach ``fun`` unchanged
-  (their in_specs entries are ignored); keyword arguments are mapped over their leading
-  axes, as pmap mapped them.
+  (nested pmaps, or axis_size). ``static_argnums`` arguments reach ``fun``
+  unchanged (their in_specs entries are ignored); keyword arguments are mapped
+  over their leading axes, as pmap mapped them.
   """
-  static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+  static_argnums = ((static_argnums,) if isinstance(static_argnums, int)
+                    else tuple(static_argnums))
   options = (drop_device_axis, axes, static_argnums, axis_size,
-             None if devices is None else tuple(devices), backend, across_hosts)
+             None if devices is None else tuple(devices), backend,
+             across_hosts)
 
   def decorate(fun):
-    # A site evaluated again (say, in a loop) gets the same function back, so jax.jit
-    # reuses its trace as a re-created pmap did.
+    # A site evaluated again (say, in a loop) gets the same function back, so
+    # jax.jit reuses its trace as a re-created pmap did.
     try:
-      key = (fun, shard_map_partial.func, repr(sorted(shard_map_partial.keywords.items())),
-             options)
+      key = (fun, shard_map_partial.func,
+             repr(sorted(shard_map_partial.keywords.items())), options)
       hash(key)
     except TypeError:
       return _sharded(fun, shard_map_partial, *options)
@@ -58,25 +65,30 @@ def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None, static_argnu
   return decorate
 
 
-_WRAPPERS: dict = {}  # (fun, specs, options) -> the function on_pmap_mesh returned
+# (fun, specs, options) -> the function on_pmap_mesh returned
+_WRAPPERS: dict = {}
 
 
-def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axis_size,
-             devices, backend, across_hosts):
+def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
+             axis_size, devices, backend, across_hosts):
   in_specs = _name_unnamed(shard_map_partial.keywords["in_specs"])
   out_specs = _name_unnamed(shard_map_partial.keywords["out_specs"])
-  axes = _axis_names(axes) if axes is not None else _axes_of(in_specs, out_specs)
+  axes = (_axis_names(axes) if axes is not None
+          else _axes_of(in_specs, out_specs))
 
   @functools.wraps(fun)
   def sharded(*args, **kwargs):
     if jax.process_count() > 1 and not across_hosts:
       raise RuntimeError(
-          f"{getattr(fun, '__name__', fun)!r} was converted from jax.pmap for a single "
-          f"process, but {jax.process_count()} processes are running: its collectives would "
-          "span this host's devices only. Rerun pmap-to-shmap with --multihost.")
+          f"{getattr(fun, '__name__', fun)!r} was converted from jax.pmap for "
+          f"a single process, but {jax.process_count()} processes are running: "
+          "its collectives would span this host's devices only. Rerun "
+          "pmap-to-shmap with --multihost.")
     dynamic_specs = _dynamic(in_specs, args, static_argnums)
-    dynamic = tuple(arg for i, arg in enumerate(args) if i not in static_argnums)
-    specs = (dynamic_specs, PartitionSpec(*axes))  # (positional, keyword) arguments
+    dynamic = tuple(arg for i, arg in enumerate(args)
+                    if i not in static_argnums)
+    # (positional, keyword) arguments
+    specs = (dynamic_specs, PartitionSpec(*axes))
     sizes = axis_sizes(axes, specs, (dynamic, kwargs), axis_size)
     mesh = pmap_mesh(axes, sizes, devices, backend, across_hosts)
 
@@ -84,11 +96,13 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
       if drop_device_axis:
         dynamic, kwargs = _drop_mapped_axes(specs, (dynamic, kwargs))
       remaining = iter(dynamic)
-      full = [args[i] if i in static_argnums else next(remaining) for i in range(len(args))]
+      full = [args[i] if i in static_argnums else next(remaining)
+              for i in range(len(args))]
       if _PMAP_EMBEDS_CONSTANTS:
-        # jit keeps the arrays fun closes over as constants of the per-device code, where
-        # pmap had them (shard_map alone passes them in as operands, and XLA may then
-        # optimise loops over them differently, changing results in the last bits).
+        # jit keeps the arrays fun closes over as constants of the per-device
+        # code, where pmap had them (shard_map alone passes them in as
+        # operands, and XLA may then optimise loops over them differently,
+        # changing results in the last bits).
         out = jax.jit(fun, static_argnums=static_argnums)(*full, **kwargs)
       else:
         out = fun(*full, **kwargs)
@@ -97,10 +111,10 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
     if not _is_spec(out_specs):
       return shard_map_partial(per_device, mesh=mesh, in_specs=specs,
                                out_specs=out_specs)(dynamic, kwargs)
-    # One spec for every output: shard_map gets the leaves, and the tree is rebuilt here
-    # from them. Some shard_maps rebuild the output tree from placeholder leaves to match
-    # it with out_specs, which a pytree class that checks its fields (brax's UInt64)
-    # rejects; jit and pmap never do.
+    # One spec for every output: shard_map gets the leaves, and the tree is
+    # rebuilt here from them. Some shard_maps rebuild the output tree from
+    # placeholder leaves to match it with out_specs, which a pytree class that
+    # checks its fields (brax's UInt64) rejects; jit and pmap never do.
     structure = []
 
     def per_device_leaves(dynamic, kwargs):
@@ -112,8 +126,9 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
                                out_specs=out_specs)(dynamic, kwargs)
     return jax.tree.unflatten(structure[-1], leaves)
 
-  # jax.jit names the compiled program after __name__, which wraps() does not copy from a
-  # partial: take the function the partial wraps, as jax.jit does for a partial itself.
+  # jax.jit names the compiled program after __name__, which wraps() does not
+  # copy from a partial: take the function the partial wraps, as jax.jit does
+  # for a partial itself.
   named = fun
   while isinstance(named, functools.partial):
     named = named.func
@@ -122,18 +137,20 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums, axi
       setattr(sharded, attr, getattr(named, attr))
   _SITES[sharded] = fun
   _REMADE[sharded] = lambda wrap: _sharded(
-      wrap(fun, axes), shard_map_partial, drop_device_axis, axes, static_argnums, axis_size,
-      devices, backend, across_hosts)
+      wrap(fun, axes), shard_map_partial, drop_device_axis, axes,
+      static_argnums, axis_size, devices, backend, across_hosts)
   return sharded
 
 
 def _legacy_pmap_in_use():
-  """Does this JAX's jax.pmap lower the function itself per device (legacy pmap), with the
-  arrays it closes over as constants? The shard_map-based pmap (JAX_PMAP_SHMAP_MERGE, the
-  only one from jax 0.10) passes them in as operands, as shard_map does."""
-  # Asked of the flag alone: it is False through 0.7, True from 0.8 (legacy pmap with
-  # JAX_PMAP_SHMAP_MERGE=false) and gone with legacy pmap in 0.10; touching
-  # jax.sharding.PmapSharding would raise a DeprecationWarning on 0.8.2-0.9.
+  """Does this JAX's jax.pmap lower the function itself per device (legacy
+  pmap), with the arrays it closes over as constants? The shard_map-based pmap
+  (JAX_PMAP_SHMAP_MERGE, the only one from jax 0.10) passes them in as
+  operands, as shard_map does."""
+  # Asked of the flag alone: it is False through 0.7, True from 0.8 (legacy
+  # pmap with JAX_PMAP_SHMAP_MERGE=false) and gone with legacy pmap in 0.10;
+  # touching jax.sharding.PmapSharding would raise a DeprecationWarning on
+  # 0.8.2-0.9.
   return not getattr(jax.config, "jax_pmap_shmap_merge", True)
 
 
@@ -145,10 +162,11 @@ _SITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def pmap_site_function(fn):
-  """The function a converted pmap site maps, if ``fn`` is what ``on_pmap_mesh`` returned
-  for it; None for any other object. The hook for testing tools: ``pmap_compat.testing``
-  asks it (through ``fn.__globals__``) which functions given to ``jax.jit`` are converted
-  pmap sites, to check each of their calls against a recording made under ``jax.pmap``."""
+  """The function a converted pmap site maps, if ``fn`` is what
+  ``on_pmap_mesh`` returned for it; None for any other object. The hook for
+  testing tools: ``pmap_compat.testing`` asks it (through ``fn.__globals__``)
+  which functions given to ``jax.jit`` are converted pmap sites, to check each
+  of their calls against a recording made under ``jax.pmap``."""
   try:
     return _SITES.get(fn)
   except TypeError:  # not weakly referenceable: not a function made here
@@ -159,25 +177,28 @@ _REMADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def pmap_site_remade(fn, wrap):
-  """``fn`` (what ``on_pmap_mesh`` returned) made again with ``wrap(function, axis_names)``
-  in place of the function it maps, on the same mesh and specs. The other hook for
-  testing tools: ``pmap_compat.testing`` wraps the function to see each loop iteration
-  inside a call."""
+  """``fn`` (what ``on_pmap_mesh`` returned) made again with
+  ``wrap(function, axis_names)`` in place of the function it maps, on the same
+  mesh and specs. The other hook for testing tools: ``pmap_compat.testing``
+  wraps the function to see each loop iteration inside a call."""
   return _REMADE[fn](wrap)
 
 
-def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(), devices=None):
+def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(),
+                  devices=None):
   """Each process passes and gets back host-local arrays, as it did under pmap.
 
-  Wraps the jitted site (converted with --multihost): arguments become arrays over the
-  mesh of every process's devices (of ``devices``, pmap's global device list, when
-  given), and the outputs this process's part again.
+  Wraps the jitted site (converted with --multihost): arguments become arrays
+  over the mesh of every process's devices (of ``devices``, pmap's global
+  device list, when given), and the outputs this process's part again.
   """
   from jax.experimental import multihost_utils
 
-  static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+  static_argnums = ((static_argnums,) if isinstance(static_argnums, int)
+                    else tuple(static_argnums))
   in_specs, out_specs = _name_unnamed(in_specs), _name_unnamed(out_specs)
-  axes = _axis_names(axes) if axes is not None else _axes_of(in_specs, out_specs)
+  axes = (_axis_names(axes) if axes is not None
+          else _axes_of(in_specs, out_specs))
   devices = None if devices is None else tuple(devices)
 
   @functools.wraps(jitted)
@@ -186,8 +207,8 @@ def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(), 
     dynamic = tuple(args[i] for i in positions)
     specs = (_dynamic(in_specs, args, static_argnums), PartitionSpec(*axes))
     local = axis_sizes(axes, specs, (dynamic, kwargs), None)
-    # pmap's global axis: every process's local devices, or all of `devices` when given
-    # (each process then maps over its own devices among them).
+    # pmap's global axis: every process's local devices, or all of `devices`
+    # when given (each process then maps over its own devices among them).
     outer = (len(devices) // math.prod(local[1:]) if devices is not None
              else local[0] * jax.process_count())
     mesh = pmap_mesh(axes, (outer,) + local[1:], devices, None, True)
@@ -197,15 +218,17 @@ def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(), 
     for i, value in zip(positions, dynamic, strict=True):
       full[i] = value
     out = jitted(*full, **kwargs)
-    return multihost_utils.global_array_to_host_local_array(out, mesh, out_specs)
+    return multihost_utils.global_array_to_host_local_array(
+        out, mesh, out_specs)
 
   return call
 
 
 @functools.lru_cache(maxsize=64)
 def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
-  """The mesh pmap ran on: the first prod(sizes) devices (local ones unless across_hosts),
-  laid out row-major. Axis types are given, not left to the JAX version's default."""
+  """The mesh pmap ran on: the first prod(sizes) devices (local ones unless
+  across_hosts), laid out row-major. Axis types are given, not left to the JAX
+  version's default."""
   if devices is not None:
     pool = list(devices)
   elif across_hosts:
@@ -214,9 +237,10 @@ def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
     pool = jax.local_devices(backend=backend)
   needed = math.prod(sizes)
   if needed > len(pool) or (devices is not None and needed != len(pool)):
-    raise ValueError(f"the mapped axes have sizes {sizes} ({needed} devices) but "
-                     f"{len(pool)} devices are available to map over")
-  auto = (jax.sharding.AxisType.Auto,) * len(axes) if hasattr(jax.sharding, "AxisType") else None
+    raise ValueError(f"the mapped axes have sizes {sizes} ({needed} devices) "
+                     f"but {len(pool)} devices are available to map over")
+  auto = ((jax.sharding.AxisType.Auto,) * len(axes)
+          if hasattr(jax.sharding, "AxisType") else None)
   grid = np.array(pool[:needed]).reshape(sizes)
   if auto is None:
     return jax.sharding.Mesh(grid, axes)
@@ -224,66 +248,76 @@ def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
 
 
 def specs_from_axes(axes, axis_name, outputs=False):
-  """in_axes / out_axes known only at run time, as specs: k -> P(None, ..., axis_name)."""
+  """in_axes / out_axes known only at run time, as specs:
+  k -> P(None, ..., axis_name)."""
   if isinstance(axes, list) and not outputs:
-    axes = tuple(axes)  # pmap reads a top-level in_axes list as the argument tuple
+    # pmap reads a top-level in_axes list as the argument tuple
+    axes = tuple(axes)
   axis_name = _UNNAMED if axis_name is None else axis_name
 
   def to_spec(axis):
     if axis is None:
       return PartitionSpec()
     if not isinstance(axis, int) or axis < 0:
-      raise ValueError(f"pmap axes must be non-negative ints or None, got {axis!r}")
+      raise ValueError(
+          f"pmap axes must be non-negative ints or None, got {axis!r}")
     return PartitionSpec(*([None] * axis), axis_name)
 
   return jax.tree.map(to_spec, axes, is_leaf=lambda x: x is None)
 
 
 def device_put_replicated(x, devices=None, axis_name="devices"):
-  """What jax.device_put_replicated returned: x stacked once per device, slice i on
-  devices[i] (pytrees leaf by leaf); ``devices`` defaults to this process's devices, the
-  order Flax's ``replicate`` used.
+  """What jax.device_put_replicated returned: x stacked once per device, slice
+  i on devices[i] (pytrees leaf by leaf); ``devices`` defaults to this
+  process's devices, the order Flax's ``replicate`` used.
 
-  The stacked axis is the mesh axis ``axis_name``: given the axis of the converted site
-  the values are passed to, they are laid out exactly as that site lays out its outputs,
-  so its ``jax.jit`` (whose cache is keyed on the arguments' shardings) compiles once for
-  the first step and the steps that take the previous step's outputs.
+  The stacked axis is the mesh axis ``axis_name``: given the axis of the
+  converted site the values are passed to, they are laid out exactly as that
+  site lays out its outputs, so its ``jax.jit`` (whose cache is keyed on the
+  arguments' shardings) compiles once for the first step and the steps that
+  take the previous step's outputs.
   """
   devices = jax.local_devices() if devices is None else list(devices)
   if not devices:
-    raise ValueError("device_put_replicated needs a non-empty sequence of devices")
+    raise ValueError(
+        "device_put_replicated needs a non-empty sequence of devices")
   sharding = _stacked_sharding(devices, axis_name)
   return jax.tree.map(lambda v: _stacked([v] * len(devices), sharding), x)
 
 
 def device_put_sharded(shards, devices):
-  """What jax.device_put_sharded returned: the shards stacked, shard i on devices[i]."""
+  """What jax.device_put_sharded returned: the shards stacked, shard i on
+  devices[i]."""
   devices = list(devices)
   if len(shards) != len(devices):
-    raise ValueError(f"device_put_sharded got {len(shards)} shards for {len(devices)} devices")
+    raise ValueError(f"device_put_sharded got {len(shards)} shards for "
+                     f"{len(devices)} devices")
   sharding = _stacked_sharding(devices)
   return jax.tree.map(lambda *xs: _stacked(list(xs), sharding), *shards)
 
 
 def first_row(x):
-  """``x[0]``, read from the one device buffer that holds it when ``x`` is a jax Array.
+  """``x[0]``, read from the one device buffer that holds it when ``x`` is a
+  jax Array.
 
-  On an array sharded over a mesh (a converted pmap's output), ``x[0]`` is a gather
-  across the devices, compiled for every shape, and it fails when some of the devices
-  belong to other processes; legacy pmap's ``x[0]`` took device 0's buffer. Here a local
-  shard holding row 0 whole supplies it: the same values, dtype, shape and weak type as
-  ``x[0]``, on that shard's device and uncommitted, as legacy pmap's ``x[0]`` was (so it
-  can be passed with arrays on other devices). Anything else is indexed as ``x[0]``:
-  numpy arrays, Python values (a tuple of outputs is indexed, not unreplicated), tracers,
-  PRNG key arrays, rank-0 or empty arrays, arrays with no local shard holding row 0.
+  On an array sharded over a mesh (a converted pmap's output), ``x[0]`` is a
+  gather across the devices, compiled for every shape, and it fails when some
+  of the devices belong to other processes; legacy pmap's ``x[0]`` took device
+  0's buffer. Here a local shard holding row 0 whole supplies it: the same
+  values, dtype, shape and weak type as ``x[0]``, on that shard's device and
+  uncommitted, as legacy pmap's ``x[0]`` was (so it can be passed with arrays
+  on other devices). Anything else is indexed as ``x[0]``: numpy arrays, Python
+  values (a tuple of outputs is indexed, not unreplicated), tracers, PRNG key
+  arrays, rank-0 or empty arrays, arrays with no local shard holding row 0.
   """
   shard = _row_zero_shard(x)
   return x[0] if shard is None else _rows([x], [shard])[0]
 
 
 def first_rows(tree):
-  """``jax.tree.map(first_row, tree)``: Flax's ``unreplicate``. The rows that come from
-  device buffers are taken in one program per device, not one per leaf shape."""
+  """``jax.tree.map(first_row, tree)``: Flax's ``unreplicate``. The rows that
+  come from device buffers are taken in one program per device, not one per
+  leaf shape."""
   leaves, treedef = jax.tree.flatten(tree)
   out = list(leaves)
   on_device = {}
@@ -294,18 +328,22 @@ def first_rows(tree):
     else:
       on_device.setdefault(shard.device, []).append((i, shard))
   for entries in on_device.values():
-    rows = _rows([leaves[i] for i, _ in entries], [shard for _, shard in entries])
+    rows = _rows([leaves[i] for i, _ in entries],
+                 [shard for _, shard in entries])
     for (i, _), row in zip(entries, rows, strict=True):
       out[i] = row
   return jax.tree.unflatten(treedef, out)
 
 
 def _rows(arrays, shards):
-  """``array[0]`` of each array, from its shard holding row 0 (the shards on one device)."""
+  """``array[0]`` of each array, from its shard holding row 0 (the shards on
+  one device)."""
   rows = _rows_of([shard.data for shard in shards])
   try:
-    return [type(row)(row.aval, row.sharding, [row], committed=False) for row in rows]
-  except TypeError:  # a JAX whose Array cannot be rebuilt uncommitted: x[0] as it is
+    return [type(row)(row.aval, row.sharding, [row], committed=False)
+            for row in rows]
+  except TypeError:
+    # A JAX whose Array cannot be rebuilt uncommitted: x[0] as it is.
     return [array[0] for array in arrays]
 
 
@@ -316,36 +354,44 @@ def _rows_of(blocks):
 
 
 def _row_zero_shard(x):
-  """A shard of ``x`` on this process's devices that holds ``x[0]`` whole, or None."""
-  if (not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or x.ndim == 0
-      or x.shape[0] == 0 or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):
+  """A shard of ``x`` on this process's devices that holds ``x[0]`` whole, or
+  None."""
+  if (not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer)
+      or x.ndim == 0 or x.shape[0] == 0
+      or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):
     return None
   for shard in x.addressable_shards:
     rows, *rest = shard.index
     if isinstance(rows, slice) and rows.indices(x.shape[0])[0] == 0 and all(
-        part.indices(size) == (0, size, 1) for part, size in zip(rest, x.shape[1:], strict=True)):
+        part.indices(size) == (0, size, 1)
+        for part, size in zip(rest, x.shape[1:], strict=True)):
       return shard
   return None
 
 
 def _stacked(values, sharding):
-  """``values`` stacked and placed on ``sharding``. Arrays are stacked on the host and
-  sent to each device, compiling nothing (legacy's device_put_replicated compiled at most
-  one program; jnp.stack compiles several per leaf shape); weakly typed values (Python
-  numbers) and PRNG keys, which the host cannot hold as they are, are stacked by JAX."""
+  """``values`` stacked and placed on ``sharding``. Arrays are stacked on the
+  host and sent to each device, compiling nothing (legacy's
+  device_put_replicated compiled at most one program; jnp.stack compiles
+  several per leaf shape); weakly typed values (Python numbers) and PRNG keys,
+  which the host cannot hold as they are, are stacked by JAX."""
   if all(_host_stackable(v) for v in values):
-    if all(v is values[0] for v in values):  # replicas: one host copy, viewed n times
+    if all(v is values[0] for v in values):
+      # Replicas: one host copy, viewed n times.
       row = np.asarray(values[0])
-      return jax.device_put(np.broadcast_to(row[None], (len(values), *row.shape)), sharding)
+      return jax.device_put(
+          np.broadcast_to(row[None], (len(values), *row.shape)), sharding)
     return jax.device_put(np.stack([np.asarray(v) for v in values]), sharding)
-  return jax.device_put(jax.numpy.stack([jax.numpy.asarray(v) for v in values]), sharding)
+  return jax.device_put(
+      jax.numpy.stack([jax.numpy.asarray(v) for v in values]), sharding)
 
 
 def _host_stackable(v):
   if isinstance(v, (np.ndarray, np.generic)):
     return v.dtype != object
   return (isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer)
-          and not jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended) and not v.weak_type)
+          and not jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended)
+          and not v.weak_type)
 
 
 def _stacked_sharding(devices, axis_name="devices"):
@@ -366,10 +412,12 @@ def _axis_names(axes):
 
 
 def _name_unnamed(specs):
-  """A site's specs name the mapped axis last; a run-time axis_name of None leaves None
-  there (``P(axis_name)`` with axis_name=None), which stands for pmap's unnamed axis."""
+  """A site's specs name the mapped axis last; a run-time axis_name of None
+  leaves None there (``P(axis_name)`` with axis_name=None), which stands for
+  pmap's unnamed axis."""
   def name(spec):
-    return PartitionSpec(*spec[:-1], _UNNAMED) if len(spec) and spec[-1] is None else spec
+    return (PartitionSpec(*spec[:-1], _UNNAMED)
+            if len(spec) and spec[-1] is None else spec)
   return jax.tree.map(name, specs, is_leaf=_is_spec)
 
 
@@ -382,61 +430,70 @@ def _axes_of(*specs):
         if name is not None and name not in names:
           names.append(name)
   if len(names) != 1:
-    raise ValueError(f"pmap's specs use the mesh axes {names}; pass axes=(...) in mesh order")
+    raise ValueError(f"pmap's specs use the mesh axes {names}; pass "
+                     "axes=(...) in mesh order")
   return tuple(names)
 
 
 def _dynamic(in_specs, args, static_argnums):
-  """The in_specs of the non-static positional arguments (one spec applies to all)."""
+  """The in_specs of the non-static positional arguments (one spec applies to
+  all)."""
   if _is_spec(in_specs):
     return in_specs
   if len(in_specs) != len(args):
-    raise ValueError(f"pmap in_axes has {len(in_specs)} entries but the function was "
-                     f"called with {len(args)} positional arguments")
+    raise ValueError(f"pmap in_axes has {len(in_specs)} entries but the "
+                     f"function was called with {len(args)} positional "
+                     "arguments")
   return tuple(s for i, s in enumerate(in_specs) if i not in static_argnums)
 
 
 def _mapped(spec):
-  """The array axes a spec maps, with their mesh axis: P(None, "i") -> [(1, "i")]."""
+  """The array axes a spec maps, with their mesh axis:
+  P(None, "i") -> [(1, "i")]."""
   return [(axis, name) for axis, name in enumerate(spec) if name is not None]
 
 
 def axis_sizes(axes, specs, tree, axis_size):
-  """Each mesh axis's size, read off the arguments mapped over it (as pmap did)."""
+  """Each mesh axis's size, read off the arguments mapped over it (as pmap
+  did)."""
   sizes = {}
 
   def record(spec, subtree):
     for leaf in jax.tree.leaves(subtree):
       for axis, name in _mapped(spec):
         if axis >= np.ndim(leaf):
-          raise ValueError(f"pmap in_axes maps axis {axis} of an argument of rank "
-                           f"{np.ndim(leaf)}")
+          raise ValueError(f"pmap in_axes maps axis {axis} of an argument of "
+                           f"rank {np.ndim(leaf)}")
         size = np.shape(leaf)[axis]
         if sizes.setdefault(name, size) != size:
-          raise ValueError(f"pmap got inconsistent sizes for the mapped axis {name!r}: "
-                           f"{sizes[name]} and {size}")
+          raise ValueError("pmap got inconsistent sizes for the mapped axis "
+                           f"{name!r}: {sizes[name]} and {size}")
 
   jax.tree.map(record, specs, tree, is_leaf=_is_spec)
   if axis_size is not None and len(axes) == 1:
     sizes.setdefault(axes[0], axis_size)
   missing = [name for name in axes if name not in sizes]
   if missing:
-    raise ValueError(f"no argument is mapped over {missing}; pass axis_size to pmap")
+    raise ValueError(
+        f"no argument is mapped over {missing}; pass axis_size to pmap")
   return tuple(sizes[name] for name in axes)
 
 
 def _drop_mapped_axes(specs, tree):
-  """pmap hid the mapped axes from the function; shard_map keeps them as size-1 blocks."""
+  """pmap hid the mapped axes from the function; shard_map keeps them as
+  size-1 blocks."""
   def drop(spec, subtree):
     axes = tuple(axis for axis, _ in _mapped(spec))
-    return jax.tree.map(lambda leaf: jax.lax.squeeze(leaf, axes), subtree) if axes else subtree
+    return (jax.tree.map(lambda leaf: jax.lax.squeeze(leaf, axes), subtree)
+            if axes else subtree)
   return jax.tree.map(drop, specs, tree, is_leaf=_is_spec)
 
 
 def _restore_mapped_axes(specs, tree):
-  """Puts the mapped axes back on the function's outputs, where out_specs placed them."""
+  """Puts the mapped axes back on the function's outputs, where out_specs
+  placed them."""
   def restore(spec, subtree):
     axes = tuple(axis for axis, _ in _mapped(spec))
-    return (jax.tree.map(lambda leaf: jax.lax.expand_dims(leaf, axes), subtree) if axes
-            else subtree)
+    return (jax.tree.map(lambda leaf: jax.lax.expand_dims(leaf, axes), subtree)
+            if axes else subtree)
   return jax.tree.map(restore, specs, tree, is_leaf=_is_spec)
