@@ -38,7 +38,7 @@ from jax._src.sharding_impls import GSPMDSharding, NamedSharding
 from pmap_compat import blocks, errors, jax_line, outputs
 from pmap_compat.jax_line import PmapSharding, prng
 
-__all__ = ["Plan", "committed_on_mesh", "onto_program_mesh", "place", "place_leaves", "shard_arg_fallback"]
+__all__ = ["Plan", "committed_on_mesh", "onto_program_shardings", "place", "place_leaves", "shard_arg_fallback"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,20 +165,34 @@ def place_leaves(leaves: Sequence[Any], targets: Sequence[Any],
   return None if all(p is x for p, x in zip(placed, leaves, strict=True)) else placed
 
 
-def onto_program_mesh(leaves: Sequence[Any], targets: Sequence[Any]) -> list | None:
-  """Committed arrays whose devices already hold exactly the blocks the program takes,
-  under another mesh (``device_put_replicated``'s, a user's ``jax.device_put``), as the
-  same buffers under the program's own sharding; every other leaf as it is. None when no
-  leaf needed it.
+def onto_program_shardings(leaves: Sequence[Any],
+                           targets: Sequence[Any]) -> tuple[list | None, bool]:
+  """Every leaf not already on its program sharding placed there (``place``), and whether
+  the C++ call cache may serve the call's signature from then on; ``(None, True)`` when
+  every leaf was in place.
 
-  jit keys its traces and programs on the mesh an input's sharding names, and a pmap's
-  outputs sit on the pmap's mesh: handed over as they came, the first step's inputs and
-  the next step's (its outputs) would compile the step twice. Host values and one-device
-  arrays name no mesh and are left to jit's dispatch: they name none at any step.
+  jit keys its traces and programs on its inputs' layout, legacy pmap on shapes and dtypes:
+  handed over as they came, a first step fed from the host, by ``device_put_replicated``
+  or by another pmap's outputs and the steps fed by its own outputs would compile the step
+  once per layout. Placed, they all reach jit on the program's sharding. Only leaves that
+  are not there pay (a sharding comparison for the rest).
+
+  C++ moves host values and uncommitted one-device arrays onto the executable's input
+  shardings itself, as we do; committed arrays it hands over as they are, so a call that
+  moved one of those must keep coming to Python.
   """
-  moved = [_rewrap(x, t) if _same_blocks_other_mesh(x, t) else x
-           for x, t in zip(leaves, targets, strict=True)]
-  return None if all(m is x for m, x in zip(moved, leaves, strict=True)) else moved
+  moved: list = []
+  servable = True
+  for x, t in zip(leaves, targets, strict=True):
+    if isinstance(x, jax.Array):
+      if isinstance(x, core.Tracer) or x.sharding == t or x.is_deleted():
+        moved.append(x)  # in place; a deleted array gets jit's own error
+        continue
+      servable = servable and not x.committed
+    moved.append(_rewrap(x, t) if _same_blocks_other_mesh(x, t) else place(x, t))
+  if all(m is x for m, x in zip(moved, leaves, strict=True)):
+    return None, True
+  return moved, servable
 
 
 def committed_on_mesh(x: Any) -> bool:

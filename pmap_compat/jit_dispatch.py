@@ -71,10 +71,10 @@ class _Miss:
   __slots__ = ("_jit_miss", "_cache_miss", "_align", "_strict", "_direct")
 
   def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]],
-               align: Callable[[tuple, dict], tuple[tuple, dict] | None], strict: bool):
+               align: Callable[[tuple, dict], tuple[tuple, dict, bool] | None], strict: bool):
     self._jit_miss = jax_line.jit_cache_miss(jitted)
     self._cache_miss = cache_miss
-    self._align = align  # inputs over another mesh onto the program's (program.on_program_mesh)
+    self._align = align  # inputs onto the program's shardings (program.on_program_mesh)
     self._strict = strict  # strict replication: every call needs our Python
     # Decided at the first call: pmap may be applied before jax.distributed.initialize,
     # but once a computation has run the process count is fixed.
@@ -89,9 +89,11 @@ class _Miss:
         aligned = self._align(args, kwargs)
         if aligned is None:
           return self._jit_miss(*args, **kwargs)
-        # Not cached for this signature: C++ would hand the executable the inputs as they
-        # came, on the other mesh.
-        return jax_line.served_by_python(self._jit_miss(*aligned[0], **aligned[1])[0])
+        placed_args, placed_kwargs, servable = aligned
+        result = self._jit_miss(*placed_args, **placed_kwargs)
+        # C++ caches the executable under this call's own signature; where it would hand
+        # the executable committed inputs as they came, on another layout, it must not.
+        return result if servable else jax_line.served_by_python(result[0])
       except (ValueError, TypeError) as err:
         if not _for_the_slow_path(err):
           raise  # e.g. the user's own error while tracing: not run a second time
@@ -109,7 +111,7 @@ class PmapFunction:
   __slots__ = ("_call", "_cache_miss", "__dict__", "__weakref__")
 
   def __init__(self, jitted: Any, cache_miss: Callable[..., tuple[Any, Any]],
-               align: Callable[[tuple, dict], tuple[tuple, dict] | None], strict: bool,
+               align: Callable[[tuple, dict], tuple[tuple, dict, bool] | None], strict: bool,
                static_argnums: tuple[int, ...]):
     self._cache_miss = cache_miss
     staged = jax_line.jitted_function(jitted)

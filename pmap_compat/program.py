@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 from jax._src import api_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jax.tree_util import tree_flatten, tree_leaves, tree_unflatten
+from jax.tree_util import tree_flatten, tree_unflatten
 
 from pmap_compat import axes as axes_lib
 from pmap_compat import arguments, body_arguments, embedded_constants, errors, inputs
@@ -338,16 +338,20 @@ def input_shardings(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, s
 
 
 def on_program_mesh(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict,
-                    meshes_used: dict) -> tuple[tuple, dict] | None:
-  """The call's ``(args, kwargs)`` with committed inputs that hold the program's blocks
-  under another mesh rewrapped onto the program's sharding (``inputs.onto_program_mesh``),
-  so a first step fed by ``device_put_replicated`` and the steps fed by its outputs share
-  one trace and one executable; None when no input needed it (decided without matching
-  the arguments when no input is a committed multi-device array)."""
-  if not any(inputs.committed_on_mesh(x) for x in tree_leaves((args, kwargs))):
+                    meshes_used: dict) -> tuple[tuple, dict, bool] | None:
+  """The call's ``(args, kwargs)`` with every input not on the program's sharding placed
+  there (``inputs.onto_program_shardings``), so that calls whose inputs differ only in
+  layout share one trace and one executable, and whether the C++ call cache may serve the
+  signature; None when every input was in place, or when the mesh is only known after
+  tracing (nested pmaps) or the arguments do not fit (jit's trace raises legacy's error)."""
+  try:
+    call, mesh, shardings = input_shardings(cfg, fun, args, kwargs, False, meshes_used)
+    if mesh is None or len(mesh.axis_names) > 1:
+      return None
+    moved, servable = inputs.onto_program_shardings(call.leaves, shardings)
+  except Exception:  # pylint: disable=broad-except
+    return None  # the inputs themselves are the problem: jit's own error says it best
+  if moved is None:
     return None
-  call, mesh, shardings = input_shardings(cfg, fun, args, kwargs, False, meshes_used)
-  if mesh is None or len(mesh.axis_names) > 1:
-    return None
-  moved = inputs.onto_program_mesh(call.leaves, shardings)
-  return None if moved is None else call.rebuild(moved)
+  args, kwargs = call.rebuild(moved)
+  return args, kwargs, servable

@@ -76,22 +76,11 @@ def through_patched(replicate):
 
 MODES = {"direct": direct, "patched": through_patched}
 
-# Host values and one-device arrays name no mesh; jax 0.10's jit keys traces on the mesh
-# an input names, and the step's outputs name the pmap's: pmap_compat leaves such inputs to
-# jit's own dispatch (placing them itself would keep every later step with host batches
-# off the C++ path), so the first step compiles apart from the rest there.
-_HOST_FIRST = ("numpy_stack", "jnp_stack")
-
 
 def _cases():
   for mode in sorted(MODES):
     for kind in sorted(REPLICATE):
-      marks = []
-      if kind in _HOST_FIRST and not has_legacy_pmap():
-        marks.append(pytest.mark.xfail(
-            strict=True, reason="jax 0.10: a first step fed from the host compiles apart from "
-            "the steps fed by its outputs (the mesh is part of jit's trace key)"))
-      yield pytest.param(mode, kind, marks=marks, id=f"{mode}-{kind}")
+      yield pytest.param(mode, kind, id=f"{mode}-{kind}")
 
 
 @pytest.mark.parametrize("mode,kind", list(_cases()))
