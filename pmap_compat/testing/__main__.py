@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from pmap_compat.testing import calls
+from pmap_compat.testing import calls, programs
 
 # Exit statuses.
 PASS, DIFFERS, NOT_COMPARED = 0, 1, 2
@@ -50,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
   chk.add_argument("--per-call", action="store_true",
                    help="check each recorded pmap call on its recorded inputs and replay its "
                    "recorded outputs, so differences cannot compound from call to call")
+  chk.add_argument("--calibrate", action="store_true",
+                   help="with --per-call: first run the recorded program, unpatched and "
+                   "unconverted, under this release's own jax.pmap, and take the per-call "
+                   "bound from how far that run is from the recording (twice JAX's own "
+                   "drift, at least the default); it is printed, then used for this check")
+  chk.add_argument("--calibrate-with", metavar="ORIGINAL", default=None,
+                   help="the pmap program to calibrate with (default: PROGRAM, else the "
+                   "recorded file, whichever still has the recorded source)")
   return parser
 
 
@@ -77,7 +85,7 @@ def _emit(text: str) -> None:
 
 def _record(args: argparse.Namespace, kwargs: dict) -> int:
   import pmap_compat.testing as testing  # pylint: disable=import-outside-toplevel
-  from pmap_compat.testing import per_call, programs  # pylint: disable=import-outside-toplevel
+  from pmap_compat.testing import per_call  # pylint: disable=import-outside-toplevel
   observe = (per_call.recording_calls(args.out, calls_per_site=args.calls,
                                       max_bytes=args.max_call_bytes,
                                       step_loops=args.loop_steps) if args.calls
@@ -102,10 +110,25 @@ def _record(args: argparse.Namespace, kwargs: dict) -> int:
 
 def _check(args: argparse.Namespace, kwargs: dict) -> int:
   import pmap_compat.testing as testing  # pylint: disable=import-outside-toplevel
-  from pmap_compat.testing import per_call, programs  # pylint: disable=import-outside-toplevel
+  from pmap_compat.testing import per_call  # pylint: disable=import-outside-toplevel
   tolerance = {"rtol": args.rtol, "atol": args.atol, "max_ulp": args.max_ulp}
-  observe = (per_call.checking_calls(args.against, **tolerance) if args.per_call
-             else contextlib.nullcontext())
+  calibrated = None
+  if args.calibrate or args.calibrate_with is not None:
+    if not (args.calibrate and args.per_call):
+      raise ValueError("--calibrate sets the per-call bound: use it with --per-call"
+                       + ("" if args.calibrate else " (and --calibrate-with with --calibrate)"))
+    given = [f"--{name.replace('_', '-')}" for name, value in tolerance.items()
+             if value is not None]
+    if given:
+      raise ValueError(f"--calibrate sets the bound that {' / '.join(given)} would: give "
+                       "one or the other")
+    from pmap_compat.testing import calibrate  # pylint: disable=import-outside-toplevel
+    result = calibrate.calibrate(args.program, args.against, function=args.function,
+                                 kwargs=kwargs, calibrate_with=args.calibrate_with)
+    calibrated = result.tolerance
+    _emit(result.text)  # before the check's own run, which may take long
+  observe = (per_call.checking_calls(args.against, tolerance=calibrated, **tolerance)
+             if args.per_call else contextlib.nullcontext())
   with _patched(args.patched), observe as replayer:
     fn = programs.find_function(programs.load_program(args.program), args.function)
     report = testing.check(fn, args.against, kwargs=kwargs, **tolerance)
@@ -118,7 +141,6 @@ def _check(args: argparse.Namespace, kwargs: dict) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-  from pmap_compat.testing import programs  # pylint: disable=import-outside-toplevel
   kwargs = programs.parse_kwargs(args.kwargs)
   return (_record if args.command == "record" else _check)(args, kwargs)
 
@@ -132,18 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     traceback.print_exc()
     print(f"error: {type(e).__name__}: {e}\nnothing was {args.command}ed", file=sys.stderr)
   finally:
-    _shutdown_distributed()
+    programs.shutdown_distributed()
   return status
-
-
-def _shutdown_distributed() -> None:
-  """A multi-process job must leave jax.distributed, else gloo processes can hang at exit."""
-  jax = sys.modules.get("jax")
-  if jax is None:
-    return
-  initialized = getattr(jax.distributed, "is_initialized", None)  # jax >= 0.5
-  if initialized is None or initialized():
-    jax.distributed.shutdown()  # a no-op on older jax when not initialized
 
 
 if __name__ == "__main__":

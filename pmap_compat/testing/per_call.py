@@ -36,10 +36,10 @@ from pmap_compat.testing.comparison import (VALUE_STATUSES, LeafReport, Report, 
 # jax.pmap, pmap_compat.patched() and the codemod output alike) at most 3 ulp at leaf scale
 # on the shipped examples (dropout_prng; end to end they reach 7); twice that is the bound.
 # Deep networks round more within one step (a ResNet18 train step: 23 ulp at leaf scale,
-# and gradients that are zero but for rounding differ absolutely): give them --max-ulp /
-# --atol from a measurement (README, "Recording and checking"). The same bound holds each
-# loop iteration inside a call (loop_records: numpyro NUTS, 3356 iterations of 8 chains,
-# at most 1 ulp at part scale from 0.6.0 to 0.10.2, 3330 of them identical).
+# and gradients that are zero but for rounding differ absolutely): `check --calibrate`
+# measures their bound from JAX's own pmap on the program (calibrate.py). The same bound
+# holds each loop iteration inside a call (loop_records: numpyro NUTS, 3356 iterations of
+# 8 chains, at most 1 ulp at part scale from 0.6.0 to 0.10.2, 3330 of them identical).
 PER_CALL_MAX_ULP = 6
 
 
@@ -299,13 +299,13 @@ class Replayer:
   """Checks every recorded call and hands back its recorded outputs (observer)."""
 
   def __init__(self, directory: str, *, rtol: float | None = None, atol: float | None = None,
-               max_ulp: int | None = None):
+               max_ulp: int | None = None, tolerance: Tolerance | None = None):
     self.directory = os.fspath(directory)
     recordings.require(self.directory)  # fail before a long run, not after it
     self._rtol, self._atol, self._max_ulp = rtol, atol, max_ulp
     self.stored: calls.Stored | None = None
     self.recorded_producer: dict = {}
-    self.tolerance: Tolerance | None = None
+    self.tolerance: Tolerance | None = tolerance  # given: used as it is (calibrate)
     self.reached: dict[str, Reached] = {}
     self.results: list[CallResult] = []
     self.stepped = SteppedSites()
@@ -317,10 +317,11 @@ class Replayer:
       own = _process_directory(self.directory)
       self.stored = calls.read(own)
       self.recorded_producer = recordings.read_producer(own)
-      self.tolerance = choose_tolerance(self.recorded_producer, recordings.jax_versions(),
-                                        rtol=self._rtol, atol=self._atol,
-                                        max_ulp=self._max_ulp,
-                                        cross_version_max_ulp=PER_CALL_MAX_ULP)
+      if self.tolerance is None:
+        self.tolerance = choose_tolerance(self.recorded_producer, recordings.jax_versions(),
+                                          rtol=self._rtol, atol=self._atol,
+                                          max_ulp=self._max_ulp,
+                                          cross_version_max_ulp=PER_CALL_MAX_ULP)
     return self.stored
 
   def _match(self, site: sites.Site) -> calls.SiteEntry | None:
@@ -392,11 +393,13 @@ class Replayer:
 
 @contextlib.contextmanager
 def checking_calls(directory: str | os.PathLike, *, rtol: float | None = None,
-                   atol: float | None = None, max_ulp: int | None = None
-                   ) -> Iterator[Replayer]:
+                   atol: float | None = None, max_ulp: int | None = None,
+                   tolerance: Tolerance | None = None) -> Iterator[Replayer]:
   """Checks each recorded call of every pmap site created in the block and replays it;
-  `replayer.report()` after the block says how each call compared."""
-  replayer = Replayer(os.fspath(directory), rtol=rtol, atol=atol, max_ulp=max_ulp)
+  `replayer.report()` after the block says how each call compared. `tolerance`, when
+  given (one `calibrate` chose), replaces rtol / atol / max_ulp and the default."""
+  replayer = Replayer(os.fspath(directory), rtol=rtol, atol=atol, max_ulp=max_ulp,
+                      tolerance=tolerance)
   with sites.observing(replayer):
     yield replayer
 

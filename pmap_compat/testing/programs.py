@@ -84,3 +84,13 @@ def uses_pmap(path: str | None) -> bool | None:
 def run(fn: Callable[..., Any], kwargs: dict) -> Any:
   """Calls fn(**kwargs) and waits for its device work, so failures surface here."""
   return jax.block_until_ready(fn(**kwargs))
+
+
+def shutdown_distributed() -> None:
+  """A multi-process job must leave jax.distributed, else gloo processes can hang at exit."""
+  jax_module = sys.modules.get("jax")
+  if jax_module is None:
+    return
+  initialized = getattr(jax_module.distributed, "is_initialized", None)  # jax >= 0.5
+  if initialized is None or initialized():
+    jax_module.distributed.shutdown()  # a no-op on older jax when not initialized

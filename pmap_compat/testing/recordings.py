@@ -6,6 +6,7 @@ this module is its only reader and writer.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -165,6 +166,14 @@ def which_pmap() -> str:
   return "legacy jax.pmap"
 
 
+def source_digest(path: str | None) -> str | None:
+  """The sha256 of a program's source file (None if there is none to read)."""
+  if path is None or not os.path.isfile(path):
+    return None
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
 def producer_info(program: str | None, function: str | None, kwargs: dict | None,
                   uses_pmap: bool | None) -> dict:
   """Everything about the run that produced a recording (stored, and shown by `check`)."""
@@ -174,8 +183,9 @@ def producer_info(program: str | None, function: str | None, kwargs: dict | None
   return {**jax_versions(), "numpy": np.__version__, "python": platform.python_version(),
           "platform": jax.default_backend(), "device_count": jax.device_count(),
           "process_index": jax.process_index(), "process_count": jax.process_count(),
-          "pmap": pmap, "produced_by": produced_by, "program": program, "function": function,
-          "kwargs": kwargs,
+          "pmap": pmap, "produced_by": produced_by, "program": program,
+          # check --calibrate runs the recorded program only if it is still this source.
+          "program_sha256": source_digest(program), "function": function, "kwargs": kwargs,
           # jax 0.5.0 flipped its default, which changes every random number drawn.
           "threefry_partitionable": getattr(jax.config, "jax_threefry_partitionable", None)}
 
