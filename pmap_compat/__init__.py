@@ -1,13 +1,13 @@
 """pmap_compat: a drop-in replacement for legacy ``jax.pmap`` built on shard_map_impl + jit.
 
-Same signature, semantics and errors as legacy ``jax.pmap`` (jax 0.6.0), on every release
-from 0.6.0 on (``jax_line`` holds what differs: where legacy pmap's runtime remains, through
-0.9.x, results are legacy's ``PmapSharding`` arrays; from 0.10.0 the NamedSharding arrays
-that release's own ``jax.pmap`` returns).
+Same signature, semantics and errors as legacy ``jax.pmap``, on every release
+``shard_map_impl.supported_jax`` lists (``jax_line`` holds what differs: where legacy pmap's
+runtime remains, results are legacy's ``PmapSharding`` arrays; where it is gone, the
+NamedSharding arrays that release's own ``jax.pmap`` returns).
 ``patched()`` / ``patch()`` / ``unpatch()`` make ``jax.pmap`` itself resolve to it.
 
 ``pmap_compat.testing`` (record a program's outputs, check them later, possibly on
-another JAX) uses only public JAX and numpy and imports on every JAX from 0.4.35 on.
+another JAX) uses only public JAX and numpy and imports on older JAX releases too.
 So this package imports nothing eagerly: the public names below load their modules
 (which build on JAX internals of the supported releases) on first access.
 """

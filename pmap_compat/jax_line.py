@@ -1,4 +1,4 @@
-"""Everything pmap_compat asks of JAX that differs between releases (0.6.0 to 0.10.2).
+"""Everything pmap_compat asks of JAX that differs between the releases it runs on.
 
 Each name here answers one question by looking at what the installed JAX has (an
 attribute, a module, a return shape), never at its version number; no other module of

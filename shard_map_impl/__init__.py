@@ -1,11 +1,11 @@
-"""shard_map_impl: an independent, complete ``shard_map`` for jax 0.6.0 and 0.10.2.
+"""shard_map_impl: an independent, complete ``shard_map``.
 
 Our own primitive and every rule JAX needs for it (staging, replication
 checking, lowering, eager execution, batching, autodiff, remat, DCE), agreeing
-with JAX's own shard_map on every program and coexisting with it
-(``jax.experimental.shard_map`` on 0.6.0, ``jax.shard_map`` on 0.10.2).
-``shard_map`` takes either line's call form; what differs between the lines
-is confined to ``jax_line``.
+with the installed JAX's own shard_map (``jax.experimental.shard_map`` or
+``jax.shard_map``) on every program and coexisting with it. ``shard_map`` takes
+either call form; what differs between releases is confined to ``jax_line``.
+The releases it runs on: ``supported_jax``.
 """
 import importlib as _importlib
 

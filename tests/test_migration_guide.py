@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import glob
 import json
 import os
 import re
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.jax06_only(reason="runs the guide on every JAX line fro
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "migration_guide.md")
-README = os.path.join(ROOT, "README.md")
+BENCHMARKS = os.path.join(ROOT, "docs", "benchmarks.md")
 RUN_BLOCKS = os.path.join(ROOT, "tests", "guide", "run_blocks.py")
 LINE_FACTS = os.path.join(ROOT, "tests", "guide", "jax_line_facts.py")
 TAGGED = re.compile(r"<!-- block: ([\w-]+) -->\n```(python|sh)([^\n]*)\n(.*?)\n```", re.S)
@@ -222,24 +223,37 @@ def _table_rows(text: str, header_start: str) -> list[str]:
   return rows
 
 
-def test_performance_numbers_are_the_readmes():
-  """The guide's performance table is rows of the README's benchmark table, verbatim,
-  and every measured figure its prose quotes is in the README's tables (jax 0.6.0's and
-  0.10.2's)."""
-  with open(README, encoding="utf-8") as f:
-    readme = f.read()
+def _tables_rows(text: str, header_start: str) -> list[str]:
+  """The lines of every markdown table whose header line starts with `header_start`."""
+  lines = text.splitlines()
+  rows = []
+  for start in [i for i, line in enumerate(lines) if line.startswith(header_start)]:
+    for line in lines[start:]:
+      if not line.startswith("|"):
+        break
+      rows.append(line)
+  assert rows, f"no table starting {header_start!r}"
+  return rows
+
+
+def test_performance_numbers_are_the_benchmark_pages():
+  """The guide's performance table is rows of the benchmarks page's dispatch table,
+  verbatim, and every measured figure its prose quotes is in that page's tables (jax
+  0.6.0's and 0.10.2's)."""
+  with open(BENCHMARKS, encoding="utf-8") as f:
+    page = f.read()
   header = "| case | legacy | ours |"
-  readme_rows = _table_rows(readme, header) + _table_rows(readme, "| case | jax.pmap | ours |")
+  page_rows = _tables_rows(page, header) + _tables_rows(page, "| case | jax.pmap | ours |")
   guide_rows = _table_rows(_guide(), header)
   assert len(guide_rows) > 2
-  stale = [row for row in guide_rows if row not in set(readme_rows)]
-  assert not stale, f"guide rows not in the README's benchmark table: {stale}"
+  stale = [row for row in guide_rows if row not in set(page_rows)]
+  assert not stale, f"guide rows not in docs/benchmarks.md's dispatch table: {stale}"
   section = _guide().split("### Performance after migration", 1)[1].split("\n## ", 1)[0]
-  measured = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.×])", "\n".join(readme_rows)))
+  measured = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.×])", "\n".join(page_rows)))
   quoted = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.×])", section))
   assert quoted, "the performance section quotes no figures"
   unknown = sorted(quoted - measured)
-  assert not unknown, f"figures in the guide's performance section not in the README's table: {unknown}"
+  assert not unknown, f"figures in the guide's performance section not in docs/benchmarks.md: {unknown}"
 
 
 MATRIX_HEADER = "| | 0.4.35 | 0.4.38 |"
@@ -335,16 +349,18 @@ def test_version_matrix_example_cells_are_what_each_release_measures(version, ex
   assert not wrong, "\n".join(wrong)
 
 
-def test_readme_version_matrix_rows_are_the_guides():
-  """README's version matrix repeats rows of the guide's, so the two cannot disagree."""
-  with open(README, encoding="utf-8") as f:
-    readme = f.read()
-  header = MATRIX_HEADER
-  readme_rows = _table_rows(readme, header)
-  guide_rows = set(_table_rows(_guide(), header))
-  assert len(readme_rows) > 2
-  differing = [row for row in readme_rows if row not in guide_rows]
-  assert not differing, f"README version-matrix rows not in the guide's matrix: {differing}"
+def test_the_version_matrix_is_only_the_guides():
+  """The guide holds the one version matrix (its cells are the ones measured above); the
+  README, CONTRIBUTING and the docs pages link to it instead of copying rows."""
+  others = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CONTRIBUTING.md"),
+            *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+  copies = []
+  for path in others:
+    with open(path, encoding="utf-8") as f:
+      if MATRIX_HEADER in f.read():
+        copies.append(os.path.relpath(path, ROOT))
+  assert len(_table_rows(_guide(), MATRIX_HEADER)) > 2
+  assert not copies, f"copies of the version matrix (link to the guide's instead): {copies}"
 
 
 def _github_anchor(heading: str) -> str:

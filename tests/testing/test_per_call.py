@@ -193,7 +193,7 @@ def test_every_example_checks_per_call_on_jax_0_10_2(equivalence_runner, case, m
   0.10.2 in every mode that runs it (0.10.2's own pmap fails two examples outright)."""
   result = equivalence_runner.per_call(case, mode)
   if mode == equivalence.NEWEST_PMAP and case.name in ("nested_data_model", "replicate_loop"):
-    assert not result.ok  # 0.10.2's pmap cannot run them (see the README)
+    assert not result.ok  # 0.10.2's pmap cannot run them (docs/testing.md, `make demo`)
     return
   assert result.ok, result.error or "\n".join(result.outputs)
 
