@@ -5,16 +5,26 @@ three pmap sites in the usual forms, the rest without), then times, per file,
   baseline: libcst.parse_module + MetadataWrapper.resolve_many(Scope, QualifiedName,
             Position) -- the metadata the codemod needs;
   codemod:  codemod.runner.transform_file (read, parse, analyse, rewrite, diff).
+Times are CPU seconds of this process (``time.process_time``: single-threaded work, so on
+an idle machine the wall time, and unlike it unaffected by other load on a shared one).
 Prints both totals and their ratio (target <= 1.5x), for all files and for the files
-with pmap sites alone.
+with pmap sites alone. Then the same for real files, one by one (the median of
+``--real-repeat`` paired runs): JAX's own tests/pmap_test.py at a pinned tag (from
+../shared/jax_tests beside the repository; skipped with a note where that is absent), a
+Flax trainer (an installed flax's own pmap-using file where flax is installed, else the
+repository's program) and a brax trainer (likewise).
 
-  .venv/bin/python bench/codemod_speed.py [--files 300] [--repeat 3]
+  .venv/bin/python bench/codemod_speed.py [--files 300] [--repeat 3] [--real-repeat 7]
+                                          [--only tree|real]
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -127,19 +137,101 @@ def time_pair(first, second, paths: list[str], repeat: int) -> tuple[float, floa
     totals = [0.0, 0.0]
     for p in paths:
       for i, fn in enumerate((first, second)):
-        start = time.perf_counter()
+        start = time.process_time()
         fn(p)
-        totals[i] += time.perf_counter() - start
+        totals[i] += time.process_time() - start
     best = [min(b, t) for b, t in zip(best, totals, strict=True)]
   return best[0], best[1]
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JAX_TAG = "v0.6.0"  # the pinned JAX release whose tests/pmap_test.py is timed
+_PROGRAMS = os.path.join(_REPO, "tests", "real_programs", "programs")
+
+
+def _installed(package: str, relative: str) -> str | None:
+  """``relative`` inside an installed ``package`` (of this interpreter), if there."""
+  try:
+    spec = importlib.util.find_spec(package)
+  except (ImportError, ValueError):
+    return None
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  path = os.path.join(list(spec.submodule_search_locations)[0], relative)
+  return path if os.path.isfile(path) else None
+
+
+def real_files() -> tuple[list[tuple[str, str]], list[str]]:
+  """(label, path) of each real file to time, and a note for each one that is missing."""
+  found, missing = [], []
+  jax_test = os.path.join(_REPO, os.pardir, "shared", "jax_tests", JAX_TAG, "tests",
+                          "pmap_test.py")
+  if os.path.isfile(jax_test):
+    found.append((f"JAX {JAX_TAG} tests/pmap_test.py", os.path.normpath(jax_test)))
+  else:
+    missing.append(f"JAX {JAX_TAG} tests/pmap_test.py skipped: {os.path.normpath(jax_test)} "
+                   "is absent (a checkout of JAX's tests at that tag goes there)")
+  for label, package, relative, program in (
+      ("Flax", "flax", "jax_utils.py", "flax_imagenet.py"),
+      ("brax", "brax", os.path.join("training", "agents", "ppo", "train.py"), "brax_ppo.py")):
+    path = _installed(package, relative)
+    if path is not None:
+      found.append((f"{label} {package}/{relative} (installed)", path))
+    else:
+      found.append((f"{label} trainer tests/real_programs/programs/{program}",
+                    os.path.join(_PROGRAMS, program)))
+  return found, missing
+
+
+def time_real(path: str, options: Options, repeat: int) -> tuple[float, float, float]:
+  """Medians over ``repeat`` paired runs (baseline then codemod, so that load on a shared
+  machine hits both alike): baseline seconds, codemod seconds, and their ratio."""
+  base, ours, ratios = [], [], []
+  for _ in range(repeat):
+    timed = []
+    for fn in (baseline, lambda p: transform_file(p, options)):
+      gc.collect()  # neither pays for collecting the other's (or an earlier file's) garbage
+      start = time.process_time()
+      fn(path)
+      timed.append(time.process_time() - start)
+    base.append(timed[0])
+    ours.append(timed[1])
+    ratios.append(timed[1] / timed[0])
+  return statistics.median(base), statistics.median(ours), statistics.median(ratios)
 
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--files", type=int, default=300)
   ap.add_argument("--repeat", type=int, default=3)
+  ap.add_argument("--real-repeat", type=int, default=7)
+  ap.add_argument("--only", choices=("tree", "real"), help="time only the generated tree "
+                  "or only the real files (default: both)")
   args = ap.parse_args(argv)
   options = Options(target="experimental")
+  if args.only != "real":
+    _time_tree(args, options)
+  if args.only != "tree":
+    _time_real_files(args, options)
+  return 0
+
+
+def _time_real_files(args, options: Options) -> None:
+  files, missing = real_files()
+  for note in missing:
+    print(f"note: {note}")
+  print(f"real files (median of {args.real_repeat} paired runs):")
+  for label, path in files:
+    result = transform_file(path, options)  # warms up, and counts the sites
+    assert not result.internal_error, result.findings
+    lines = sum(1 for _ in open(path, encoding="utf-8"))
+    base, ours, ratio = time_real(path, options, args.real_repeat)
+    print(f"  {label} ({lines} lines, {result.sites_found} pmap sites, "
+          f"{result.sites_converted} converted): libcst parse+metadata {base:.2f}s, "
+          f"codemod {ours:.2f}s, ratio {ratio:.2f}x")
+
+
+def _time_tree(args, options: Options) -> None:
   with tempfile.TemporaryDirectory() as root:
     paths, with_sites = generate(root, args.files)
     lines = sum(sum(1 for _ in open(p, encoding="utf-8")) for p in paths)
@@ -153,7 +245,6 @@ def main(argv=None) -> int:
                              args.repeat)
       print(f"{label:>17}: libcst parse+metadata {base:.2f}s, codemod {ours:.2f}s, "
             f"ratio {ours / base:.2f}x")
-  return 0
 
 
 if __name__ == "__main__":

@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from typing import cast
 
 import libcst as cst
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from codemod import (edits, file_style, imports, removed_names, replica_layout, site_comments,
-                     support_module, targets, unreplicate)
+                     matcher_setup, support_module, targets, together, unreplicate,
+                     unused_imports)
 from codemod.edits import Arg, Call, Copied
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -97,7 +98,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                multihost: bool = False, support_module: str | None = support_module.DEFAULT_NAME,
                support_root: str | None = None, source: str | None = None,
                caller_writes_support: bool = False) -> None:
-    super().__init__(context)
+    Codemod.__init__(self, context)
+    matcher_setup.init_matchers(self)
     if target is not None and target not in TARGETS:
       raise ValueError(f"target must be 'experimental' or 'jax', got {target!r}")
     self._target_option = target  # None: each file's own (targets.for_file)
@@ -119,9 +121,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._renames: dict[cst.CSTNode, cst.BaseExpression] = {}
     self._p = "P"
     self._site_lines: list[int] = []
+    self._edited_lines: set[int] = set()  # lines holding code the rewrite replaces
     self._module: cst.Module | None = None
     self._lines: list[str] | None = None
     self._string_starts: dict[int, int] = {}
+    self._tokens: list[tokenize.TokenInfo] = []  # the text's, read once for all who need them
     self._file_style: file_style.FileStyle | None = None
     self._imports_requested = False
     self._support_names: list[str] = []
@@ -129,6 +133,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._partial_aliases: frozenset[str] = frozenset()
     self._unreplicate = unreplicate.Rewrites()
     self._replicas = replica_layout.Rewrites()
+    self._walked_idioms: cst.CSTVisitor | None = None  # walked with References, for plan()
+    self._text: str | None = None  # the module's text
+    self._walked_replicas: cst.CSTVisitor | None = None
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
@@ -145,6 +152,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
             self.support_root, written))
         return tree
     new = super().transform_module_impl(tree)
+    # Decided here from the metadata at hand, the removals spare libcst's second pass.
+    new = unused_imports.apply(self.context, new, self._scopes, self.get_metadata,
+                               self._edited_lines, lambda: new.code)
     if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
       raise RuntimeError("a site planned for conversion was not rewritten")
     self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
@@ -166,7 +176,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._module = node
     self._partial_aliases = self._find_partial_aliases(node)
     refs = References(self.get_metadata, self.multihost, self.target)
-    node.visit(refs)
+    # One walk, rebuilding nothing, for every analysis of the whole module.
+    self._text = text = self._source if self._source is not None else node.code
+    self._walked_idioms = unreplicate.collector(self.get_metadata, text)
+    self._walked_replicas = (None if self.multihost
+                             else replica_layout.collector(self.get_metadata, text))
+    together.walk(node, [v for v in (refs, self._walked_idioms, self._walked_replicas)
+                         if v is not None])
     self._pmap_imports = refs.pmap_imports
     ref_set = set(refs.refs)
     claimed: set = set()
@@ -202,7 +218,16 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return False  # nothing to rewrite: skip the walk
     self._site_lines = sorted(self.get_metadata(PositionProvider, n).start.line
                               for n in edited)
+    for n in edited + [d for s in converted if s.fundef is not None for d in s.fundef.decorators]:
+      span = self.get_metadata(PositionProvider, n)
+      self._edited_lines.update(range(span.start.line, span.end.line + 1))
     return True
+
+  def _scopes(self) -> set:
+    """Every scope of the original module."""
+    found = set(self.metadata[ScopeProvider].values())
+    found.discard(None)
+    return found
 
   def on_visit(self, node: cst.CSTNode) -> bool:
     # Only statements holding a converted site need their children walked.
@@ -625,7 +650,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       assert self._lines is not None
       path = self.context.filename
       self._file_style = file_style.detect(
-          "\n".join(self._lines), path if path and os.path.isfile(path) else None)
+          "\n".join(self._lines), path if path and os.path.isfile(path) else None,
+          tokens=self._tokens)
     return self._file_style
 
   def _line(self, line: int) -> str:
@@ -638,11 +664,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     (``\"\"\", jax.pmap(...)``), that of the line the string starts on."""
     if self._lines is None:
       assert self._module is not None  # set by visit_Module before any site is built
-      text = self._source if self._source is not None else self._module.code
+      text = self._text if self._text is not None else self._module.code
       # Python's line breaks only: str.splitlines also breaks at \f, \v, U+2028, ...,
       # which would shift every later line against libcst's positions.
       self._lines = _LINE_BREAK.split(text)
-      self._string_starts = _string_starts(text)
+      self._tokens = _tokens(text)
+      self._string_starts = _string_starts(self._tokens)
     line = self._string_starts.get(line, line)
     text = self._lines[line - 1] if line - 1 < len(self._lines) else ""
     return text[:len(text) - len(text.lstrip())]
@@ -738,7 +765,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     assert self._lines is not None
     self._unreplicate = unreplicate.plan(
         module, self.get_metadata, [s.node for s in converted if s.fundef is None],
-        [s.fundef for s in converted if s.fundef is not None], style.width, self._lines)
+        [s.fundef for s in converted if s.fundef is not None], style.width, self._lines,
+        walked=self._walked_idioms)
     for name in self._unreplicate.support_names():
       self._import_support(name)
     for module_name, obj, alias in self._unreplicate.flax_imports:
@@ -753,7 +781,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     assert self._lines is not None
     self._replicas = replica_layout.plan(module, self.get_metadata, converted, style.width,
                                          style.quote, self._lines,
-                                         jax_import_replaced=self.target == "jax")
+                                         jax_import_replaced=self.target == "jax",
+                                         walked=self._walked_replicas)
     if self._replicas.nodes:
       self._import_support(replica_layout.SUPPORT_NAME)
     for module_name, obj, alias in self._replicas.flax_imports:
@@ -839,17 +868,24 @@ def _missing_comments(originals: Sequence[cst.CSTNode], new: Sequence[cst.CSTNod
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
-def _string_starts(text: str) -> dict[int, int]:
-  """Line -> the line its multi-line string token starts on, for every line that starts
-  inside one (1-based); empty when the text does not tokenize."""
-  starts: dict[int, int] = {}
+def _tokens(text: str) -> list[tokenize.TokenInfo]:
+  """The tokens of ``text`` (any line breaks), up to where it stops tokenizing."""
+  found: list[tokenize.TokenInfo] = []
   try:
-    for tok in tokenize.generate_tokens(io.StringIO(text, newline=None).readline):
-      if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
-        for line in range(tok.start[0] + 1, tok.end[0] + 1):
-          starts[line] = starts.get(tok.start[0], tok.start[0])
+    found.extend(tokenize.generate_tokens(io.StringIO(text, newline=None).readline))
   except (tokenize.TokenError, IndentationError, SyntaxError):
     pass
+  return found
+
+
+def _string_starts(tokens: list[tokenize.TokenInfo]) -> dict[int, int]:
+  """Line -> the line its multi-line string token starts on, for every line that starts
+  inside one (1-based), from the text's ``tokens``."""
+  starts: dict[int, int] = {}
+  for tok in tokens:
+    if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+      for line in range(tok.start[0] + 1, tok.end[0] + 1):
+        starts[line] = starts.get(tok.start[0], tok.start[0])
   return starts
 
 

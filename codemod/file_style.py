@@ -31,7 +31,7 @@ import io
 import os
 import re
 import tokenize
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +57,12 @@ class FileStyle:
   quote: str          # the quote character the file's strings use most
 
 
-def detect(text: str, path: str | None = None) -> FileStyle:
+def detect(text: str, path: str | None = None,
+           tokens: Sequence[tokenize.TokenInfo] | None = None) -> FileStyle:
+  """``tokens``: ``text``'s, up to where it stops tokenizing, when the caller has them."""
   width = configured_width(path) if path else None
-  return FileStyle(width or width_from_text(text), _hang(text), _unit(text), _quote(text))
+  return FileStyle(width or width_from_text(text), _hang(text), _unit(text),
+                   _quote(text, tokens))
 
 
 def configured_width(path: str) -> int | None:
@@ -461,15 +464,19 @@ def _hang(text: str) -> str:
 _QUOTED = re.compile(r"""^[rbuRBUfF]{0,2}(['"])""")
 
 
-def _quote(text: str) -> str:
+def _quote(text: str, tokens: Sequence[tokenize.TokenInfo] | None = None) -> str:
   """The quote character of most of the file's one-line strings; double when undecided."""
+  if tokens is None:
+    found: list[tokenize.TokenInfo] = []
+    try:
+      found.extend(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+      pass
+    tokens = found
   counts: collections.Counter = collections.Counter()
-  try:
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-      if tok.type == tokenize.STRING and not tok.string.endswith(('"""', "'''")):
-        match = _QUOTED.match(tok.string)
-        if match and "'" not in tok.string[1:-1] and '"' not in tok.string[1:-1]:
-          counts[match.group(1)] += 1
-  except (tokenize.TokenError, IndentationError, SyntaxError):
-    pass
+  for tok in tokens:
+    if tok.type == tokenize.STRING and not tok.string.endswith(('"""', "'''")):
+      match = _QUOTED.match(tok.string)
+      if match and "'" not in tok.string[1:-1] and '"' not in tok.string[1:-1]:
+        counts[match.group(1)] += 1
   return "'" if counts["'"] > counts['"'] else '"'

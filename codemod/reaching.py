@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import ClassScope, FunctionScope, GlobalScope, ScopeProvider
 
+from codemod import together
+
 State = frozenset[cst.CSTNode]
 
 
@@ -81,7 +83,7 @@ def _params(params: cst.Parameters, name: str) -> list[cst.CSTNode]:
 def _path(owner: cst.CSTNode, use: cst.CSTNode) -> set[cst.CSTNode]:
   """``use`` and the nodes holding it, up to ``owner``."""
   finder = _PathFinder(use)
-  owner.visit(finder)
+  together.walk(owner, [finder])
   return set(finder.found)
 
 
@@ -129,18 +131,18 @@ class _Walruses(cst.CSTVisitor):
     self.found.extend(_targets(node.target, self.name))
 
   def visit_Lambda(self, node: cst.Lambda) -> bool:
-    node.params.visit(self)  # defaults run here
+    together.walk(node.params, [self])  # defaults run here
     return False
 
   def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
     for part in (*node.decorators, node.params, node.returns):
       if part is not None:
-        part.visit(self)
+        together.walk(part, [self])
     return False
 
   def visit_ClassDef(self, node: cst.ClassDef) -> bool:
     for part in (*node.decorators, *node.bases, *node.keywords):
-      part.visit(self)
+      together.walk(part, [self])
     return False
 
   def visit_MatchAs(self, node: cst.MatchAs) -> None:
@@ -191,7 +193,7 @@ class _Walk:
     finder = _Walruses(self.name)
     for part in parts:
       if part is not None:
-        part.visit(finder)
+        together.walk(part, [finder])
     return self.bind(finder.found)
 
   def _header(self, state: State, *parts: cst.CSTNode | None) -> State:

@@ -133,18 +133,29 @@ def _too_long(get_metadata: Callable, call: cst.Call, new: cst.Call, width: int,
   return None
 
 
+def collector(get_metadata: Callable, text: str) -> cst.CSTVisitor | None:
+  """The visitor ``plan`` needs to have walked the module (None: ``text`` holds nothing
+  it looks for), for a caller that walks it with others."""
+  return _Walk(get_metadata) if "replicate" in text else None
+
+
 def plan(module: cst.Module, get_metadata: Callable, sites: Sequence[Site], width: int,
-         quote: str, lines: Sequence[str], jax_import_replaced: bool = False) -> Rewrites:
+         quote: str, lines: Sequence[str], jax_import_replaced: bool = False,
+         walked: cst.CSTVisitor | None = None) -> Rewrites:
   """The rewrites of one file whose converted sites are ``sites``; ``width`` is its line
   limit, ``quote`` its strings' quote character, ``lines`` its text.
   ``jax_import_replaced``: ``from jax import device_put_replicated`` gives way to the
-  support module's import (``--target jax``), so it does not hold the name."""
+  support module's import (``--target jax``), so it does not hold the name.
+  ``walked``: ``collector``'s visitor, when the caller has walked the module with it."""
   rewrites = Rewrites(quote=quote)
   text = "\n".join(lines)
   if "replicate" not in text:
     return rewrites
-  found = _Walk(get_metadata)
-  module.visit(found)
+  if walked is None:
+    walked = _Walk(get_metadata)
+    module.visit(walked)
+  assert isinstance(walked, _Walk)
+  found = walked
   if not found.replicates:
     return rewrites
   feeds = _Feeds(get_metadata, found, sites)

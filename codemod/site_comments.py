@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from codemod import together
+
 
 @dataclass
 class ArgComments:
@@ -32,14 +34,18 @@ def comments_in(node: cst.CSTNode | None) -> list[cst.Comment]:
   """Every comment under ``node``, in source order."""
   if node is None:
     return []
-  found: list[cst.Comment] = []
+  collect = _Collect()
+  together.walk(node, [collect])
+  return collect.found
 
-  class _Collect(cst.CSTVisitor):
-    def visit_Comment(self, comment: cst.Comment) -> None:
-      found.append(comment)
 
-  node.visit(_Collect())
-  return found
+class _Collect(cst.CSTVisitor):
+  def __init__(self) -> None:
+    super().__init__()
+    self.found: list[cst.Comment] = []
+
+  def visit_Comment(self, comment: cst.Comment) -> None:
+    self.found.append(comment)
 
 
 def of_call(call: cst.Call, kept: set[int]) -> CallComments:

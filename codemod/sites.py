@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 
-from codemod import removed_names
+from codemod import removed_names, together
 from codemod.axes_to_specs import Unconvertible
 from codemod.related import RelatedPatterns
 
@@ -167,5 +167,5 @@ class _Contains(cst.CSTVisitor):
 
 def contains(root: cst.CSTNode, targets: set) -> list:
   finder = _Contains(targets - {root})
-  root.visit(finder)
+  together.walk(root, [finder])
   return finder.found

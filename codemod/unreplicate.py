@@ -127,14 +127,25 @@ def _rewritten(kind: str, node: cst.CSTNode) -> cst.CSTNode:
   return cst.Call(name, (cst.Arg(node.value),), lpar=node.lpar, rpar=node.rpar)
 
 
+def collector(get_metadata: Callable, text: str) -> cst.CSTVisitor | None:
+  """The visitor ``plan`` needs to have walked the module (None: ``text`` holds nothing
+  it looks for), for a caller that walks it with others."""
+  return _Idioms(get_metadata) if _MAYBE.search(text) else None
+
+
 def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CSTNode],
-         site_defs: Sequence[cst.FunctionDef], width: int, lines: Sequence[str]) -> Rewrites:
+         site_defs: Sequence[cst.FunctionDef], width: int, lines: Sequence[str],
+         walked: cst.CSTVisitor | None = None) -> Rewrites:
   """The rewrites of one file whose converted sites are ``site_nodes`` (calls) and
-  ``site_defs`` (decorated defs); ``width`` is its line limit, ``lines`` its text."""
+  ``site_defs`` (decorated defs); ``width`` is its line limit, ``lines`` its text;
+  ``walked``: ``collector``'s visitor, when the caller has walked the module with it."""
   if not _MAYBE.search("\n".join(lines)):
     return Rewrites()  # no [0] and no unreplicate: nothing to walk for
-  found = _Idioms(get_metadata)
-  module.visit(found)
+  if walked is None:
+    walked = _Idioms(get_metadata)
+    module.visit(walked)
+  assert isinstance(walked, _Idioms)
+  found = walked
   outputs = _Outputs(module, get_metadata, found, set(site_nodes), set(site_defs))
   verdicts = {node: outputs.verdict(node.value) for node in found.subscripts
               if node not in found.stored}
