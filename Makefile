@@ -31,8 +31,9 @@ EXTRA_STAMPS := $(foreach v,$(EXTRA_JAX),.venv-jax$(v)/.installed)
 NEWEST_SUITES := tests/shard_map_impl tests/pmap_compat tests/test_harness.py tests/test_structure.py
 PYTEST := -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: setup venvs demo lint test test-all test-jax0.6.0 test-jax$(NEWEST_JAX) \
-	test-all-jax0.6.0 test-all-jax$(NEWEST_JAX) record-legacy bench clean
+.PHONY: setup venvs demo docs lint test test-all test-jax0.6.0 test-jax$(NEWEST_JAX) \
+	test-all-jax0.6.0 test-all-jax$(NEWEST_JAX) record-legacy bench clean \
+	test-conformance test-all-conformance
 
 setup: $(STAMP)
 
@@ -69,8 +70,14 @@ REAL_STAMPS := .venv-real-jax0.6.0/.installed .venv-real-jax$(NEWEST_JAX)/.insta
 	@sed -n 's/^# skip /skipped on jax $*: /p' .ci/real-programs-jax$*.txt
 	@touch $@
 
-demo: venvs
+# Only the two environments tools/demo.py runs in (jax 0.6.0 and the newest).
+demo: $(STAMP) .venv-jax$(NEWEST_JAX)/.installed
 	$(PY) tools/demo.py
+
+# The documentation site (docs/, Sphinx + MyST) into docs/_build/html; warnings are errors
+# and internal links are checked (tests/test_docs.py builds it the same way).
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
 
 # ruff and mypy, configured in pyproject.toml; any failing fails the build. mypy runs once
 # per JAX line, against that line's JAX, taking the adapters' line constants as fixed
@@ -90,7 +97,7 @@ lint: $(STAMP) .venv-jax$(NEWEST_JAX)/.installed
 # environment's python, tests/support/venvs.py), then the applicable suites in-process on
 # jax 0.10.2, where legacy jax.pmap's results come from tests/data/legacy. `make -k test`
 # runs both lines even when the first fails.
-test: lint test-jax0.6.0 test-jax$(NEWEST_JAX)
+test: lint test-jax0.6.0 test-jax$(NEWEST_JAX) test-conformance
 
 test-jax0.6.0: venvs .venv-real-jax0.6.0/.installed
 	$(PY) $(PYTEST) -m "not slow" $(PYTEST_ARGS)
@@ -98,7 +105,8 @@ test-jax0.6.0: venvs .venv-real-jax0.6.0/.installed
 test-jax$(NEWEST_JAX): venvs
 	$(NEWEST_PY) $(PYTEST) -m "not slow" $(NEWEST_SUITES) $(PYTEST_ARGS)
 
-test-all: test-all-jax0.6.0 test-all-jax$(NEWEST_JAX) $(foreach v,$(SUITE_JAX),test-suites-jax$(v))
+test-all: test-all-jax0.6.0 test-all-jax$(NEWEST_JAX) $(foreach v,$(SUITE_JAX),test-suites-jax$(v)) \
+	test-all-conformance
 
 test-all-jax0.6.0: venvs $(REAL_STAMPS)
 	$(PY) $(PYTEST) $(PYTEST_ARGS)
@@ -109,6 +117,21 @@ test-all-jax$(NEWEST_JAX): venvs
 # The default suites in-process on one other release (`make test-suites-jax0.8.2`).
 test-suites-jax%: .venv-jax%/.installed
 	.venv-jax$*/bin/python $(PYTEST) $(RELEASE_SUITES) $(PYTEST_ARGS)
+
+# The conformance tier (tests/conformance): JAX's own shard_map_test.py and pmap_test.py of
+# a release, run with JAX's implementation and again with ours substituted, outcomes
+# compared (strict known-failure list). `make test`: 0.6.0 and the newest; `make test-all`:
+# every release from 0.6.0 (SUITE_JAX too); `make test-conformance-jax0.8.2`: one release.
+# Each case runs its two suites with -n 2 itself, so the cases go one at a time.
+CONFORMANCE := -m pytest -p no:xdist -rA tests/conformance/check_jax_suites.py
+test-conformance: $(STAMP) .venv-jax$(NEWEST_JAX)/.installed
+	$(PY) $(CONFORMANCE) -m "not slow" $(PYTEST_ARGS)
+
+test-all-conformance: venvs
+	$(PY) $(CONFORMANCE) $(PYTEST_ARGS)
+
+test-conformance-jax%: venvs
+	$(PY) $(CONFORMANCE) -k "jax$*-" $(PYTEST_ARGS)
 
 # Records legacy jax.pmap's result of every compare_with_legacy call into tests/data/legacy
 # (replacing all recordings, so those of removed tests go), running the tests that make
@@ -124,4 +147,4 @@ bench: $(STAMP) .venv-jax$(NEWEST_JAX)/.installed
 	  echo "== $$b (jax $(NEWEST_JAX))"; $(NEWEST_PY) $$b; done
 
 clean:
-	rm -rf $(VENV) .venv-jax* .venv-real-jax* .pytest_cache *.egg-info
+	rm -rf $(VENV) .venv-jax* .venv-real-jax* .pytest_cache *.egg-info docs/_build
