@@ -19,7 +19,8 @@ import sys
 import pytest
 
 from support import venvs
-from test_migration_guide import FENCE, TAGGED, TAGS, Block, _run_blocks_job, _run_shell
+from test_migration_guide import (FENCE, TAGS, Block, _run_blocks_job, _run_shell,
+                                  tagged_blocks)
 
 pytestmark = pytest.mark.jax06_only(reason="builds the site and runs the README on every JAX line")
 
@@ -34,8 +35,7 @@ def _readme() -> str:
 
 
 def _blocks() -> list[Block]:
-  return [Block(name, lang, frozenset(tags.split()), code)
-          for name, lang, tags, code in TAGGED.findall(_readme())]
+  return tagged_blocks(_readme())
 
 
 def test_site_builds_without_warnings(tmp_path):

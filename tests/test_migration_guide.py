@@ -67,9 +67,14 @@ def _guide() -> str:
     return f.read()
 
 
-def _blocks() -> list[Block]:
+def tagged_blocks(text: str) -> list[Block]:
+  """The tagged code blocks of a markdown text, in order."""
   return [Block(name, lang, frozenset(tags.split()), code)
-          for name, lang, tags, code in TAGGED.findall(_guide())]
+          for name, lang, tags, code in TAGGED.findall(text)]
+
+
+def _blocks() -> list[Block]:
+  return tagged_blocks(_guide())
 
 
 def _params(version: str):
