@@ -56,16 +56,9 @@ _NNX_RETRACE = ("the converted nnx.pmap step is traced and compiled again at ste
                 "model updated from the step's outputs reaches jax.jit with avals typed on the "
                 "step's mesh (f32[16]({Auto: ('batch',)})), the initial model without, and jit "
                 "keys its traces on that; legacy pmap does not")
-_NNX_RETRACE_NEWEST = (
-    "on jax 0.10 pmap_compat hands jit each input with its own aval (so a nested pmap's "
-    "program is not traced again for inputs on other devices): the model updated from the "
-    "step's outputs, typed on the step's mesh, retraces train_step at step 2, as 0.10.2's own "
-    "jax.pmap does (its 3 compiles of `_fun`); legacy pmap compiled it once")
 KNOWN: dict[tuple[str, str, str, str], str] = {
     (catalog.LEGACY_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
     (catalog.NEWEST_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
-    (catalog.NEWEST_LINE, "flax_nnx_pmap", "patched_before", "compiles"): _NNX_RETRACE_NEWEST,
-    (catalog.NEWEST_LINE, "flax_nnx_pmap", "patched_after", "compiles"): _NNX_RETRACE_NEWEST,
 }
 
 
