@@ -20,7 +20,7 @@ import pytest
 
 from support import venvs
 from test_migration_guide import (FENCE, TAGS, Block, _run_blocks_job, _run_shell,
-                                  tagged_blocks)
+                                  run_block_here, tagged_blocks)
 
 pytestmark = pytest.mark.jax06_only(reason="builds the site and runs the README on every JAX line")
 
@@ -68,11 +68,7 @@ def test_readme_links_to_files_that_exist():
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.name) for b in _blocks()
                                    if b.runs_on("0.6.0")])
 def test_readme_block_runs_on_jax_0_6_0(block: Block):
-  if block.lang == "sh":
-    _run_shell(block.code, sys.executable)
-    return
-  exec(compile(block.code, f"README.md:{block.name}", "exec"),  # pylint: disable=exec-used
-       {"__name__": "__readme__"})
+  run_block_here(block, "README.md", "__readme__")
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.name) for b in _blocks()

@@ -109,13 +109,19 @@ def _run_shell(code: str, python: str) -> None:
   assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("block", list(_params("0.6.0")))
-def test_guide_block_runs_on_jax_0_6_0(block: Block):
+def run_block_here(block: Block, document: str, module: str) -> None:
+  """Runs a block of `document` in this interpreter (jax 0.6.0): shell blocks with its
+  python first on PATH, Python blocks in a fresh namespace named `module`."""
   if block.lang == "sh":
     _run_shell(block.code, sys.executable)
     return
-  exec(compile(block.code, f"migration_guide.md:{block.name}", "exec"),  # pylint: disable=exec-used
-       {"__name__": "__guide__"})
+  exec(compile(block.code, f"{document}:{block.name}", "exec"),  # pylint: disable=exec-used
+       {"__name__": module})
+
+
+@pytest.mark.parametrize("block", list(_params("0.6.0")))
+def test_guide_block_runs_on_jax_0_6_0(block: Block):
+  run_block_here(block, "migration_guide.md", "__guide__")
 
 
 def _run_blocks_job(version: str, blocks: list[Block], out_dir: str, processes: int
