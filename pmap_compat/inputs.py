@@ -38,7 +38,7 @@ from jax._src.sharding_impls import GSPMDSharding, NamedSharding
 from pmap_compat import blocks, errors, jax_line, outputs
 from pmap_compat.jax_line import PmapSharding, prng
 
-__all__ = ["Plan", "committed_on_mesh", "onto_program_shardings", "place", "place_leaves", "shard_arg_fallback"]
+__all__ = ["Plan", "onto_program_shardings", "place", "place_leaves", "shard_arg_fallback"]
 
 
 @dataclasses.dataclass(frozen=True)
