@@ -1,19 +1,24 @@
-"""Rewrites JAX pmap sites into ``jax.jit`` over ``shard_map`` with equivalent specs.
+"""Rewrites JAX pmap sites into ``jax.jit`` over ``jax.shard_map`` with equivalent specs.
 
 Sites are found by meaning (QualifiedNameProvider): ``jax.pmap(f, ...)`` in any
 spelling, ``partial(jax.pmap, ...)(f)``, and the decorators ``@jax.pmap`` /
 ``@partial(jax.pmap, ...)``. A decorator site becomes
 
+    @placed_on(mesh, P("i"))
     @functools.partial(jax.jit, donate_argnums=(0,))
-    @on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
-                                    check_rep=False), drop_device_axis=True)
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                       check_vma=False)
+    @per_device
 
-and a call ``jax.jit(on_pmap_mesh(...)(f))``: the specs are pmap's in_axes / out_axes,
-``drop_device_axis`` is pmap's rank reduction, and ``on_pmap_mesh`` (from the support
-module the converted tree gets once, see ``codemod.support_module``) builds pmap's
-mesh on the first call. Directly nested pmaps become one shard_map over a multi-axis
-mesh. A site that cannot be converted exactly is left as it is and reported as an
-ERROR with the reason. With ``--target jax`` the names newest JAX removed are rewritten
+and a call ``placed_on(mesh, P("i"))(jax.jit(jax.shard_map(per_device(f), mesh=mesh,
+...)))``: the specs are pmap's in_axes / out_axes, the mesh a statement the file gets
+where it builds the pmap (``site_meshes``), and ``per_device`` / ``placed_on`` (from the
+support module the converted tree gets once, see ``codemod.support_module``) pmap's view
+of the arguments and its placement of them. A site plain code cannot express (nested
+pmaps, static_broadcasted_argnums, devices, backend, axis_size, axes held in variables)
+becomes ``host_local_io(jax.jit(on_pmap_mesh(...)(f)), ...)``, which builds pmap's mesh on
+the first call. A site that cannot be converted exactly is left as it is and reported as
+an ERROR with the reason. With ``--target jax`` the names newest JAX removed are rewritten
 (the ``jax.tree_map`` family, ``device_put_replicated`` / ``device_put_sharded``) or
 reported. Findings go to the context's warnings (``self.warn``), one
 ``line:col SEVERITY message`` each; the site counts to ``context.scratch``.
@@ -28,23 +33,23 @@ import os
 import re
 import tokenize
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (edits, file_style, imports, removed_names, replica_layout, site_comments,
-                     matcher_setup, support_module, targets, together, unreplicate,
-                     unused_imports)
+from codemod import (edits, file_style, imports, removed_names, site_comments,
+                     matcher_setup, site_meshes, support_module, targets, together,
+                     unreplicate, unused_imports)
 from codemod.edits import Arg, Call, Copied
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
 from codemod.sites import (PARTIAL_NAMES, PmapOptions, References, Site, contains, int_tuple,
                            is_none, qualified)
 
-DEFAULT_AXIS = "pmap_axis"
+DEFAULT_AXIS = "devices"
 TARGETS = targets.TARGETS
 _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.PartitionSpec",
                          "jax.experimental.pjit.PartitionSpec",
@@ -85,7 +90,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
              "that runs on the jax the file's repository declares, else on the installed jax)")
     arg_parser.add_argument(
         "--multihost", action="store_true",
-        help="convert host-local arrays to global ones and back around each site")
+        help="accepted for old command lines: every converted site is multi-host correct")
     arg_parser.add_argument(
         "--support-module", default=support_module.DEFAULT_NAME, metavar="MODULE",
         help="dotted name the converted files import the shared run-time helpers from")
@@ -104,7 +109,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       raise ValueError(f"target must be 'experimental' or 'jax', got {target!r}")
     self._target_option = target  # None: each file's own (targets.for_file)
     self.target = target or "jax"
-    self.multihost = multihost
+    del multihost  # every site is converted for any number of processes
     self.support_module = support_module
     self.support_root = support_root
     self.caller_writes_support = caller_writes_support  # the project CLI does
@@ -132,10 +137,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._partial_aliases: frozenset[str] = frozenset()
     self._unreplicate = unreplicate.Rewrites()
-    self._replicas = replica_layout.Rewrites()
     self._walked_idioms: cst.CSTVisitor | None = None  # walked with References, for plan()
     self._text: str | None = None  # the module's text
-    self._walked_replicas: cst.CSTVisitor | None = None
+    self._meshes = site_meshes.MeshPlan(cst.Module([]), self.get_metadata, set())
+    self._plain: dict[cst.CSTNode, str] = {}  # sites in the plain form -> their mesh
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
@@ -162,7 +167,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if self.sites_converted and note is not None:
       self._warn(1, 1, Severity.WARNING, note)
     if self.sites_converted and self.support_root is not None:
-      support_module.write(self.support_root, written)
+      support_module.write(self.support_root, written,
+                           self.context.scratch.get(support_module.NAMES_KEY, ()))
     elif self.sites_converted and not self.caller_writes_support:
       self._warn(1, 1, Severity.WARNING,
                  f"the converted sites import {self.support_module}, which this run does not "
@@ -175,14 +181,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def visit_Module(self, node: cst.Module) -> bool:
     self._module = node
     self._partial_aliases = self._find_partial_aliases(node)
-    refs = References(self.get_metadata, self.multihost, self.target)
+    refs = References(self.get_metadata, self.target)
     # One walk, rebuilding nothing, for every analysis of the whole module.
     self._text = text = self._source if self._source is not None else node.code
     self._walked_idioms = unreplicate.collector(self.get_metadata, text)
-    self._walked_replicas = (None if self.multihost
-                             else replica_layout.collector(self.get_metadata, text))
-    together.walk(node, [v for v in (refs, self._walked_idioms, self._walked_replicas)
-                         if v is not None])
+    together.walk(node, [refs, cast(cst.CSTVisitor, self._walked_idioms)])
     self._pmap_imports = refs.pmap_imports
     ref_set = set(refs.refs)
     claimed: set = set()
@@ -197,6 +200,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._link_nested(sites)
     self._check_bodies(sites, node)
     self._p = self._spec_name(node, sites)
+    self._indent_of(1)  # loads the tokens
+    self._meshes = site_meshes.MeshPlan(
+        node, self.get_metadata, {t.string for t in self._tokens if t.type == tokenize.NAME})
     for site in sites:
       if site.absorbed:
         continue
@@ -204,16 +210,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._convert(site)
     converted = [s for s in sites if not s.absorbed and s.error is None]
     if self.sites_converted:
-      refs.multihost_finding()
       self._plan_unreplicate(node, converted)
-      self._plan_replicas(node, converted)
-    for finding in (self._replicas.kept(self._unreplicate.kept(refs.findings))
-                    + self._unreplicate.findings + self._replicas.findings):
+    for finding in self._unreplicate.kept(refs.findings) + self._unreplicate.findings:
       self._warn(finding.line, finding.column, finding.severity, finding.message)
     self._plan_renames(refs)
     converted_nodes = [s.node for s in converted]
-    edited = (converted_nodes + list(self._renames) + self._unreplicate.nodes
-              + self._replicas.nodes)
+    edited = converted_nodes + list(self._renames) + self._unreplicate.nodes
     if not edited:
       return False  # nothing to rewrite: skip the walk
     self._site_lines = sorted(self.get_metadata(PositionProvider, n).start.line
@@ -440,12 +442,40 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return
     self.sites_converted += 1
     names = ", ".join(self._axis_names(site))
-    self._report(site.node, Severity.INFO,
-                 f"pmap converted to jax.jit(shard_map) over mesh axes {names}")
+    mesh = self._plain.get(site.node)
+    if mesh is None:
+      self._report(site.node, Severity.INFO,
+                   f"pmap converted to jax.jit(shard_map) over mesh axes {names}")
+    else:
+      self._report(site.node, Severity.INFO,
+                   f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh of every device "
+                   f"with axis {names}" + self._meshes.where(site.node))
+      again = self._evaluated_again(site)
+      if again is not None:
+        self._report(site.node, Severity.WARNING,
+                     f"the converted site is built {again}: each time makes a new jax.jit, "
+                     "which traces and compiles again where legacy pmap reused its compile "
+                     "of the same function; build it once, outside")
     for shapes in _forwarded_global_arg_shapes(site.levels()):
       self._report(shapes, Severity.WARNING,
                    f"global_arg_shapes={_code(shapes)} dropped: legacy pmap raised ValueError "
                    "unless it was None, the converted site ignores it")
+
+  def _evaluated_again(self, site: Site) -> str | None:
+    """Where a call site is built anew each time it runs: in a loop or a comprehension,
+    or called where it is built inside a function (a helper run per step)."""
+    # A lambda or partial made there is a new function each time: legacy pmap compiled
+    # it again too.
+    if site.fundef is not None or not isinstance(site.fun, (cst.Name, cst.Attribute)):
+      return None
+    again = self._meshes.evaluated_again(site.node)
+    if again is not None:
+      return again
+    end = self.get_metadata(PositionProvider, site.node).end
+    called = self._line(end.line)[end.column:].lstrip().startswith("(")
+    scope = self.get_metadata(ScopeProvider, site.node, None)
+    inside = scope is not None and not isinstance(scope, cst.metadata.GlobalScope)
+    return "and called inside a function, on each call of it" if called and inside else None
 
   def _axis_names(self, site: Site) -> list[str]:
     levels = site.levels()
@@ -504,71 +534,121 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       jit_kw.append(roles.setdefault("donate_argnums",
                                      Arg(self._copied(donate, "donate_argnums="))))
     io_kw: list[Arg | str] = [f"in_specs={in_specs}", f"out_specs={out_specs}"]
-    if self.multihost:
-      mesh_kw.append(Arg("across_hosts=True"))
-      io_kw += [Arg(kw.value) for kw in mesh_kw if _keyword(kw) in ("axes", "static_argnums", "devices")]
+    # pmap spanned every process's devices: each process passes host-local arrays.
+    mesh_kw.append(Arg("across_hosts=True"))
+    io_kw += [Arg(kw.value) for kw in mesh_kw if _keyword(kw) in ("axes", "static_argnums", "devices")]
 
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
+    if (len(levels) == 1 and (static is None or is_none(static)) and not extra
+        and "specs_from_axes(" not in in_specs + out_specs):
+      self._build_plain(site, names, roles, in_arg, out_arg, jit_kw, partial)
+      return
     smap = Call(partial, (shard_map, in_arg, out_arg, check))
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
-    originals = self._site_nodes(site)
     if site.fundef is None:
       fun = levels[-1].fun
       assert fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(Call(on_mesh, (self._copied(fun),)))
       jit = Call("jax.jit", (fun_arg, *jit_kw))
-      call = Call("host_local_io", (jit, *io_kw)) if self.multihost else jit
-      fallback = self._attach_comments(site, roles, fun_arg, call)
-      fun_arg.leading.extend(fallback)
-      # What follows the site on its last line (``(x)`` of ``pmap(f)(x)``) stays there.
-      end = self.get_metadata(PositionProvider, site.node).end
-      after = len(self._line(end.line)[end.column:].rstrip())
-      expression = edits.parse_expression(
-          edits.render(call, pos.column, indent, self._style, after))
-      missing = _missing_comments(originals, [expression])
-      if missing:  # a comment in a place no rule covers: before the function, not lost
-        fun_arg.leading.extend(missing)
-        expression = edits.parse_expression(
-            edits.render(call, pos.column, indent, self._style, after))
-      self._call_sites[site.node] = expression
+      self._plan_call_site(site, roles, fun_arg, Call("host_local_io", (jit, *io_kw)))
     else:
       jit_arg = Arg("jax.jit")  # takes the comments on pmap in partial(pmap, ...)
       jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
       decorators: list[Call | str] = [on_mesh, jit_decorator]
-      if self.multihost:
-        decorators.append(Call(partial, ("host_local_io", *io_kw)))
+      decorators.append(Call(partial, ("host_local_io", *io_kw)))
       fallback = self._attach_comments(site, roles, jit_arg if jit_kw else None,
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
-      first = site.fundef.decorators[site.decorators[0]]
-      new = [cst.Decorator(edits.parse_expression(
-                 d if isinstance(d, str) else edits.render(d, indent + 1, indent, self._style)))
-             for d in reversed(decorators)]
-      # The run's decorator-line comments, in source order: the first trailing one ends the
-      # first new decorator, as it ended the old one; the others go before the decorators.
-      ordered: list[cst.Comment] = []
-      for i in site.decorators:
-        dec = site.fundef.decorators[i]
-        if dec is not first:
-          ordered += [line.comment for line in dec.leading_lines if line.comment is not None]
-        if dec.trailing_whitespace.comment is not None:
-          ordered.append(dec.trailing_whitespace.comment)
-      ends_line = next((c for i in site.decorators
-                        if (c := site.fundef.decorators[i].trailing_whitespace.comment)), None)
-      if ends_line is not None:
-        new[0] = new[0].with_changes(trailing_whitespace=cst.TrailingWhitespace(
-            whitespace=cst.SimpleWhitespace("  "), comment=ends_line))
-      fallback += [c.value for c in ordered if c is not ends_line]
-      kept = [line.comment.value for line in first.leading_lines if line.comment is not None]
-      fallback += _missing_comments(originals, new, kept + fallback)
-      leading = list(first.leading_lines) + [
-          cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in fallback]
-      new[0] = new[0].with_changes(leading_lines=leading)
-      self._def_sites.setdefault(site.fundef, []).append((site.decorators, new))
-    support = ["on_pmap_mesh"] + (["host_local_io"] if self.multihost else [])
+      self._replace_decorators(site, list(reversed(decorators)), fallback, indent)
+    support = ["on_pmap_mesh", "host_local_io"]
     if "specs_from_axes(" in in_specs + out_specs:
       support.append("specs_from_axes")
     self._add_imports(partial, support)
+
+  def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg], in_arg: Arg,
+                   out_arg: Arg, jit_kw: list[Arg], partial: str) -> None:
+    """The site as a JAX engineer writes it: ``jax.jit`` over ``jax.shard_map`` on a mesh
+    the file builds (``site_meshes``), the function through ``per_device`` (pmap's view
+    of its arguments), and ``placed_on`` putting the arguments on the mesh first."""
+    options = site.options
+    given = options.get("axis_name")
+    literal = given is None or is_none(given) or isinstance(given, cst.SimpleString)
+    mesh = self._meshes.mesh_for(site.node, names, literal)
+    self._plain[site.node] = mesh
+    shard_map, check = _SHARD_MAP[self.target]
+    in_specs = in_arg.value
+    axes_kw = [self._copied(value, f"{name}=") for name in ("in_axes", "out_axes")
+               if (value := options.get(name)) is not None
+               and not (isinstance(value, cst.Integer) and value.value == "0")]
+    place = Call("placed_on", (mesh, cast(str, in_specs)[len("in_specs="):]))
+    mesh_kw = f"mesh={mesh}"
+    pos = self.get_metadata(PositionProvider, site.node).start
+    indent = len(self._indent_of(pos.line))
+    if site.fundef is None:
+      fun = site.fun
+      assert fun is not None  # a call site without a function is reported, not built
+      fun_arg = Arg(Call("per_device", (self._copied(fun), *axes_kw)))
+      smap = Call(shard_map, (fun_arg, mesh_kw, in_arg, out_arg, check))
+      self._plan_call_site(site, roles, fun_arg, Call(place, (Call("jax.jit", (smap, *jit_kw)),)))
+    else:
+      jit_arg = Arg("jax.jit")
+      jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
+      smap = Call(partial, (shard_map, mesh_kw, in_arg, out_arg, check))
+      body: Call | str = Call(partial, ("per_device", *axes_kw)) if axes_kw else "per_device"
+      # top to bottom
+      decorators: list[Call | str] = [place, jit_decorator, smap, body]
+      fallback = self._attach_comments(site, roles, jit_arg if jit_kw else None,
+                                       jit_decorator if isinstance(jit_decorator, Call) else None)
+      self._replace_decorators(site, decorators, fallback, indent)
+    self._add_imports(partial, ["per_device", "placed_on"])
+
+  def _plan_call_site(self, site: Site, roles: dict[str, Arg], fun_arg: Arg, call: Call) -> None:
+    """Plans ``call`` in place of the call site, the site's comments kept (on the
+    arguments they described; those with no place before the function)."""
+    pos = self.get_metadata(PositionProvider, site.node).start
+    indent = len(self._indent_of(pos.line))
+    fun_arg.leading.extend(self._attach_comments(site, roles, fun_arg, call))
+    # What follows the site on its last line (``(x)`` of ``pmap(f)(x)``) stays there.
+    end = self.get_metadata(PositionProvider, site.node).end
+    after = len(self._line(end.line)[end.column:].rstrip())
+    expression = edits.parse_expression(
+        edits.render(call, pos.column, indent, self._style, after))
+    missing = _missing_comments(self._site_nodes(site), [expression])
+    if missing:  # a comment in a place no rule covers: before the function, not lost
+      fun_arg.leading.extend(missing)
+      expression = edits.parse_expression(
+          edits.render(call, pos.column, indent, self._style, after))
+    self._call_sites[site.node] = expression
+
+  def _replace_decorators(self, site: Site, decorators: list[Call | str], fallback: list[str],
+                          indent: int) -> None:
+    """Plans ``decorators`` (top to bottom) in place of the site's run of decorators, with
+    the comments of the run kept (``fallback``: those with no place of their own)."""
+    assert site.fundef is not None
+    originals = self._site_nodes(site)
+    first = site.fundef.decorators[site.decorators[0]]
+    new = [cst.Decorator(edits.parse_expression(
+               d if isinstance(d, str) else edits.render(d, indent + 1, indent, self._style)))
+           for d in decorators]
+    ordered: list[cst.Comment] = []
+    for i in site.decorators:
+      dec = site.fundef.decorators[i]
+      if dec is not first:
+        ordered += [line.comment for line in dec.leading_lines if line.comment is not None]
+      if dec.trailing_whitespace.comment is not None:
+        ordered.append(dec.trailing_whitespace.comment)
+    ends_line = next((c for i in site.decorators
+                      if (c := site.fundef.decorators[i].trailing_whitespace.comment)), None)
+    if ends_line is not None:
+      new[0] = new[0].with_changes(trailing_whitespace=cst.TrailingWhitespace(
+          whitespace=cst.SimpleWhitespace("  "), comment=ends_line))
+    fallback += [c.value for c in ordered if c is not ends_line]
+    kept = [line.comment.value for line in first.leading_lines if line.comment is not None]
+    fallback += _missing_comments(originals, new, kept + fallback)
+    leading = list(first.leading_lines) + [
+        cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in fallback]
+    new[0] = new[0].with_changes(leading_lines=leading)
+    self._def_sites.setdefault(site.fundef, []).append((site.decorators, new))
 
   def _copied(self, node: cst.BaseExpression, keyword: str = "") -> Copied:
     """``node`` (with its parentheses) as written in the file, ``keyword`` before it."""
@@ -713,7 +793,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:
     """The imports the new code uses that the module does not bind yet."""
     written = [_code(e) for e in (*self._call_sites.values(), *self._renames.values())]
-    written += self._unreplicate.code() + self._replicas.code()
+    written += self._unreplicate.code()
     written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
                 for d in new]
     text = "\n".join(written)
@@ -774,20 +854,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   # ----- replicated inputs laid out on their site's mesh -----
 
-  def _plan_replicas(self, module: cst.Module, converted: list[Site]) -> None:
-    if self.multihost:
-      return  # sites run on the mesh of every process's devices
-    style = self._style
-    assert self._lines is not None
-    self._replicas = replica_layout.plan(module, self.get_metadata, converted, style.width,
-                                         style.quote, self._lines,
-                                         jax_import_replaced=self.target == "jax",
-                                         walked=self._walked_replicas)
-    if self._replicas.nodes:
-      self._import_support(replica_layout.SUPPORT_NAME)
-    for module_name, obj, alias in self._replicas.flax_imports:
-      RemoveImportsVisitor.remove_unused_import(self.context, module_name, obj, alias)
-
   def leave_Lambda(self, original_node: cst.Lambda, updated_node: cst.Lambda) -> cst.BaseExpression:
     return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))
 
@@ -822,10 +888,27 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
     replacement = self._call_sites.get(original_node)
     if replacement is None:
-      updated = self._replicas.apply(original_node, updated_node)
-      return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated))
+      return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))
     self._applied += 1
     return replacement.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+  def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+    updated = super().on_leave(original_node, updated_node)
+    if not isinstance(original_node, cst.BaseStatement):
+      return updated
+    line = self.get_metadata(PositionProvider, original_node).start.line
+    meshes = self._meshes.statements_before(original_node, self._style,
+                                            len(self._indent_of(line)))
+    if not meshes or not isinstance(updated, cst.BaseStatement):
+      return updated
+    # The meshes take the blank lines before the statement; its comments stay with it.
+    lines = list(cast(cst.SimpleStatementLine, updated).leading_lines)
+    blank = 0
+    while blank < len(lines) and lines[blank].comment is None:
+      blank += 1
+    meshes[0] = meshes[0].with_changes(leading_lines=lines[:blank])
+    kept = lines[:blank] if isinstance(updated, (cst.FunctionDef, cst.ClassDef)) else []
+    return cst.FlattenSentinel([*meshes, updated.with_changes(leading_lines=kept + lines[blank:])])
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef,
                         updated_node: cst.FunctionDef) -> cst.FunctionDef:

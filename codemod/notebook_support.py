@@ -26,47 +26,13 @@ def names_in(cell: str) -> tuple[str, ...] | None:
   return tuple(n.strip() for n in match.group(1).split(",")) if match else None
 
 
-def _statements() -> tuple[str, list[tuple[ast.stmt, str]]]:
-  """The support source and its top-level statements, each with its text (the comment
-  lines right above it included)."""
-  body = support_module.body()
-  tree = ast.parse(body)
-  lines = body.splitlines(keepends=True)
-  out = []
-  previous_end = 0
-  for stmt in tree.body:
-    start = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])]) - 1
-    first = start
-    while first > previous_end and lines[first - 1].lstrip().startswith("#"):
-      first -= 1
-    assert stmt.end_lineno is not None
-    out.append((stmt, "".join(lines[first:stmt.end_lineno])))
-    previous_end = stmt.end_lineno
-  return body, out
-
-
-def _defined(stmt: ast.stmt) -> set[str]:
-  if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
-    return {stmt.name}
-  if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-    return {t.id for t in targets if isinstance(t, ast.Name)}
-  if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-    return {(a.asname or a.name).split(".")[0] for a in stmt.names}
-  return set()
-
-
-def _used(stmt: ast.stmt) -> set[str]:
-  return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
-
-
 def _used_now(stmt: ast.stmt) -> set[str]:
   """Names a statement reads when it runs (a def's decorators and defaults, not its body)."""
   if isinstance(stmt, ast.FunctionDef):
     parts: list[ast.AST] = [*stmt.decorator_list, *stmt.args.defaults,
                             *(d for d in stmt.args.kw_defaults if d is not None)]
-    return set().union(*(_used(p) for p in parts)) if parts else set()  # type: ignore[arg-type]
-  return _used(stmt)
+    return set().union(*(support_module.used(p) for p in parts)) if parts else set()
+  return support_module.used(stmt)
 
 
 def source(names: tuple[str, ...], before: set[str], through: set[str]) -> str:
@@ -75,22 +41,13 @@ def source(names: tuple[str, ...], before: set[str], through: set[str]) -> str:
   ``before`` the cell, or, for modules only the functions' bodies read, in the cells
   ``through`` the first converted one (the bodies run when the converted code calls
   them; importing such a module twice would be an unused import redefined, F811)."""
-  _, statements = _statements()
-  definitions = [(stmt, text) for stmt, text in statements
-                 if not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Expr))]
-  wanted = set(names)
-  while True:
-    used = set().union(*(_used(s) for s, _ in definitions if _defined(s) & wanted))
-    grown = wanted | {n for s, _ in definitions for n in _defined(s) & used}
-    if grown == wanted:
-      break
-    wanted = grown
-  kept = [(s, t) for s, t in definitions if _defined(s) & wanted]
-  used = set().union(*(_used(s) for s, _ in kept))
+  statements = support_module.statements()
+  kept = support_module.needed(names)
+  used = set().union(*(support_module.used(s) for s, _ in kept))
   used_now = set().union(*(_used_now(s) for s, _ in kept))
   heads = [t for s, t in statements if isinstance(s, (ast.Import, ast.ImportFrom))
-           and _defined(s) & used and t.strip() not in before
-           and (_defined(s) & used_now or t.strip() not in through)]
+           and support_module.defined(s) & used and t.strip() not in before
+           and (support_module.defined(s) & used_now or t.strip() not in through)]
   header = _HEADER.format(names=", ".join(sorted(names)))
   parts = ["".join(heads)] if heads else []
   parts += [t.strip("\n") for _, t in kept]

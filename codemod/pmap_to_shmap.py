@@ -13,13 +13,14 @@ A thin layer over ``ConvertPmapCommand`` (which ``python -m libcst.tool codemod`
 too): it adds notebooks, parallel jobs, the report, and the support module the
 converted files import. By default each package gets its own copy inside its top-level
 package (``flax/_pmap_shard_map.py``: an installed package ships it), scripts outside
-packages share ``pmap_shard_map.py`` in the directory holding every PATH, and a
+packages get ``pmap_shard_map.py`` in their own directory (found when they run), and a
 notebook gets the support code as a cell of its own; ``--support-module`` /
 ``--support-root`` put one module, for every ``.py`` file, where they say.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import multiprocessing
 import os
@@ -60,11 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--strategy", choices=("shard_map", "shim"), default="shard_map",
                  help="shard_map: rewrite to jax.jit(shard_map); shim: jax.pmap -> pmap_compat.pmap")
   p.add_argument("--multihost", action="store_true",
-                 help="emit host-local <-> global conversions for multi-process code")
+                 help="accepted for old command lines: every converted site is correct with "
+                      "any number of processes")
   p.add_argument("--support-module", metavar="MODULE",
                  help="dotted name of the one shared module every converted .py file imports "
                       f"(default: {support_module.PACKAGE_NAME} inside each file's top-level "
-                      f"package, {support_module.DEFAULT_NAME} for scripts outside packages)")
+                      f"package, {support_module.DEFAULT_NAME} next to each script outside packages)")
   p.add_argument("--support-root", metavar="DIR",
                  help="directory that module is written under, the one on sys.path when the "
                       "converted code runs (default: the directory holding every PATH)")
@@ -93,32 +95,50 @@ Key = tuple[str, str]  # (root, dotted name) of a support module
 
 
 def _placement(path: str, text: str, options: Options, args) -> support_module.Placement | None:
-  if options.scripts_root is None and not path.endswith((".ipynb", ".md")):
+  if not options.per_file_support and not path.endswith((".ipynb", ".md")):
     return support_module.Placement(args.support_root, args.support_module, args.support_module)
   return support_placement(path, text, options)
 
 
-def _support_users(args, options: Options, results: list[FileResult]) -> dict[Key, list[str]]:
-  """Each support module the files import after this run, with the files importing it."""
-  users: dict[Key, list[str]] = {}
+def _support_users(args, options: Options,
+                   results: list[FileResult]) -> dict[Key, tuple[list[str], set[str]]]:
+  """Each support module the files import after this run, with the files importing it
+  and the names they import from it."""
+  users: dict[Key, tuple[list[str], set[str]]] = {}
   for result in results:
     text = _text_of(result)
     if text is None:
       continue
-    place = _placement(result.path, text.decode("utf-8", "replace"), options, args)
+    decoded = text.decode("utf-8", "replace")
+    place = _placement(result.path, decoded, options, args)
     if place is not None and f"from {place.spelling} import".encode() in text:
-      users.setdefault((place.root, place.name), []).append(result.path)
+      paths, names = users.setdefault((place.root, place.name), ([], set()))
+      paths.append(result.path)
+      names |= _imported(decoded, place.spelling)
   return users
+
+
+def _imported(text: str, spelling: str) -> set[str]:
+  """The names ``text`` imports from the module it spells ``spelling``."""
+  module = spelling.lstrip(".")
+  level = len(spelling) - len(module)
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError):
+    return set()
+  return {alias.name for node in ast.walk(tree)
+          if isinstance(node, ast.ImportFrom) and node.module == module and node.level == level
+          for alias in node.names}
 
 
 def _planned_keys(args, options: Options, paths: list[str]) -> set[Key]:
   """The support modules the files could import (where they go depends on the path only)."""
-  if options.scripts_root is None:
+  if not options.per_file_support:
     return {(args.support_root, args.support_module)}
   keys = set()
   for path in paths:
     if not path.endswith((".ipynb", ".md")):
-      place = support_module.placement(path, "", options.scripts_root)
+      place = support_module.placement(path, "")
       keys.add((place.root, place.name))
   return keys
 
@@ -176,7 +196,7 @@ def _main(argv: Sequence[str] | None) -> int:
     return EXIT_INTERNAL_ERROR
   options = Options(target=args.target, strategy=args.strategy,
                     multihost=args.multihost, support_module=args.support_module,
-                    scripts_root=None if explicit else args.support_root)
+                    per_file_support=not explicit)
   found = files.discover(args.paths, follow_symlinks=args.follow_symlinks)
   keys = sorted(_planned_keys(args, options, found.sources))
   foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
@@ -191,8 +211,8 @@ def _main(argv: Sequence[str] | None) -> int:
   sources = [f for f in found.sources if os.path.realpath(f) != os.path.realpath(support_path)]
   results = _run_all(sources, options, args.jobs)
   users = _support_users(args, options, results)
-  changes = {key: paths for key, paths in sorted(users.items())
-             if support_module.status_at(*key) is not support_module.Status.CURRENT}
+  changes = {key: paths for key, (paths, names) in sorted(users.items())
+             if support_module.status_at(*key, names) is not support_module.Status.CURRENT}
 
   totals = Totals()
   lines: list[str] = []
@@ -203,7 +223,7 @@ def _main(argv: Sequence[str] | None) -> int:
   # Written before the files that import them: where one cannot be, its files stay
   # unchanged rather than import a module that is not there.
   failures = {key: failure for key in changes
-              if args.in_place and (failure := _write_support(*key)) is not None}
+              if args.in_place and (failure := _write_support(*key, users[key][1])) is not None}
   unwritable = {path for key in failures for path in changes[key]}
   for result in results:
     if args.in_place:
@@ -225,8 +245,9 @@ def _main(argv: Sequence[str] | None) -> int:
     lines.append(f"{_display_path(path)}:1:1 INFO support module {key[1]} {verb}; the "
                  "converted files import it")
     if not args.in_place and not args.check:
+      names = support_module.wanted(old_support[key], users[key][1])
       sys.stdout.write(_new_file_diff(_display_path(path), old_support[key] or "",
-                                      support_module.source()))
+                                      support_module.source(names)))
   lines.append(totals.format())
   report = "\n".join(lines) + "\n"
   sys.stdout.flush()
@@ -255,10 +276,11 @@ def _write_report(path: str | None, report: str) -> bool:
   return path is None
 
 
-def _write_support(root: str, name: str) -> files.Notice | None:
-  """Writes the support module; the failure, if it could not be written."""
+def _write_support(root: str, name: str, names: set[str]) -> files.Notice | None:
+  """Writes the support module for files calling ``names``; the failure, if it could not
+  be written."""
   try:
-    support_module.write(root, name)
+    support_module.write(root, name, names)
   except OSError as e:
     path = support_module.path_for(root, name)
     return files.Notice(path, Finding(1, 1, Severity.ERROR, f"cannot write the support "

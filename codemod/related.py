@@ -3,10 +3,7 @@
 ``jax.device_put_replicated`` / ``device_put_sharded`` (removed from newer JAX: rewritten
 for ``--target jax``, reported otherwise), the ``jax.tree_map`` family (rewritten for
 ``--target jax``), other removed modules (reported), the ``x[0]`` / ``unreplicate``
-idiom on pmap outputs, ``jax.local_device_count()``-sized reshapes, and multi-process
-code run without ``--multihost`` (one entry per file with converted sites: they raise at
-run time with more than one process, so this is a pointer, not a silent hazard).
-Rewrites are collected here and applied by the command.
+idiom on pmap outputs and ``jax.local_device_count()``-sized reshapes. Rewrites are collected here and applied by the command.
 """
 from __future__ import annotations
 
@@ -23,11 +20,9 @@ _SHARDED = frozenset({"jax.device_put_sharded", "jax.api.device_put_sharded"})
 _UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
 _REPLICATE = frozenset({"flax.jax_utils.replicate"})
 _LOCAL_COUNT = frozenset({"jax.local_device_count"})
-_PROCESS = frozenset({"jax.process_count", "jax.process_index", "jax.host_count",
-                      "jax.host_id"})
 
 _LAST_NAMES = frozenset(name.rsplit(".", 1)[1] for name in (
-    _REPLICATED | _SHARDED | _UNREPLICATE | _REPLICATE | _LOCAL_COUNT | _PROCESS))
+    _REPLICATED | _SHARDED | _UNREPLICATE | _REPLICATE | _LOCAL_COUNT))
 
 GUIDANCE = {
     "replicated": (
@@ -53,30 +48,23 @@ GUIDANCE = {
     "local_count": (
         Severity.INFO,
         "a jax.local_device_count()-sized reshape: still right after the rewrite, "
-        "whose mesh spans the first n local devices for a mapped axis of size n"),
-    "process": (
-        Severity.WARNING,
-        "multi-process code ({count} process_count / process_index calls in this file): "
-        "rerun the codemod with --multihost so the converted sites convert host-local "
-        "arrays to global ones and back; without it they raise when more than one "
-        "process runs"),
+        "whose site maps over every device of its mesh (each process passing its "
+        "local rows, as under pmap)"),
 }
 
 
 class RelatedPatterns(cst.CSTVisitor):
   """Collects report entries for the related patterns into ``findings``."""
 
-  def __init__(self, get_metadata: Callable, multihost: bool, target: str):
+  def __init__(self, get_metadata: Callable, target: str):
     # The command's metadata lookup: this visitor walks the command's tree, not its own.
     self.get_metadata = get_metadata  # type: ignore[method-assign]
-    self.multihost = multihost
     self.rewrite_removed = target == "jax"
     self.findings: list[Finding] = []
     self.renames: list[tuple[cst.CSTNode, str]] = []        # node -> dotted replacement
     self.support_calls: list[tuple[cst.CSTNode, str]] = []  # callee -> support function
     self.removed_imports: list[tuple[str, str, str | None]] = []  # (module, name, alias)
     self.removed_spellings: set[str] = set(removed_names.LAST_NAMES)  # names to resolve
-    self.process_calls: list[cst.Call] = []  # process_count / process_index, without --multihost
     self._reshape_depth = 0
 
   def _names(self, node: cst.CSTNode) -> set[str]:
@@ -84,14 +72,6 @@ class RelatedPatterns(cst.CSTVisitor):
 
   def _add(self, node: cst.CSTNode, kind: str) -> None:
     self._finding(node, *GUIDANCE[kind])
-
-  def multihost_finding(self) -> None:
-    """The file is multi-process code and has converted sites: one WARNING, at its first
-    process_count / process_index call (the sites raise there unless --multihost)."""
-    if self.process_calls:
-      severity, message = GUIDANCE["process"]
-      self._finding(self.process_calls[0], severity,
-                    message.format(count=len(self.process_calls)))
 
   def _finding(self, node: cst.CSTNode, severity: Severity, message: str) -> None:
     pos = self.get_metadata(PositionProvider, node).start
@@ -155,8 +135,6 @@ class RelatedPatterns(cst.CSTVisitor):
       self._add(node, "unreplicate")
     elif names & _REPLICATE:
       self._add(node, "replicate")
-    elif names & _PROCESS and not self.multihost:
-      self.process_calls.append(node)
     elif names & _LOCAL_COUNT and self._reshape_depth:
       self._add(node, "local_count")
 

@@ -32,16 +32,16 @@ class Options:
   # file itself (notebooks: nothing to import in Colab).
   support_module: str | None = support_module.DEFAULT_NAME
   # Set: each .py file imports the support module ``support_module.placement`` gives it
-  # (its package's copy, or the scripts' one under this directory), not ``support_module``.
-  scripts_root: str | None = None
+  # (its package's copy, or one next to the script), not ``support_module``.
+  per_file_support: bool = False
 
 
 def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
   """The support module a converted ``.py`` file imports (None for notebooks: inline)."""
   if path.endswith((".ipynb", ".md")):
     return None
-  if options.scripts_root is not None:
-    return support_module.placement(path, text, options.scripts_root)
+  if options.per_file_support:
+    return support_module.placement(path, text)
   if options.support_module is None:
     return None
   return support_module.Placement("", options.support_module, options.support_module)

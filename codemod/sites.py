@@ -110,8 +110,8 @@ class References(RelatedPatterns):
   """Every expression that names JAX's pmap, and every Call/def for site analysis; in the
   same walk, the related patterns that only get report entries."""
 
-  def __init__(self, get_metadata, multihost: bool, target: str):
-    super().__init__(get_metadata, multihost, target)
+  def __init__(self, get_metadata, target: str):
+    super().__init__(get_metadata, target)
     self.refs: list[cst.CSTNode] = []
     self.calls: list[cst.Call] = []
     self.defs: list[cst.FunctionDef] = []

@@ -16,13 +16,14 @@ import functools
 import hashlib
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import libcst as cst
 
 from codemod import files
 
-VERSION = 3  # 3: the header's digest is of the syntax tree; the header fits 80 columns
+VERSION = 4  # 4: the module holds what the converted files call (cut); 3: tree digest
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 
@@ -64,20 +65,104 @@ _V2_TREE_DIGESTS = frozenset({
 })
 
 
-def body() -> str:
-  """The module's text without its header line: ``support_source.py``."""
-  return _body()
+def body(names: Collection[str] | None = None) -> str:
+  """The module's text without its header line: ``support_source.py``, or, given
+  ``names``, its docstring with just those functions, what they use and the imports
+  they need (``cut``)."""
+  return _body() if names is None else cut(frozenset(names))
 
 
+@functools.lru_cache(maxsize=1)
 def _body() -> str:
   with open(os.path.join(os.path.dirname(__file__), "support_source.py"), encoding="utf-8") as f:
     return f.read()
 
 
-def source() -> str:
-  """The module's full text, header included."""
-  body = _body()
-  return _HEADER.format(version=VERSION, digest=_tree_digest_cached(body)) + body
+def source(names: Collection[str] | None = None) -> str:
+  """The module's text, header included: all of it, or what ``names`` need."""
+  text = body(names)
+  return _HEADER.format(version=VERSION, digest=_tree_digest_cached(text)) + text
+
+
+@functools.lru_cache(maxsize=1)
+def statements() -> list[tuple[ast.stmt, str]]:
+  """The support source's top-level statements, each with its text (the comment lines
+  right above it included)."""
+  text = _body()
+  tree = ast.parse(text)
+  lines = text.splitlines(keepends=True)
+  out = []
+  previous_end = 0
+  for stmt in tree.body:
+    start = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])]) - 1
+    first = start
+    while first > previous_end and lines[first - 1].lstrip().startswith("#"):
+      first -= 1
+    assert stmt.end_lineno is not None
+    out.append((stmt, "".join(lines[first:stmt.end_lineno])))
+    previous_end = stmt.end_lineno
+  return out
+
+
+def defined(stmt: ast.stmt) -> set[str]:
+  """The names a top-level statement binds."""
+  if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)):
+    return {stmt.name}
+  if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    return {t.id for t in targets if isinstance(t, ast.Name)}
+  if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+    return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+  return set()
+
+
+def used(node: ast.AST) -> set[str]:
+  return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def needed(names: Collection[str]) -> list[tuple[ast.stmt, str]]:
+  """The support source's definitions (not its imports) that ``names`` need: theirs and
+  those they use, in the source's order."""
+  definitions = [(stmt, text) for stmt, text in statements()
+                 if not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Expr))]
+  wanted = set(names)
+  while True:
+    reads = set().union(*(used(s) for s, _ in definitions if defined(s) & wanted))
+    grown = wanted | {n for s, _ in definitions for n in defined(s) & reads}
+    if grown == wanted:
+      return [(s, t) for s, t in definitions if defined(s) & wanted]
+    wanted = grown
+
+
+@functools.lru_cache(maxsize=64)
+def cut(names: frozenset[str]) -> str:
+  """The module for files that call ``names``: its docstring, the imports the kept
+  definitions read, and those definitions."""
+  kept = needed(names)
+  reads = set().union(*(used(s) for s, _ in kept))
+  every = statements()
+  docstring = [text.strip("\n") for stmt, text in every[:1] if isinstance(stmt, ast.Expr)]
+  imports = [text for stmt, text in every
+             if isinstance(stmt, (ast.Import, ast.ImportFrom)) and defined(stmt) & reads]
+  head = "\n".join([*docstring, _import_groups(imports)])
+  return head + "\n\n" + "\n\n\n".join(t.strip("\n") for _, t in kept) + "\n"
+
+
+def _import_groups(imports: list[str]) -> str:
+  """The kept import lines, standard library first, a blank line before third-party."""
+  std = [i for i in imports if i.split()[1].split(".")[0] not in ("jax", "numpy")]
+  third = [i for i in imports if i not in std]
+  return "".join(std) + ("\n" if std and third else "") + "".join(third)
+
+
+def held(text: str) -> frozenset[str]:
+  """The public functions a support module's text defines."""
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError):
+    return frozenset()
+  return frozenset(name for stmt in tree.body for name in defined(stmt)
+                   if isinstance(stmt, ast.FunctionDef) and not name.startswith("_"))
 
 
 def tree_digest(text: str) -> str | None:
@@ -177,14 +262,15 @@ def package_of(path: str) -> tuple[str, list[str]] | None:
     directory = parent
 
 
-def placement(path: str, text: str, scripts_root: str) -> Placement:
+def placement(path: str, text: str) -> Placement:
   """The support module a file at ``path`` imports: inside its top-level package when it
   is in one (an installed package ships it), imported the way the file imports its own
-  package (relatively if it uses relative imports); else ``pmap_shard_map`` under
-  ``scripts_root``, one copy for all the scripts of a run."""
+  package (relatively if it uses relative imports); else ``pmap_shard_map`` next to the
+  script, where Python finds it when the script runs (``python main.py`` puts the
+  script's directory on sys.path, whatever the working directory)."""
   package = package_of(path)
   if package is None or not all(part.isidentifier() for part in package[1]):
-    return Placement(scripts_root, DEFAULT_NAME, DEFAULT_NAME)
+    return Placement(os.path.dirname(os.path.abspath(path)), DEFAULT_NAME, DEFAULT_NAME)
   root, parts = package
   name = f"{parts[0]}.{PACKAGE_NAME}"
   spelling = "." * len(parts) + PACKAGE_NAME if _RELATIVE_IMPORT.search(text) else name
@@ -198,25 +284,27 @@ class Status(enum.Enum):
   FOREIGN = "foreign"  # not written by the codemod, or edited since
 
 
-def status_of(text: str | None) -> Status:
+def status_of(text: str | None, names: Collection[str] = ()) -> Status:
+  """How a support module's text stands for files that call ``names``: CURRENT when it
+  is this version's text (as written, or reformatted) and holds them all."""
   if text is None:
     return Status.MISSING
-  if text == source():
-    return Status.CURRENT
-  first, _, body = text.partition("\n")
+  first, _, body_text = text.partition("\n")
   first = first.rstrip()  # a CRLF file's \r
   old = _OLD_HEADER_RE.fullmatch(first)
   if old:
     # An older copy as written (its text's hash), or rewritten by a formatter.
-    if (hashlib.sha256(body.encode("utf-8")).hexdigest() == old.group(2)
-        or _tree_digest_cached(body) in _V2_TREE_DIGESTS):
+    if (hashlib.sha256(body_text.encode("utf-8")).hexdigest() == old.group(2)
+        or _tree_digest_cached(body_text) in _V2_TREE_DIGESTS):
       return Status.STALE
     return Status.FOREIGN
   match = _HEADER_RE.fullmatch(first)
-  if not match or _tree_digest_cached(body) != match.group(2):
+  if not match or _tree_digest_cached(body_text) != match.group(2):
     return Status.FOREIGN
-  if int(match.group(1)) == VERSION and match.group(2) == _tree_digest_cached(_body()):
-    return Status.CURRENT  # reformatted: left as the repository's formatter made it
+  has = held(body_text)
+  current = match.group(2) in (_tree_digest_cached(_body()), _tree_digest_cached(cut(has)))
+  if int(match.group(1)) == VERSION and current and has >= set(names):
+    return Status.CURRENT  # possibly reformatted: left as the repository's formatter made it
   return Status.STALE
 
 
@@ -240,8 +328,8 @@ def read(root: str, name: str) -> str | None:
     return f.read()
 
 
-def status_at(root: str, name: str) -> Status:
-  return status_of(read(root, name))
+def status_at(root: str, name: str, names: Collection[str] = ()) -> Status:
+  return status_of(read(root, name), names)
 
 
 def foreign_message(root: str, name: str) -> str:
@@ -250,20 +338,29 @@ def foreign_message(root: str, name: str) -> str:
           "name with --support-module")
 
 
-def write(root: str, name: str) -> bool:
-  """Writes the module under ``root`` unless an up-to-date copy is there; True if written.
+def write(root: str, name: str, names: Collection[str] | None = None) -> bool:
+  """Writes the module under ``root`` for files that call ``names`` (None: all of it),
+  keeping what a copy there holds, unless an up-to-date copy is there; True if written.
 
   Raises ``FileExistsError`` for a foreign file (never overwritten).
   """
-  status = status_at(root, name)
+  text = read(root, name)
+  status = status_of(text, names or ())
   if status is Status.FOREIGN:
     raise FileExistsError(foreign_message(root, name))
   if status is Status.CURRENT:
     return False
   path = path_for(root, name)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  files.write_atomically(path, source().encode("utf-8"))
+  files.write_atomically(path, source(wanted(text, names)).encode("utf-8"))
   return True
+
+
+def wanted(text: str | None, names: Collection[str] | None) -> frozenset[str] | None:
+  """What a module written over ``text`` (ours, or None) must hold for ``names``."""
+  if names is None:
+    return None
+  return frozenset(names) | (held(text.partition("\n")[2]) if text is not None else frozenset())
 
 
 def is_import_of_support(assignment) -> bool:

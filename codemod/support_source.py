@@ -1,25 +1,12 @@
-"""The run-time part of code converted from ``jax.pmap`` to ``jax.jit`` over
-``shard_map``.
-
-pmap-to-shmap writes this file once per converted tree; the converted sites
-import it. A site reads like this::
-
-  @functools.partial(jax.jit, donate_argnums=(0,))
-  @on_pmap_mesh(
-      functools.partial(shard_map, in_specs=(P("i"), P()), out_specs=P("i")),
-      drop_device_axis=True)
-  def step(params, lr): ...
-
-``on_pmap_mesh`` supplies the one thing a site cannot write at import time: the
-mesh pmap ran on (the first n local devices for a mapped axis of size n), built
-on the first call so importing a converted file does not start JAX's backend.
-``drop_device_axis`` is pmap's rank reduction: each device's function sees its
-slice without the mapped axis, and its outputs get the axis back where
-``out_specs`` put it. With more than one process, legacy pmap spanned every
-host: a site converted without ``--multihost`` raises instead of silently
-reducing over one host's devices only.
+"""Helpers for code pmap-to-shmap converted from ``jax.pmap`` to ``jax.jit``
+over ``jax.shard_map``: ``per_device`` gives a function pmap's view of its
+arguments, ``placed_on`` places a site's arguments on its mesh as pmap did,
+``first_row`` is pmap's ``x[0]``, and ``device_put_replicated`` /
+``device_put_sharded`` are the functions newest JAX removed. Sites plain code
+cannot express go through ``on_pmap_mesh`` and ``host_local_io``.
 """
 import functools
+import inspect
 import math
 import weakref
 
@@ -27,6 +14,104 @@ import jax
 import numpy as np
 
 PartitionSpec = jax.sharding.PartitionSpec
+
+
+def per_device(fun=None, *, in_axes=0, out_axes=0):
+  """``fun`` as pmap called it, for jax.shard_map: the arguments without
+  their mapped axis (shard_map keeps it, of size 1), the results with it."""
+  if fun is None:
+    return functools.partial(per_device, in_axes=in_axes, out_axes=out_axes)
+  in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+
+  @functools.wraps(fun)
+  def body(*args):
+    args = _at_axes(jax.numpy.squeeze, in_axes, args)
+    # Legacy pmap kept the arrays fun closes over as constants; so does jit.
+    out = jax.jit(fun)(*args) if _PMAP_EMBEDS_CONSTANTS else fun(*args)
+    out = _at_axes(jax.numpy.expand_dims, out_axes, out)
+    return jax.tree.map(lambda _, tree: _Flat(*jax.tree.flatten(tree)),
+                        out_axes, out, is_leaf=lambda x: x is None)
+
+  # jit names its program after the function; wraps() finds no name on a partial.
+  named = fun
+  while isinstance(named, functools.partial):
+    named = named.func
+  body.__name__ = getattr(named, "__name__", body.__name__)
+  body.__qualname__ = getattr(named, "__qualname__", body.__qualname__)
+  return body
+
+
+def _at_axes(change, axes, tree):
+  return jax.tree.map(
+      lambda axis, sub: sub if axis is None else jax.tree.map(
+          lambda leaf: change(leaf, axis), sub),
+      axes, tree, is_leaf=lambda x: x is None)
+
+
+@jax.tree_util.register_pytree_node_class
+class _Flat:
+  """Outputs as leaves: shard_map before jax 0.7.2 rebuilds its output tree
+  from placeholders, which classes that check their fields reject."""
+
+  def __init__(self, leaves, treedef):
+    self.leaves, self.treedef = leaves, treedef
+
+  def tree_flatten(self):
+    return self.leaves, self.treedef
+
+  @classmethod
+  def tree_unflatten(cls, treedef, leaves):
+    return cls(list(leaves), treedef)
+
+
+def placed_on(mesh, in_specs):
+  """Decorator for a converted site's jit: puts numpy arrays, arrays on one
+  device and other meshes' arrays where ``in_specs`` says, as pmap took them
+  (so jit compiles once); keyword arguments go by position. With several
+  processes each passes and gets back host-local arrays, as under pmap."""
+  shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
+                           in_specs, is_leaf=_is_spec)
+
+  def put(s, x):
+    if (not isinstance(x, (jax.Array, np.ndarray, np.generic))
+        or isinstance(x, jax.core.Tracer) or getattr(x, "sharding", None) == s):
+      return x  # Python scalars stay weakly typed, as pmap left them
+    return jax.device_put(x, s)
+
+  def place(args):
+    try:
+      return jax.tree.map(lambda s, a: jax.tree.map(lambda x: put(s, x), a),
+                          shardings, args)
+    except ValueError as e:
+      raise ValueError(
+          f"a converted pmap site maps over all {mesh.size} devices of its "
+          f"mesh, so its mapped arguments need {mesh.size} rows (pmap used one "
+          "device per row): build the mesh over jax.devices()[:rows]") from e
+
+  def decorate(jitted):
+    def positional(args, kwargs):
+      return inspect.signature(jitted).bind(*args, **kwargs).args
+
+    @functools.wraps(jitted)
+    def call(*args, **kwargs):
+      args = positional(args, kwargs) if kwargs else args
+      if jax.process_count() == 1:
+        return _unflat(jitted(*place(args)))
+      from jax.experimental import multihost_utils as mh
+      out = _unflat(jitted(*mh.host_local_array_to_global_array(
+          args, mesh, in_specs)))
+      return jax.tree.map(lambda x: mh.global_array_to_host_local_array(
+          x, mesh, x.sharding.spec), out)
+
+    call.lower = lambda *a, **k: jitted.lower(*place(positional(a, k)))
+    return call
+
+  return decorate
+
+
+def _unflat(out):
+  return jax.tree.map(lambda f: f.treedef.unflatten(f.leaves), out,
+                      is_leaf=lambda x: isinstance(x, _Flat))
 
 
 def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None,
@@ -48,25 +133,9 @@ def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None,
              across_hosts)
 
   def decorate(fun):
-    # A site evaluated again (say, in a loop) gets the same function back, so
-    # jax.jit reuses its trace as a re-created pmap did.
-    try:
-      key = (fun, shard_map_partial.func,
-             repr(sorted(shard_map_partial.keywords.items())), options)
-      hash(key)
-    except TypeError:
-      return _sharded(fun, shard_map_partial, *options)
-    if key not in _WRAPPERS:
-      if len(_WRAPPERS) >= 256:
-        _WRAPPERS.pop(next(iter(_WRAPPERS)))
-      _WRAPPERS[key] = _sharded(fun, shard_map_partial, *options)
-    return _WRAPPERS[key]
+    return _sharded(fun, shard_map_partial, *options)
 
   return decorate
-
-
-# (fun, specs, options) -> the function on_pmap_mesh returned
-_WRAPPERS: dict = {}
 
 
 def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
@@ -142,19 +211,9 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
   return sharded
 
 
-def _legacy_pmap_in_use():
-  """Does this JAX's jax.pmap lower the function itself per device (legacy
-  pmap), with the arrays it closes over as constants? The shard_map-based pmap
-  (JAX_PMAP_SHMAP_MERGE, the only one from jax 0.10) passes them in as
-  operands, as shard_map does."""
-  # Asked of the flag alone: it is False through 0.7, True from 0.8 (legacy
-  # pmap with JAX_PMAP_SHMAP_MERGE=false) and gone with legacy pmap in 0.10;
-  # touching jax.sharding.PmapSharding would raise a DeprecationWarning on
-  # 0.8.2-0.9.
-  return not getattr(jax.config, "jax_pmap_shmap_merge", True)
-
-
-_PMAP_EMBEDS_CONSTANTS = _legacy_pmap_in_use()
+# Legacy pmap (whose flag is gone with it in jax 0.10) kept the arrays a
+# function closes over as constants of its device code.
+_PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
 
 
 # What on_pmap_mesh returned -> the function it maps.

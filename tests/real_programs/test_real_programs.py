@@ -52,14 +52,7 @@ JAX_PMAP_NAMES = ("jax 0.10.2's own jax.pmap compiles every pmapped function as 
                   "compiles cannot be attributed to the step functions")
 
 # Known failures, each the exact case and why; strict, so a fix shows up as XPASS.
-_NNX_RETRACE = ("the converted nnx.pmap step is traced and compiled again at step 2: the "
-                "model updated from the step's outputs reaches jax.jit with avals typed on the "
-                "step's mesh (f32[16]({Auto: ('batch',)})), the initial model without, and jit "
-                "keys its traces on that; legacy pmap does not")
-KNOWN: dict[tuple[str, str, str, str], str] = {
-    (catalog.LEGACY_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
-    (catalog.NEWEST_LINE, "flax_nnx_pmap", "codemod", "compiles"): _NNX_RETRACE,
-}
+KNOWN: dict[tuple[str, str, str, str], str] = {}
 
 
 class RealRuns:

@@ -1,0 +1,142 @@
+"""Where a converted site's mesh is built, and under which name.
+
+A site's mesh is one statement, ``mesh = jax.sharding.Mesh(jax.devices(), ("batch",))``,
+in the function that builds the pmap (the module for a site outside functions; a class
+body is passed over for the function or module around it), placed before the statement
+of that body that holds the site. Building it there, not at the top of the module, keeps
+a converted library from starting JAX's backend when it is imported (which would come
+before a program's ``jax.distributed.initialize``). Sites of one body with the same
+literal axis names share one mesh, built before the first of them; an axis name that is
+not a literal (a variable) gets its mesh just before its own statement, where that
+variable has its value. The name is ``mesh`` unless the file already uses that
+identifier, then ``<axis>_mesh``, then a numbered one.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+from libcst.metadata import (ComprehensionScope, FunctionScope, GlobalScope, PositionProvider,
+                              ScopeProvider)
+
+from codemod import edits, file_style, together
+from codemod.axes_to_specs import Unconvertible
+from codemod.sites import contains
+
+MESH = "jax.sharding.Mesh"
+
+
+@dataclass
+class _Mesh:
+  name: str
+  axes: tuple[str, ...]  # the axis names' source
+  owner: cst.CSTNode  # the Module or FunctionDef whose body gets the statement
+  statements: list[cst.BaseStatement] = field(default_factory=list)  # its sites' statements
+
+
+class MeshPlan:
+  """The meshes the converted sites of one module use."""
+
+  def __init__(self, module: cst.Module, get_metadata: Callable[..., Any],
+               identifiers: set[str]):
+    self._module = module
+    self._get = get_metadata
+    self._taken = set(identifiers)  # every identifier the file's code uses
+    self._meshes: dict[tuple, _Mesh] = {}
+    self._before: dict[cst.CSTNode, list[_Mesh]] | None = None
+
+  def mesh_for(self, node: cst.CSTNode, axes: list[str], literal: bool) -> str:
+    """The name of the mesh the site at ``node`` (a call, or a def's decorator) runs on."""
+    owner = self._owner(node)
+    statement = self._statement(owner, node)
+    key = (id(owner) if literal else id(statement), tuple(axes))
+    mesh = self._meshes.get(key)
+    if mesh is None:
+      mesh = self._meshes[key] = _Mesh(self._name(owner, axes), tuple(axes), owner)
+    mesh.statements.append(statement)
+    self._before = None
+    return mesh.name
+
+  def where(self, node: cst.CSTNode) -> str:
+    """For the report: a note when the site's mesh is built at import."""
+    if not isinstance(self._owner(node), cst.Module):
+      return ""
+    return ("; the mesh is built when the module is imported, which starts JAX's backend "
+            "(a program calling jax.distributed.initialize does so before importing it)")
+
+  def evaluated_again(self, node: cst.CSTNode) -> str | None:
+    """Where the site at ``node`` is built again each time it runs (a loop or a
+    comprehension in its function), None where nothing says so."""
+    if isinstance(self._get(ScopeProvider, node, None), ComprehensionScope):
+      return "in a comprehension"
+    statement = self._statement(self._owner(node), node)
+    loops = _Loops()
+    together.walk(statement, [loops])
+    if any(contains(loop.body, {node}) for loop in loops.found):
+      return "in a loop"
+    return None
+
+  def statements_before(self, original: cst.CSTNode, style: file_style.FileStyle,
+                        indent: int) -> list[cst.BaseStatement]:
+    """The mesh statements that go before ``original`` (a statement of the source)."""
+    if self._before is None:
+      self._before = {}
+      for mesh in self._meshes.values():
+        first = min(mesh.statements, key=self._line)
+        self._before.setdefault(first, []).append(mesh)
+    out: list[cst.BaseStatement] = []
+    for mesh in self._before.get(original, ()):
+      axes = f"({', '.join(mesh.axes)},)" if len(mesh.axes) == 1 else f"({', '.join(mesh.axes)})"
+      call = edits.Call(MESH, ("jax.devices()", axes))
+      text = f"{mesh.name} = " + edits.render(call, indent + len(mesh.name) + 3, indent, style)
+      out.append(cst.parse_statement(text + "\n"))
+    return out
+
+  def _line(self, statement: cst.CSTNode) -> int:
+    decorators = getattr(statement, "decorators", ())
+    return self._get(PositionProvider, decorators[0] if decorators else statement).start.line
+
+  def _owner(self, node: cst.CSTNode) -> cst.CSTNode:
+    scope = self._get(ScopeProvider, node, None)
+    while scope is not None and not (
+        isinstance(scope, GlobalScope)
+        or (isinstance(scope, FunctionScope) and isinstance(scope.node, cst.FunctionDef))):
+      scope = scope.parent
+    if scope is None:
+      raise Unconvertible("the site's scope could not be read")
+    owner = self._module if isinstance(scope, GlobalScope) else scope.node
+    if isinstance(owner, cst.FunctionDef) and not isinstance(owner.body, cst.IndentedBlock):
+      raise Unconvertible("the site's def has its body on the def line, where its mesh "
+                          "statement cannot go")
+    return owner
+
+  def _statement(self, owner: cst.CSTNode, node: cst.CSTNode) -> cst.BaseStatement:
+    body = owner.body if isinstance(owner, cst.Module) else owner.body.body  # type: ignore[attr-defined]
+    for statement in body:
+      if statement is node or contains(statement, {node}):
+        return statement
+    raise Unconvertible("the statement holding the site could not be found")
+
+  def _name(self, owner: cst.CSTNode, axes: list[str]) -> str:
+    used = {m.name for m in self._meshes.values() if m.owner is owner}
+    axis = re.sub(r"\W", "", axes[0].strip("'\"")) if len(axes) == 1 else ""
+    candidates = ["mesh"] + ([f"{axis}_mesh"] if axis.isidentifier() else [])
+    candidates += [f"pmap_mesh_{i}" for i in range(2, 100)]
+    for name in candidates:
+      if name not in self._taken and name not in used:
+        return name
+    raise Unconvertible("no free name for the site's mesh")
+
+
+class _Loops(cst.CSTVisitor):
+  def __init__(self) -> None:
+    self.found: list[cst.For | cst.While] = []
+
+  def visit_For(self, node: cst.For) -> None:
+    self.found.append(node)
+
+  def visit_While(self, node: cst.While) -> None:
+    self.found.append(node)

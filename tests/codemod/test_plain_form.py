@@ -1,0 +1,246 @@
+"""The plain site form: `jax.shard_map` under `jax.jit` on a mesh the file builds, through
+`per_device` and `placed_on`. Before/after text where the form is the point, and, against
+legacy jax.pmap on jax 0.6.0, the results and the compiles the converted code makes."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from codemod import support_module
+from codemod_testing import load, rewrite
+from support.compare import assert_trees_equal
+
+pytestmark = pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _converted(source: str, **options) -> str:
+  return rewrite(textwrap.dedent(source), target="experimental", **options)[0]
+
+
+def test_decorator_site_at_module_level():
+  new = _converted('''\
+      import functools
+
+      import jax
+
+
+      # The step.
+      @functools.partial(jax.pmap, axis_name="batch", donate_argnums=(0,))
+      def step(params, x):
+        return params + jax.lax.pmean(x, "batch")
+      ''')
+  assert new == textwrap.dedent('''\
+      import functools
+
+      import jax
+      from jax.experimental.shard_map import shard_map
+      from jax.sharding import PartitionSpec as P
+
+      from pmap_shard_map import per_device, placed_on
+
+
+      mesh = jax.sharding.Mesh(jax.devices(), ("batch",))
+
+
+      # The step.
+      @placed_on(mesh, P("batch"))
+      @functools.partial(jax.jit, donate_argnums=(0,))
+      @functools.partial(shard_map, mesh=mesh, in_specs=P("batch"),
+                         out_specs=P("batch"), check_rep=False)
+      @per_device
+      def step(params, x):
+        return params + jax.lax.pmean(x, "batch")
+      ''')
+
+
+def test_call_sites_in_a_function_share_its_mesh_per_axis_name():
+  new = _converted('''\
+      import jax
+
+
+      def train(f, g, h, x):
+        p_f = jax.pmap(f, "batch")
+        p_g = jax.pmap(g, "batch", in_axes=(0, None))
+        p_h = jax.pmap(h, "model")
+        return p_f(x), p_g(x, 1.0), p_h(x)
+      ''')
+  body = new[new.index("def train"):]
+  assert body.count("jax.sharding.Mesh(") == 2
+  assert 'mesh = jax.sharding.Mesh(jax.devices(), ("batch",))' in body
+  assert 'model_mesh = jax.sharding.Mesh(jax.devices(), ("model",))' in body
+  assert body.index("mesh = ") < body.index("p_f = ")
+  assert "per_device(g, in_axes=(0, None))" in body
+  assert 'placed_on(model_mesh, P("model"))' in body
+
+
+def test_mesh_name_the_file_uses_is_not_taken_and_a_variable_axis_waits_for_its_value():
+  new = _converted('''\
+      import jax
+
+
+      def train(f, x, mesh, axis):
+        del mesh
+        name = axis
+        p_f = jax.pmap(f, name)
+        return p_f(x)
+      ''')
+  assert "mesh = jax" not in new.replace("_mesh = jax", "")
+  lines = new.splitlines()
+  built = next(i for i, line in enumerate(lines) if "jax.sharding.Mesh(jax.devices(), (name,))" in line)
+  assert "name = axis" in lines[built - 1]
+
+
+@pytest.mark.parametrize("code,where", [
+    ("  out = [jax.pmap(f, 'i')(x) for _ in range(3)]\n", "in a comprehension"),
+    ("  for _ in range(3):\n    out = jax.pmap(f, 'i')(x)\n", "in a loop"),
+    ("  out = jax.pmap(f, 'i')(x)\n", "called inside a function"),
+])
+def test_a_site_built_each_time_it_runs_is_reported(code, where):
+  source = "import jax\n\n\ndef run(f, x):\n" + code + "  return out\n"
+  _, findings = rewrite(source, target="experimental")
+  warnings = [f.message for f in findings if f.severity.name == "WARNING"]
+  assert len(warnings) == 1 and where in warnings[0], findings
+
+
+def test_a_lambda_built_each_time_is_not_reported():
+  # Legacy pmap compiled a new lambda each time too.
+  source = "import jax\n\n\ndef run(x):\n  return jax.pmap(lambda v: v, 'i')(x)\n"
+  _, findings = rewrite(source, target="experimental")
+  assert not [f for f in findings if f.severity.name == "WARNING"], findings
+
+
+COMPILES = '''\
+import jax
+import numpy as np
+
+
+def step(x):
+  return x + 1
+
+
+def init(x):
+  return x * 2
+
+
+def run():
+  n = jax.local_device_count()
+  p_init = jax.pmap(init)
+  p_step = jax.pmap(step, axis_name="i")
+  c = p_step(np.zeros(n, np.int32))
+  c = p_step(c)
+  p = p_init(np.zeros(n, np.float32))
+  for _ in range(3):
+    p = p_step(p)
+  r = jax.device_put_replicated(np.float32(3.0), jax.local_devices())
+  r = p_step(r)
+  one = jax.device_put(np.ones(n, np.float32), jax.devices()[0])
+  return c, p, r, p_step(one)
+'''
+
+
+class _Compiles(logging.Handler):
+  def __init__(self) -> None:
+    super().__init__()
+    self.names: list[str] = []
+
+  def emit(self, record: logging.LogRecord) -> None:
+    message = record.getMessage()
+    if "Finished XLA compilation of " in message:
+      self.names.append(message.split("Finished XLA compilation of ")[1].split(" in ")[0])
+
+
+def _run_counting(module) -> tuple[object, list[str]]:
+  handler = _Compiles()
+  logger = logging.getLogger("jax")
+  logger.addHandler(handler)
+  previous = logger.level
+  logger.setLevel(logging.WARNING)
+  try:
+    with jax.log_compiles(True):
+      out = module.run()
+  finally:
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+  return out, handler.names
+
+
+def test_inputs_made_anyhow_compile_the_step_as_legacy_did():
+  """numpy, the step's own outputs, another site's outputs on another axis name, a
+  replicated value and an array on one device: the step compiles once per dtype."""
+  legacy, legacy_compiles = _run_counting(load(COMPILES, "compiles_legacy"))
+  ours, our_compiles = _run_counting(load(_converted(COMPILES), "compiles_converted"))
+  assert_trees_equal(legacy, ours)
+  legacy_steps = [n for n in legacy_compiles if "step" in n]
+  our_steps = [n for n in our_compiles if "step" in n]
+  assert len(our_steps) == len(legacy_steps) == 2, (legacy_compiles, our_compiles)
+
+
+def test_fewer_rows_than_devices_names_the_fix():
+  source = "import jax\nimport numpy as np\n\n\ndef run():\n" \
+           "  return jax.pmap(lambda v: v * 2)(np.ones((2, 3), np.float32))\n"
+  assert load(source, "rows_legacy").run().shape == (2, 3)
+  with pytest.raises(ValueError, match=r"jax\.devices\(\)\[:rows\]"):
+    load(_converted(source), "rows_converted").run()
+
+
+def test_support_module_holds_what_the_files_call(tmp_path):
+  small = support_module.source(["per_device", "placed_on"])
+  assert support_module.held(small.partition("\n")[2]) == {"per_device", "placed_on"}
+  assert "def on_pmap_mesh" not in small and len(small.splitlines()) < len(
+      support_module.source().splitlines()) // 3
+  compile(small, "pmap_shard_map.py", "exec")
+  assert support_module.write(str(tmp_path), "pmap_shard_map", ["per_device", "placed_on"])
+  path = tmp_path / "pmap_shard_map.py"
+  assert support_module.status_of(path.read_text(), ["placed_on"]) is support_module.Status.CURRENT
+  assert support_module.status_of(path.read_text(), ["first_row"]) is support_module.Status.STALE
+  # A run that needs more grows the module, keeping what it held.
+  assert support_module.write(str(tmp_path), "pmap_shard_map", ["first_row"])
+  assert support_module.held(path.read_text().partition("\n")[2]) >= {
+      "per_device", "placed_on", "first_row"}
+
+
+SCRIPT = '''\
+import functools
+
+import jax
+import numpy as np
+
+
+@functools.partial(jax.pmap, axis_name="batch")
+def step(x):
+  return jax.lax.psum(x, "batch")
+
+
+if __name__ == "__main__":
+  print(np.asarray(step(np.arange(jax.local_device_count() * 2.0).reshape(-1, 2))).tolist())
+'''
+
+
+def test_a_script_runs_from_its_own_directory_as_its_readme_says(tmp_path):
+  example = tmp_path / "examples" / "mnist"
+  example.mkdir(parents=True)
+  (example / "main.py").write_text(SCRIPT)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH="")
+
+  def run_script() -> str:
+    done = subprocess.run([sys.executable, "main.py"], cwd=example, env=env,
+                          capture_output=True, text=True, check=True)
+    return done.stdout
+
+  legacy = run_script()
+  subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--in-place",
+                  "--target", "experimental", str(tmp_path)], cwd=ROOT, check=True,
+                 capture_output=True)
+  assert (example / "pmap_shard_map.py").exists()
+  assert "placed_on" in (example / "main.py").read_text()
+  assert run_script() == legacy
