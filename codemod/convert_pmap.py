@@ -201,8 +201,15 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._check_bodies(sites, node)
     self._p = self._spec_name(node, sites)
     self._indent_of(1)  # loads the tokens
+    axes = set()
+    for site in sites:
+      try:
+        axes.add(tuple(self._axis_names(site)))
+      except Unconvertible:
+        pass
     self._meshes = site_meshes.MeshPlan(
-        node, self.get_metadata, {t.string for t in self._tokens if t.type == tokenize.NAME})
+        node, self.get_metadata, {t.string for t in self._tokens if t.type == tokenize.NAME},
+        by_axis=len(axes) > 1)
     for site in sites:
       if site.absorbed:
         continue
@@ -901,9 +908,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                                             len(self._indent_of(line)))
     if not meshes or not isinstance(updated, cst.BaseStatement):
       return updated
-    # The meshes take the blank lines before the statement; its comments stay with it.
+    # The meshes take the blank lines before the statement (and a notebook's cell
+    # boundaries, which must stay above them); its comments stay with it.
     lines = list(cast(cst.SimpleStatementLine, updated).leading_lines)
-    blank = 0
+    pinned = [i for i, line in enumerate(lines)
+              if line.comment is not None and imports.PINNED.match(line.comment.value)]
+    blank = pinned[-1] + 1 if pinned else 0
     while blank < len(lines) and lines[blank].comment is None:
       blank += 1
     meshes[0] = meshes[0].with_changes(leading_lines=lines[:blank])

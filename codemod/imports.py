@@ -96,11 +96,11 @@ def _skips_first(body: list) -> bool:
 FUTURE, STDLIB, THIRD_PARTY, FIRST_PARTY, LOCAL = range(5)
 # notebook.py's cell markers and masked IPython lines: boundaries, not comments of the
 # statement below them, so an import put before that statement goes below them.
-_PINNED = re.compile(r"# pmap-to-shmap:cell \d+$|#_pmap_to_shmap_magic_")
+PINNED = re.compile(r"# pmap-to-shmap:cell \d+$|#_pmap_to_shmap_magic_")
 
 
 def _pinned(stmt: cst.CSTNode) -> bool:
-  return any(line.comment is not None and _PINNED.match(line.comment.value)
+  return any(line.comment is not None and PINNED.match(line.comment.value)
              for line in getattr(stmt, "leading_lines", ()))
 
 
@@ -215,7 +215,7 @@ def _split_leading(stmt: cst.CSTNode) -> tuple[list, list]:
   markers and blank lines, what stays with it: its comments)."""
   lines = list(getattr(stmt, "leading_lines", ()))
   pinned = max((i + 1 for i, line in enumerate(lines)
-                if line.comment is not None and _PINNED.match(line.comment.value)), default=0)
+                if line.comment is not None and PINNED.match(line.comment.value)), default=0)
   blanks = pinned
   while blanks < len(lines) and lines[blanks].comment is None:
     blanks += 1
@@ -255,11 +255,18 @@ def _placed(body: list, statements: list, first_party: frozenset[str]) -> list:
         at = members[-1] + 1  # after the section's last statement
       else:
         at = after
-        above, kept = _split_leading(body[start + at])
-        stmt = stmt.with_changes(leading_lines=above)
-        if kept and (above or at == 0):
-          kept = _blank_first(kept)
-        body[start + at] = body[start + at].with_changes(leading_lines=kept)
+        top = _module_of(node)[0].split(".")[0]
+        following = body[start + at]
+        starts_block = any(line.comment is None for line in following.leading_lines)
+        if not (starts_block and at > 0 and top in {
+            m.split(".")[0] for m in _module_of(nodes[at - 1])}):
+          above, kept = _split_leading(following)
+          stmt = stmt.with_changes(leading_lines=above)
+          if kept and (above or at == 0):
+            kept = _blank_first(kept)
+          body[start + at] = following.with_changes(leading_lines=kept)
+        # else: the blank-line-separated block above imports the same package: the new
+        # import ends that block, and the blank line stays before the next one.
     elif lower:
       at = max(lower) + 1  # a new section after those before it in isort's order
       stmt = stmt.with_changes(leading_lines=[cst.EmptyLine()])

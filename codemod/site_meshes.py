@@ -8,8 +8,9 @@ a converted library from starting JAX's backend when it is imported (which would
 before a program's ``jax.distributed.initialize``). Sites of one body with the same
 literal axis names share one mesh, built before the first of them; an axis name that is
 not a literal (a variable) gets its mesh just before its own statement, where that
-variable has its value. The name is ``mesh`` unless the file already uses that
-identifier, then ``<axis>_mesh``, then a numbered one.
+variable has its value. The name is ``mesh`` (``<axis>_mesh`` in a file whose sites use
+several axis names) unless the file already uses that identifier, then the other one,
+then a numbered one.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ class MeshPlan:
   """The meshes the converted sites of one module use."""
 
   def __init__(self, module: cst.Module, get_metadata: Callable[..., Any],
-               identifiers: set[str]):
+               identifiers: set[str], by_axis: bool = False):
     self._module = module
+    self._by_axis = by_axis  # several axis names in the file: name each mesh after its axis
     self._get = get_metadata
     self._taken = set(identifiers)  # every identifier the file's code uses
     self._meshes: dict[tuple, _Mesh] = {}
@@ -124,6 +126,8 @@ class MeshPlan:
     used = {m.name for m in self._meshes.values() if m.owner is owner}
     axis = re.sub(r"\W", "", axes[0].strip("'\"")) if len(axes) == 1 else ""
     candidates = ["mesh"] + ([f"{axis}_mesh"] if axis.isidentifier() else [])
+    if self._by_axis and len(candidates) > 1:
+      candidates.reverse()
     candidates += [f"pmap_mesh_{i}" for i in range(2, 100)]
     for name in candidates:
       if name not in self._taken and name not in used:

@@ -32,7 +32,7 @@ def per_device(fun=None, *, in_axes=0, out_axes=0):
     return jax.tree.map(lambda _, tree: _Flat(*jax.tree.flatten(tree)),
                         out_axes, out, is_leaf=lambda x: x is None)
 
-  # jit names its program after the function; wraps() finds no name on a partial.
+  # jit names its program after the function: wraps() finds none on a partial.
   named = fun
   while isinstance(named, functools.partial):
     named = named.func

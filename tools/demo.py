@@ -49,7 +49,7 @@ def report_summary(tree: eq.CodemodTree) -> list[str]:
   lines = [", ".join(f"{n} {sev}" for sev, n in sorted(counts.items())) or "no per-site entries"]
   totals = [l.strip() for l in tree.report.splitlines()
             if l.strip() and not SEVERITY.match(l) and re.search(r"\d", l)]
-  # One totals line per codemod invocation (--multihost files run separately): add them up.
+  # One totals line per codemod invocation (files with other flags run apart): add them up.
   templates = {re.sub(r"\d+", "{}", l) for l in totals}
   if len(templates) == 1 and len(totals) > 1:
     sums = [sum(col) for col in zip(*([int(v) for v in re.findall(r"\d+", l)] for l in totals), strict=True)]
@@ -244,7 +244,7 @@ def main() -> int:
     heading("1. codemod on a temporary copy of examples/")
     for target in ("experimental", "jax"):
       print(f"$ python -m codemod.pmap_to_shmap examples/*.py --target {target} --in-place "
-            f"--report REPORT   (multiprocess_sgd.py with --multihost)")
+            "--report REPORT")
       for line in report_summary(runner.codemod_tree(target)):
         print(f"    {line}")
     print("\nrepresentative diff (python -m codemod.pmap_to_shmap examples/dp_sgd.py "

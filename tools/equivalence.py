@@ -135,9 +135,9 @@ CASES: tuple[Case, ...] = (
     Case("gather_scatter", "gather_scatter"),
     Case("static_config", "static_config"),
     Case("replicate_loop", "replicate_loop"),
-    Case("multiprocess_sgd", "multiprocess_sgd", codemod_flags=("--multihost",)),
-    Case("multiprocess_sgd_2proc", "multiprocess_sgd", processes=2,
-         codemod_flags=("--multihost",)),
+    Case("multiprocess_sgd", "multiprocess_sgd"),
+    # Converted with no flag: every converted site is correct with several processes.
+    Case("multiprocess_sgd_2proc", "multiprocess_sgd", processes=2),
 )
 CASES_BY_NAME = {c.name: c for c in CASES}
 
@@ -397,7 +397,7 @@ def codemod_command(paths: Sequence[str], *extra: str) -> list[str]:
 
 
 def example_sources() -> dict[str, tuple[str, ...]]:
-  """Every examples/*.py with the codemod flags its cases need (--multihost)."""
+  """Every examples/*.py with the codemod flags its cases need."""
   sources = {os.path.join(EXAMPLES, f): () for f in sorted(os.listdir(EXAMPLES))
              if f.endswith(".py")}
   for case in CASES:
@@ -667,7 +667,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--kwargs", default="{}", help="JSON keyword arguments for run()")
   parser.add_argument("--processes", type=int, default=1,
                       help="run as a jax.distributed job of N local processes")
-  parser.add_argument("--multihost", action="store_true", help="pass --multihost to the codemod")
   parser.add_argument("--modes", default=",".join(MODES[1:]),
                       help=f"comma-separated, from {', '.join(MODES[1:])}")
   parser.add_argument("--per-call", action="store_true",
@@ -679,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if unknown:
     parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES[1:])}")
   source = os.path.abspath(args.program)
-  flags = ("--multihost",) if args.multihost else ()
+  flags: tuple[str, ...] = ()
   case = Case(os.path.splitext(os.path.basename(source))[0], "", json.loads(args.kwargs),
               processes=args.processes, codemod_flags=flags, source=source)
   failed = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 import sys
 import textwrap
 import types
@@ -80,10 +81,6 @@ from libcst.codemod import CodemodTest  # noqa: E402
 
 from codemod.convert_pmap import ConvertPmapCommand  # noqa: E402
 
-IMPORTS = ("import functools\nfrom jax.sharding import PartitionSpec as P\n"
-           "from jax.experimental.shard_map import shard_map\n"
-           "from pmap_shard_map import on_pmap_mesh\n")
-
 
 def normalized(source: str) -> tuple[list[str], list[str]]:
   """A module's imports (as a sorted multiset) and its other statements, layout aside."""
@@ -93,7 +90,13 @@ def normalized(source: str) -> tuple[list[str], list[str]]:
   return imports, rest
 
 
-SUPPORT_IMPORT = "from pmap_shard_map import on_pmap_mesh\n"
+SUPPORT_NAMES = ("host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes")
+
+
+def support_import(code: str) -> str:
+  """The ``pmap_shard_map`` import of the support names ``code`` uses ("" for none)."""
+  used = [n for n in SUPPORT_NAMES if re.search(rf"(?<![\w.]){n}\b", code)]
+  return f"from pmap_shard_map import {', '.join(used)}\n" if used else ""
 
 
 class PmapCodemodTest(CodemodTest):
@@ -101,7 +104,8 @@ class PmapCodemodTest(CodemodTest):
 
   ``assertConverts`` compares code, not layout (the layout has tests of its own, which
   use ``assertCodemod`` directly); an expected output without a ``pmap_shard_map``
-  import gets the ``on_pmap_mesh`` one every converted file has.
+  import gets the one of the support names it uses (``placed_on``, ``per_device``,
+  ``on_pmap_mesh``, ...).
   """
 
   TRANSFORM = ConvertPmapCommand
@@ -110,7 +114,7 @@ class PmapCodemodTest(CodemodTest):
                      multihost: bool = False, pmap_sites: bool = True) -> None:
     after = textwrap.dedent(after)
     if pmap_sites and "from pmap_shard_map import" not in after:
-      after = SUPPORT_IMPORT + after
+      after = support_import(after) + after
     new, _ = rewrite(before, target=target, multihost=multihost)
     self.assertEqual(normalized(after), normalized(new), f"\n--- got ---\n{new}")
     again, _ = rewrite(new, target=target, multihost=multihost)
@@ -120,16 +124,20 @@ class PmapCodemodTest(CodemodTest):
     self.assertCodemod(before, before, **options)
 
 
-TOP = ("import jax\nimport functools\nfrom jax.sharding import PartitionSpec as P\n"
-       "from jax.experimental.shard_map import shard_map\nfrom pmap_shard_map import on_pmap_mesh\n")
+TOP = ("import jax\nfrom jax.sharding import PartitionSpec as P\n"
+       "from jax.experimental.shard_map import shard_map\n")
 
 
 class SiteTest(PmapCodemodTest):
   """Before/after for one module-level statement after ``import jax``."""
 
   def assertSite(self, before_stmt: str, after_stmt: str, **options) -> None:
+    """``after_stmt``: what the statement becomes, with the mesh statement a site of the
+    plain form gets before it (``mesh = jax.sharding.Mesh(jax.devices(), ("i",))``)."""
     before = "import jax\n\n" + textwrap.dedent(before_stmt).strip("\n") + "\n"
-    after = TOP + "\n" + textwrap.dedent(after_stmt).strip("\n") + "\n"
+    after = textwrap.dedent(after_stmt).strip("\n") + "\n"
+    imports = TOP + ("import functools\n" if "functools." in after else "")
+    after = imports + support_import(after) + "\n" + after
     self.assertConverts(before, after, **options)
 
   def assertSiteError(self, before_stmt: str, reason: str, **options) -> None:

@@ -6,43 +6,52 @@ from codemod_testing import SiteTest, rewrite
 class InAxesTest(SiteTest):
 
   def test_default_maps_everything_on_axis_0(self):
-    self.assertSite('g = jax.pmap(f, "i")',
-                    'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))')
+    self.assertSite('g = jax.pmap(f, "i")', '''
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))''')
 
   def test_int_axis_puts_nones_before_the_name(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=2)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P(None, None, "i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P(None, None, "i"))(jax.jit(shard_map(
+            per_device(f, in_axes=2), mesh=mesh, in_specs=P(None, None, "i"), out_specs=P("i"), check_rep=False)))''')
 
   def test_tuple_with_none(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=(0, None, 1))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=(P("i"), P(), P(None, "i")), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, (P("i"), P(), P(None, "i")))(jax.jit(shard_map(
+            per_device(f, in_axes=(0, None, 1)), mesh=mesh, in_specs=(P("i"), P(), P(None, "i")), out_specs=P("i"), check_rep=False)))''')
 
   def test_single_element_tuple_stays_a_tuple(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=(1,))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=(P(None, "i"),), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, (P(None, "i"),))(jax.jit(shard_map(
+            per_device(f, in_axes=(1,)), mesh=mesh, in_specs=(P(None, "i"),), out_specs=P("i"), check_rep=False)))''')
 
   def test_top_level_list_is_the_argument_tuple(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=[0, None])', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=(P("i"), P()), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, (P("i"), P()))(jax.jit(shard_map(
+            per_device(f, in_axes=[0, None]), mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"), check_rep=False)))''')
 
   def test_dict_pytree_element_by_element(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=({"w": 0, "b": None}, 1))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=({"w": P("i"), "b": P()}, P(None, "i")), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, ({"w": P("i"), "b": P()}, P(None, "i")))(jax.jit(shard_map(
+            per_device(f, in_axes=({"w": 0, "b": None}, 1)), mesh=mesh, in_specs=({"w": P("i"), "b": P()}, P(None, "i")), out_specs=P("i"), check_rep=False)))''')
 
   def test_nested_tuple_pytree(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=((0, None), 0))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=((P("i"), P()), P("i")), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, ((P("i"), P()), P("i")))(jax.jit(shard_map(
+            per_device(f, in_axes=((0, None), 0)), mesh=mesh, in_specs=((P("i"), P()), P("i")), out_specs=P("i"), check_rep=False)))''')
 
   def test_axis_name_given_as_a_constant(self):
     self.assertSite('g = jax.pmap(f, axis_name=AXIS, in_axes=(0, None))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=(P(AXIS), P()), out_specs=P(AXIS), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), (AXIS,))
+        g = placed_on(mesh, (P(AXIS), P()))(jax.jit(shard_map(
+            per_device(f, in_axes=(0, None)), mesh=mesh, in_specs=(P(AXIS), P()), out_specs=P(AXIS), check_rep=False)))''')
 
   def test_negative_axis_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", in_axes=-1)', "negative in_axes -1")
@@ -60,17 +69,19 @@ class InAxesTest(SiteTest):
         import functools
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
-        from pmap_shard_map import on_pmap_mesh, specs_from_axes
+        from pmap_shard_map import host_local_io, on_pmap_mesh, specs_from_axes
 
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=specs_from_axes(my_axes, "i", outputs=False), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=specs_from_axes(my_axes, "i", outputs=False), out_specs=P("i"), check_rep=False), drop_device_axis=True, across_hosts=True)(f)),
+            in_specs=specs_from_axes(my_axes, "i", outputs=False), out_specs=P("i"))
         """)
 
   def test_computed_out_axes_become_specs_at_run_time(self):
     source = 'import jax\n\ng = jax.pmap(f, "i", out_axes=(0,) * 3)\n'
     new, findings = rewrite(source)
     assert 'out_specs=specs_from_axes((0,) * 3, "i", outputs=True)' in new
-    assert "from pmap_shard_map import on_pmap_mesh, specs_from_axes" in new
+    assert "on_pmap_mesh(" in new  # axes only known at run time keep the old form
+    assert "from pmap_shard_map import host_local_io, on_pmap_mesh, specs_from_axes" in new
     assert [f.severity.value for f in findings] == ["INFO"]
 
   def test_non_literal_axes_in_nested_pmaps_are_reported(self):
@@ -80,17 +91,22 @@ class InAxesTest(SiteTest):
 class OutAxesTest(SiteTest):
 
   def test_none_is_replicated(self):
-    self.assertSite('g = jax.pmap(f, "i", out_axes=None)',
-                    'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P(), check_rep=False), drop_device_axis=True)(f))')
+    self.assertSite('g = jax.pmap(f, "i", out_axes=None)', '''
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f, out_axes=None), mesh=mesh, in_specs=P("i"), out_specs=P(), check_rep=False)))''')
 
   def test_nonzero_axis(self):
     self.assertSite('g = jax.pmap(f, "i", out_axes=1)', '''
-        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P(None, "i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f, out_axes=1), mesh=mesh, in_specs=P("i"), out_specs=P(None, "i"), check_rep=False)))''')
 
   def test_pytree_of_axes(self):
     self.assertSite('g = jax.pmap(f, "i", out_axes=(0, None, {"m": 1}))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=(P("i"), P(), {"m": P(None, "i")}), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f, out_axes=(0, None, {"m": 1})), mesh=mesh, in_specs=P("i"), out_specs=(P("i"), P(), {"m": P(None, "i")}), check_rep=False)))''')
 
   def test_negative_out_axis_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", out_axes=-1)', "negative out_axes -1")

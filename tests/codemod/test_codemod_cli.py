@@ -32,7 +32,9 @@ def tree(tmp_path):
 def test_default_prints_a_diff_and_writes_nothing(tree, capsys):
   code, out, err = run_cli(tree, capsys=capsys)
   assert code == 0
-  assert out.startswith("--- a/") and "+g = jax.jit(" in out and "-g = jax.pmap(" in out
+  assert out.startswith("--- a/") and "-g = jax.pmap(" in out
+  assert '+mesh = jax.sharding.Mesh(jax.devices(), ("i",))' in out
+  assert '+g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f),' in out
   assert (tree / "pkg" / "site.py").read_text() == SITE
   assert "INFO pmap converted" in err
 
@@ -58,9 +60,11 @@ def test_in_place_then_second_run_changes_nothing(tree, capsys):
   code, _, _ = run_cli("--in-place", tree, capsys=capsys)
   assert code == 0
   written = (tree / "pkg" / "site.py").read_text()
-  assert "jax.pmap" not in written and "drop_device_axis=True)(f)" in written
-  assert "from pmap_shard_map import on_pmap_mesh" in written
-  assert (tree / "pmap_shard_map.py").read_text() == support_module.source()
+  assert "jax.pmap" not in written and "shard_map(per_device(f), mesh=mesh," in written
+  assert "from pmap_shard_map import per_device, placed_on" in written
+  # The script's own copy, next to it, with what it calls.
+  support = (tree / "pkg" / "pmap_shard_map.py").read_text()
+  assert support == support_module.source({"per_device", "placed_on"})
   assert not list((tree / "pkg").glob(".pmap-to-shmap-*"))
   code, out, err = run_cli("--check", tree, capsys=capsys)
   assert code == 0 and out == "", out
@@ -143,12 +147,17 @@ def test_notebook_code_cells_are_converted(tmp_path, capsys):
   assert code == 0, err
   new = json.loads(path.read_text())
   cells = ["".join(c["source"]) for c in new["cells"]]
-  assert cells[0].startswith("%matplotlib inline\nimport functools\n\nimport jax\n")
+  assert cells[0].startswith("%matplotlib inline\nimport jax\nimport numpy as np\n")
   assert cells[1] == "jax.pmap(f) in prose\n"
   # Nothing to import in Colab: the support code is a cell before the converted one.
-  assert notebook_support.names_in(cells[2]) == ("on_pmap_mesh",)
+  assert notebook_support.names_in(cells[2]) == ("per_device", "placed_on")
   assert cells[3].startswith("!nvidia-smi\n") and "jax.pmap" not in cells[3]
-  assert "on_pmap_mesh(" in cells[3] and "pmap_shard_map" not in path.read_text()
+  assert "placed_on(mesh, P('d'))(" in cells[3] and "pmap_shard_map" not in path.read_text()
+  # The mesh is built in the site's cell, before the site's statement (a cell of its own,
+  # not the end of whichever code cell comes before).
+  assert cells[3].startswith("!nvidia-smi\nmesh = jax.sharding.Mesh(jax.devices(), ('d',))\n"
+                             "step = placed_on("), cells
+  assert "Mesh(" not in cells[0], cells
   assert not (tmp_path / "pmap_shard_map.py").exists()
   assert f"{path}:2:8 INFO cell 3, line 2: pmap converted" in err
   code, _, _ = run_cli("--check", path, capsys=capsys)
@@ -205,17 +214,20 @@ def test_byte_order_mark_is_kept(tmp_path, capsys):
   path.write_bytes(b"\xef\xbb\xbf" + SITE.encode())
   run_cli("--in-place", path, capsys=capsys)
   raw = path.read_bytes()
-  assert raw.startswith(b"\xef\xbb\xbfimport functools\n\nimport jax\n") and b"jax.jit(" in raw
+  assert raw.startswith(b"\xef\xbb\xbfimport jax\nfrom jax.experimental.shard_map import shard_map\n")
+  assert b"jax.jit(" in raw
 
 
 # ----- the support module the converted files import -----
 
-def test_support_module_is_written_once_next_to_the_paths_and_shown_in_the_diff(tree, capsys):
-  # pkg/ has no __init__.py: site.py is a script, so it imports the scripts' copy.
+def test_support_module_is_written_next_to_the_script_and_shown_in_the_diff(tree, capsys):
+  # pkg/ has no __init__.py: site.py is a script, so it imports a copy next to it (where
+  # Python finds it when the script runs).
   code, out, err = run_cli(tree, capsys=capsys)
   assert code == 0
-  assert f"+++ b/{str(tree / 'pmap_shard_map.py').lstrip(os.sep)}" in out and "--- /dev/null" in out
-  assert not (tree / "pmap_shard_map.py").exists()  # a diff writes nothing
+  support = tree / "pkg" / "pmap_shard_map.py"
+  assert f"+++ b/{str(support).lstrip(os.sep)}" in out and "--- /dev/null" in out
+  assert not support.exists()  # a diff writes nothing
   assert "INFO support module pmap_shard_map written" in err
 
 
@@ -224,25 +236,26 @@ def test_support_module_location_and_name_follow_the_flags(tree, capsys):
   code, _, _ = run_cli("--in-place", "--support-root", root, "--support-module", "shared.smap",
                        tree / "pkg", capsys=capsys)
   assert code == 0
-  assert (root / "shared" / "smap.py").read_text() == support_module.source()
-  assert "from shared.smap import on_pmap_mesh" in (tree / "pkg" / "site.py").read_text()
+  assert (root / "shared" / "smap.py").read_text() == support_module.source(
+      {"per_device", "placed_on"})
+  assert "from shared.smap import per_device, placed_on" in (tree / "pkg" / "site.py").read_text()
 
 
 def test_stale_support_module_is_replaced(tree, capsys):
-  path = tree / "pmap_shard_map.py"
+  path = tree / "pkg" / "pmap_shard_map.py"
   body = "# an older helper body\n"
   import hashlib
   path.write_text(f"# Written by pmap-to-shmap: support module v1 "
                   f"sha256:{hashlib.sha256(body.encode()).hexdigest()}. Do not edit.\n" + body)
-  assert support_module.status_at(str(tree), "pmap_shard_map") is support_module.Status.STALE
+  assert support_module.status_at(str(tree / "pkg"), "pmap_shard_map") is support_module.Status.STALE
   code, _, err = run_cli("--in-place", tree, capsys=capsys)
   assert code == 0 and "updated from an older version" in err
-  assert path.read_text() == support_module.source()
+  assert path.read_text() == support_module.source({"per_device", "placed_on"})
 
 
 @pytest.mark.parametrize("content", ["def on_pmap_mesh(*a, **k): ...\n", "EDITED"])
 def test_foreign_or_edited_support_module_is_never_overwritten(tree, capsys, content):
-  path = tree / "pmap_shard_map.py"
+  path = tree / "pkg" / "pmap_shard_map.py"
   text = content if content != "EDITED" else support_module.source().replace("import math", "")
   path.write_text(text)
   code, _, err = run_cli("--in-place", tree, capsys=capsys)
@@ -253,7 +266,7 @@ def test_foreign_or_edited_support_module_is_never_overwritten(tree, capsys, con
 
 def test_check_counts_a_missing_support_module_as_a_change(tree, capsys):
   run_cli("--in-place", tree, capsys=capsys)
-  (tree / "pmap_shard_map.py").unlink()
+  (tree / "pkg" / "pmap_shard_map.py").unlink()
   code, _, _ = run_cli("--check", tree, capsys=capsys)
   assert code == 1
 
@@ -301,8 +314,11 @@ def test_myst_markdown_code_cells_are_converted(tmp_path, capsys):
   assert code == 0, err
   new = path.read_text()
   assert "Prose mentioning jax.pmap(f)." in new
-  assert ":tags: [hide-output]\nimport functools\n\nimport jax\n" in new
-  assert "jax.pmap(lambda" not in new and "on_pmap_mesh(" in new
+  assert ":tags: [hide-output]\nimport jax\nfrom jax.experimental.shard_map import shard_map\n" in new
+  assert "jax.pmap(lambda" not in new and "placed_on(mesh, P('d'))(" in new
+  # The mesh is built in the site's code cell, not at the end of the cell before it.
+  assert ("```{code-cell} ipython3\nmesh = jax.sharding.Mesh(jax.devices(), ('d',))\n"
+          "step = placed_on(") in new, new
   assert f"{path}:19:8 INFO code cell 2: pmap converted" in err
   assert new.split("```{code-cell} ipython3\nstep")[0].count("\n") > 0
   code, _, _ = run_cli("--check", path, capsys=capsys)

@@ -191,7 +191,7 @@ def _line_with(text: str, comment: str) -> str:
     ("scenic_train_step", "# Task, dataset and modality args.", "static_argnums=(0, 1, 2),"),
     ("kfac_pragma", "# pyrefly: ignore[bad-argument-type]", "jax.jit,"),
     ("jaxline_method", "# per-device step", "(self._update_func_impl),"),
-    ("jaxline_method", "# the train step", "jax.jit("),
+    ("jaxline_method", "# the train step", 'placed_on(mesh, P("i"))('),
     ("jaxline_method", "# after the call", ")"),
     ("in_axes_and_out_axes", "# params replicated", "in_specs="),
     ("in_axes_and_out_axes", "# per-device loss", "out_specs=P("),
@@ -220,7 +220,8 @@ def test_own_line_comments_stay_before_what_they_preceded(name, comment, next_co
 
 
 class ExactLayoutTest(PmapCodemodTest):
-  """Two sites as a reviewer reads them (libcst CodemodTest: before and after)."""
+  """Two sites as a reviewer reads them (libcst CodemodTest: before and after): one kept
+  in the old form by static_broadcasted_argnums, one in the plain form."""
 
   def test_scenic_site(self):
     self.assertCodemod(textwrap.dedent('''
@@ -239,14 +240,20 @@ class ExactLayoutTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
         from jax.sharding import PartitionSpec as P
 
-        from pmap_shard_map import on_pmap_mesh
+        from pmap_shard_map import host_local_io, on_pmap_mesh
 
         def build(eval_step):
-          return jax.jit(
-              on_pmap_mesh(functools.partial(shard_map, in_specs=P('batch'),
-                                             out_specs=P('batch'), check_rep=False),
-                           drop_device_axis=True, static_argnums=(0, 1, 2))(eval_step),
-              static_argnums=(0, 1, 2),  # Task, dataset and modality args.
+          return host_local_io(
+              jax.jit(
+                  on_pmap_mesh(functools.partial(shard_map, in_specs=P('batch'),
+                                                 out_specs=P('batch'), check_rep=False),
+                               drop_device_axis=True, static_argnums=(0, 1, 2),
+                               across_hosts=True)(eval_step),
+                  static_argnums=(0, 1, 2),  # Task, dataset and modality args.
+              ),
+              in_specs=P('batch'),
+              out_specs=P('batch'),
+              static_argnums=(0, 1, 2),
           )
         '''), target="experimental")
 
@@ -257,15 +264,18 @@ class ExactLayoutTest(PmapCodemodTest):
         from jax.experimental.shard_map import shard_map
         from jax.sharding import PartitionSpec as P
 
-        from pmap_shard_map import on_pmap_mesh
+        from pmap_shard_map import per_device, placed_on
 
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+
+        @placed_on(mesh, P("i"))
         @functools.partial(
             jax.jit,  # pyrefly: ignore[bad-argument-type]
             donate_argnums=0,
         )
-        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
-                                        check_rep=False),
-                      drop_device_axis=True)
+        @functools.partial(shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                           check_rep=False)
+        @per_device
         def step(x):
           return x
         '''), target="experimental")
@@ -275,6 +285,13 @@ def test_comments_of_a_run_of_decorators_keep_their_order():
   after, _ = rewrite(textwrap.dedent(CORPUS["nested_decorators"]))
   order = [c for c in ("# outer: hosts", "# inner comes next", "# inner: devices")]
   found = sorted(order, key=after.index)
-  # The first decorator line keeps its comment; the others come before, in source order.
-  assert "@jax.jit  # outer: hosts" in after, after
+  # The first decorator keeps its comment, at its end; the others come before, in source
+  # order.
+  lines = after.splitlines()
+  first = next(i for i, line in enumerate(lines) if line.startswith("@"))
+  ends_first = next(i for i, line in enumerate(lines) if "# outer: hosts" in line)
+  assert lines[first].startswith("@functools.partial(host_local_io,"), after
+  assert first <= ends_first < lines.index("@jax.jit"), after
+  assert lines[ends_first].endswith(")  # outer: hosts"), after
   assert found[:2] == ["# inner comes next", "# inner: devices"], after
+  assert after.index("# inner: devices") < after.index("@"), after

@@ -1,9 +1,13 @@
 """Execution: fixture programs run under legacy jax.pmap as written, and as rewritten by the
 codemod for --target experimental, --target jax (jax.shard_map via a keyword adapter,
-since jax 0.6.0 lacks it), --multihost (one process: the host-local <-> global conversion
-is exercised end to end) and --strategy shim; the results must be identical."""
+since jax 0.6.0 lacks it), --multihost (accepted for old command lines; it changes
+nothing now) and --strategy shim; the results must be identical."""
+import ast
 import os
+import re
 
+import jax
+import numpy as np
 import pytest
 
 from codemod_testing import load, rewrite, support
@@ -35,9 +39,7 @@ MODES = {
 # fixture; `-m slow` adds the rest.
 _DEFAULT = {("experimental", n) for n in NAMES} | {("jax", n) for n in NAMES} | {
     ("multihost", "axes_and_forms"), ("shim", "options_and_methods")}
-_XFAIL = {("multihost", "keys_and_grads"): (
-    "--multihost: multihost_utils' host-local -> global conversion rejects typed PRNG key "
-    "arrays, and cannot run under jax.grad around the site (tracers)")}
+_XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _cases():
@@ -62,16 +64,50 @@ def test_fixture_matches_legacy(name, target, legacy_results):
   assert_trees_equal(legacy_results[name], ours)
 
 
-def test_fixtures_import_without_building_a_mesh():
-  """The rewritten module builds no mesh at import: only the first call does."""
+def test_function_level_sites_build_no_mesh_at_import(monkeypatch):
+  """A site inside a function gets its mesh built there, and an old-form site builds its
+  own on the first call: importing the rewritten module builds no mesh for them. A
+  module-level site's mesh is built at import, and the report says so."""
   pmap_mesh = support().pmap_mesh
   pmap_mesh.cache_clear()
+  real_mesh = jax.sharding.Mesh
+  built = []
+
+  def counting_mesh(*args, **kwargs):
+    built.append(args)
+    return real_mesh(*args, **kwargs)
+
   for name in NAMES:
-    new, _ = rewrite(_source(name), target="experimental")
-    load(new, "import_only_" + name)
+    new, findings = rewrite(_source(name), target="experimental")
+    module_level = [line for line in new.splitlines()
+                    if re.match(r"\w+ = jax\.sharding\.Mesh\(", line)]
+    said = [f for f in findings if "the mesh is built when the module is imported" in f.message]
+    assert bool(module_level) == bool(said), (name, module_level, said)
+    built.clear()
+    with monkeypatch.context() as m:
+      m.setattr(jax.sharding, "Mesh", counting_mesh)
+      load(new, "import_only_" + name)
+    assert len(built) == len(module_level), (name, built)
     assert pmap_mesh.cache_info().currsize == 0, name
   load(rewrite(_source(NAMES[0]))[0], "called_" + NAMES[0]).run()
   assert pmap_mesh.cache_info().currsize > 0
+
+
+def test_a_converted_site_over_fewer_rows_than_devices_raises_naming_the_fix():
+  """Legacy pmap ran a site over fewer rows than devices (one device per row); a converted
+  site maps over every device of its mesh, and placed_on says how to get pmap's mesh."""
+  source = (
+      "import jax\nimport numpy as np\n\n\n"
+      "def run():\n  half = np.ones((jax.device_count() // 2, 3), np.float32)\n"
+      "  return jax.pmap(lambda v: jax.lax.psum(v, 'h'), 'h')(half)\n")
+  legacy = load(source, "fewer_rows_legacy").run()
+  assert legacy.shape == (jax.device_count() // 2, 3)
+  np.testing.assert_array_equal(legacy, np.full(legacy.shape, jax.device_count() // 2))
+  new, _ = rewrite(source)
+  assert "placed_on(mesh, P('h'))(" in new and "on_pmap_mesh" not in new
+  with pytest.raises(ValueError, match=re.escape("jax.devices()[:rows]")) as raised:
+    load(new, "fewer_rows_rewritten").run()
+  assert f"maps over all {jax.device_count()} devices of its mesh" in str(raised.value)
 
 
 def test_a_site_evaluated_again_reuses_its_trace():
@@ -92,10 +128,16 @@ def test_a_site_evaluated_again_reuses_its_trace():
 def test_rerun_on_a_converted_file_with_a_new_site_adds_only_missing_imports():
   once, _ = rewrite("import jax\n\ng = jax.pmap(f, 'i')\n")
   twice, _ = rewrite(once + "h = jax.pmap(f, 'i', in_axes=AXES)\n")
-  support_imports = [l for l in twice.splitlines() if l.startswith("from pmap_shard_map import")]
+  imports = [node for node in ast.parse(twice).body
+             if isinstance(node, (ast.Import, ast.ImportFrom))]
+  support_imports = [node for node in imports if getattr(node, "module", None) == "pmap_shard_map"]
   assert len(support_imports) == 1
-  assert set(support_imports[0].split(" import ")[1].split(", ")) == {"on_pmap_mesh",
-                                                                     "specs_from_axes"}
-  assert twice.count("import") == once.count("import")
-  module = load(twice.replace("\ng = jax", "\nAXES = 0\nf = abs\ng = jax"), "rerun_imports")
+  # The new site (axes known only at run time) keeps the old form: its names join the
+  # plain site's in the one import, and functools.partial is the only new import.
+  assert {a.name for a in support_imports[0].names} == {
+      "per_device", "placed_on", "host_local_io", "on_pmap_mesh", "specs_from_axes"}
+  added = [ast.unparse(node) for node in imports
+           if ast.unparse(node) not in once and node not in support_imports]
+  assert added == ["import functools"], added
+  module = load(twice.replace("\nmesh = jax", "\nAXES = 0\nf = abs\nmesh = jax"), "rerun_imports")
   assert callable(module.h)

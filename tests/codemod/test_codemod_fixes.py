@@ -67,7 +67,8 @@ def test_module_level_partial_alias_converts():
         return step(np.arange(16, dtype=np.float32).reshape(8, 2), np.float32(3))
       ''')
   new, _ = _matches_legacy(source, "partial_alias")
-  assert '@on_pmap_mesh(partial(shard_map, in_specs=(P("batch"), P())' in new
+  assert '@partial(shard_map, mesh=mesh, in_specs=(P("batch"), P()),' in new
+  assert "@partial(per_device, in_axes=(0, None))" in new
 
 
 def test_a_later_redefinition_does_not_make_a_site_nested():
@@ -119,10 +120,10 @@ def test_imports_are_added_with_the_leading_imports_not_mid_module():
   new, _ = rewrite(source)
   head = new.split("X = 1")[0]
   for line in ("from jax.experimental.shard_map import shard_map",
-               "from pmap_shard_map import on_pmap_mesh",
+               "from pmap_shard_map import per_device, placed_on",
                "from jax.sharding import PartitionSpec as P"):
     assert line in head
-  assert new.startswith('"""Doc."""\nimport functools\n\nimport jax\n')
+  assert new.startswith('"""Doc."""\nimport jax\nfrom jax.experimental.shard_map import shard_map\n')
 
 
 COMPILED_NAMES = '''\

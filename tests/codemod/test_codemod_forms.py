@@ -1,5 +1,6 @@
 """Rule: every form of pmap site -- decorators, partial, calls on any kind of function, in
-any position -- becomes jax.jit over _pmap_as_shard_map with the same arguments."""
+any position -- becomes placed_on(mesh, ...) over jax.jit over shard_map over per_device
+with the same arguments, on a mesh the file builds before the site's statement."""
 import textwrap
 
 from codemod_testing import PmapCodemodTest
@@ -10,6 +11,12 @@ import functools
 from jax.sharding import PartitionSpec as P
 from jax.experimental.shard_map import shard_map
 """
+CALL_TOP = """
+import jax
+from jax.sharding import PartitionSpec as P
+from jax.experimental.shard_map import shard_map
+"""
+MESH = 'mesh = jax.sharding.Mesh(jax.devices(), ("i",))\n'
 
 
 def top(rest: str) -> str:
@@ -26,11 +33,12 @@ class DecoratorFormsTest(PmapCodemodTest):
         def step(x):
             return x * 2
         """, top("""
+        mesh = jax.sharding.Mesh(jax.devices(), ("devices",))
 
-
-
+        @placed_on(mesh, P("devices"))
         @jax.jit
-        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)
+        @functools.partial(shard_map, mesh=mesh, in_specs=P("devices"), out_specs=P("devices"), check_rep=False)
+        @per_device
         def step(x):
             return x * 2
         """))
@@ -49,15 +57,15 @@ class DecoratorFormsTest(PmapCodemodTest):
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
+        mesh = jax.sharding.Mesh(jax.devices(), ("batch",))
 
-
-
+        @placed_on(mesh, P("batch"))
         @functools.partial(jax.jit, donate_argnums=(0,))
-        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("batch"), out_specs=P("batch"), check_rep=False), drop_device_axis=True)
+        @functools.partial(shard_map, mesh=mesh, in_specs=P("batch"), out_specs=P("batch"), check_rep=False)
+        @per_device
         def step(params, x):
             return params
-        """.replace('@functools.partial(_pmap_as_shard_map, axes=("batch",), in_specs=P("batch"), out_specs=P("batch"))',
-                    '@functools.partial(\n            _pmap_as_shard_map, axes=("batch",), in_specs=P("batch"), out_specs=P("batch"))'))
+        """)
 
   def test_imported_partial_decorator_keeps_its_spelling(self):
     self.assertConverts("""
@@ -73,11 +81,12 @@ class DecoratorFormsTest(PmapCodemodTest):
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
 
-
-
+        @placed_on(mesh, P("i"))
         @jax.jit
-        @on_pmap_mesh(partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)
+        @partial(shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)
+        @per_device
         def step(x):
             return x
         """)
@@ -93,13 +102,14 @@ class DecoratorFormsTest(PmapCodemodTest):
         def step(x):
             return x
         """, top("""
-
-
+        mesh = jax.sharding.Mesh(jax.devices(), ("devices",))
 
         @trace
         # the step
+        @placed_on(mesh, P("devices"))
         @jax.jit
-        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)
+        @functools.partial(shard_map, mesh=mesh, in_specs=P("devices"), out_specs=P("devices"), check_rep=False)
+        @per_device
         @jax.checkpoint
         def step(x):
             return x
@@ -114,12 +124,14 @@ class DecoratorFormsTest(PmapCodemodTest):
             def apply(x):
                 return x
         """, top("""
-
-
+        # A class body is passed over: the mesh is built in the module.
+        mesh = jax.sharding.Mesh(jax.devices(), ("devices",))
 
         class Model:
+            @placed_on(mesh, P("devices"))
             @jax.jit
-            @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)
+            @functools.partial(shard_map, mesh=mesh, in_specs=P("devices"), out_specs=P("devices"), check_rep=False)
+            @per_device
             def apply(x):
                 return x
         """))
@@ -138,48 +150,49 @@ class CallFormsTest(PmapCodemodTest):
 
   def _one(self, before_expr: str, after_expr: str, prelude: str = "") -> None:
     self.assertConverts("import jax\n" + prelude + "\n" + before_expr + "\n",
-                        TOP + "\n\n# <pmap-to-shmap helpers>\n\n\n" + after_expr + "\n")
+                        CALL_TOP + prelude + "\n" + MESH + after_expr + "\n")
 
   def test_name(self):
     self._one('g = jax.pmap(f, "i")',
-              'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))')
+              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))')
 
   def test_attribute_function(self):
     self._one('g = jax.pmap(model.apply, "i")',
-              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(model.apply))')
+              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(model.apply), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))')
 
   def test_lambda(self):
     self._one('g = jax.pmap(lambda x: x + 1, "i")',
-              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(lambda x: x + 1))')
+              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(lambda x: x + 1), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))')
 
   def test_partial_function(self):
     self._one('g = jax.pmap(functools.partial(f, k=2), "i")',
-              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(functools.partial(f, k=2)))')
+              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(functools.partial(f, k=2)), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))',
+              prelude="import functools\n")
 
   def test_call_expression_function(self):
     self._one('g = jax.pmap(make_step(config), "i")',
-              'g = jax.jit(\n    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(make_step(config)))')
+              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(make_step(config)), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))')
 
   def test_fun_keyword(self):
     self._one('g = jax.pmap(fun=f, axis_name="i")',
-              'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))')
+              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))')
 
   def test_invoked_immediately(self):
     self._one('y = jax.pmap(f, "i")(x)',
-              'y = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))(x)')
+              'y = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))(x)')
 
   def test_passed_on(self):
     self._one('run(jax.pmap(f, "i"), data)',
-              'run(jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f)), data)')
+              'run(placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False))), data)')
 
   def test_partial_then_called(self):
     self._one('g = functools.partial(jax.pmap, axis_name="i")(f)',
-              'g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))',
+              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))',
               prelude="import functools\n")
 
   def test_parenthesised_site_keeps_parentheses(self):
     self._one('g = (jax.pmap(f, "i"))',
-              'g = (jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f)))')
+              'g = (placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False))))')
 
   def test_assigned_to_attribute_and_returned_in_method(self):
     self.assertConverts("""
@@ -191,32 +204,35 @@ class CallFormsTest(PmapCodemodTest):
 
             def eval_fn(self):
                 return jax.pmap(self.evaluate, "b")
-        """, top("""
-
-
+        """, CALL_TOP + textwrap.dedent("""
 
         class Trainer:
             def __init__(self):
-                self.step = jax.jit(
-                    on_pmap_mesh(functools.partial(shard_map, in_specs=P("b"), out_specs=P("b"), check_rep=False), drop_device_axis=True)(self.train))
+                mesh = jax.sharding.Mesh(jax.devices(), ("b",))
+                self.step = placed_on(mesh, P("b"))(jax.jit(shard_map(
+                    per_device(self.train), mesh=mesh, in_specs=P("b"), out_specs=P("b"), check_rep=False)))
 
             def eval_fn(self):
-                return jax.jit(
-                    on_pmap_mesh(functools.partial(shard_map, in_specs=P("b"), out_specs=P("b"), check_rep=False), drop_device_axis=True)(self.evaluate))
+                mesh = jax.sharding.Mesh(jax.devices(), ("b",))
+                return placed_on(mesh, P("b"))(jax.jit(shard_map(
+                    per_device(self.evaluate), mesh=mesh, in_specs=P("b"), out_specs=P("b"), check_rep=False)))
         """))
 
-  def test_two_sites_share_one_helper_block(self):
+  def test_sites_with_the_same_axes_share_one_mesh(self):
+    # A file whose sites use several axis names names each mesh after its axis.
     self.assertConverts("""
         import jax
 
         a = jax.pmap(f, "i")
         b = jax.pmap(g, "j")
-        """, top("""
+        c = jax.pmap(h, "i")
+        """, CALL_TOP + textwrap.dedent("""
 
-
-
-        a = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
-        b = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("j"), out_specs=P("j"), check_rep=False), drop_device_axis=True)(g))
+        i_mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        a = placed_on(i_mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=i_mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
+        j_mesh = jax.sharding.Mesh(jax.devices(), ("j",))
+        b = placed_on(j_mesh, P("j"))(jax.jit(shard_map(per_device(g), mesh=j_mesh, in_specs=P("j"), out_specs=P("j"), check_rep=False)))
+        c = placed_on(i_mesh, P("i"))(jax.jit(shard_map(per_device(h), mesh=i_mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
         """))
 
   def test_pmap_as_a_value_is_reported_and_left(self):

@@ -106,12 +106,14 @@ def test_indentation_is_kept_inside_deeply_nested_bodies():
   # Every line of the converted statements sits inside the for loop's body.
   assert all(line.startswith(" " * 8) for line in body if line.strip()), after
   compile(after, "jaxline", "exec")
-  # The user's multi-line function keeps its shape, moved as one piece.
+  # The user's multi-line function keeps its shape, moved as one piece: its lines hang
+  # from where it now starts (inside per_device(...)).
   lines = after.splitlines()
-  start = next(i for i, line in enumerate(lines) if line.strip() == "functools.partial(")
-  indent = len(lines[start]) - len(lines[start].lstrip())
+  start = next(i for i, line in enumerate(lines) if line.endswith("functools.partial("))
+  indent = lines[start].index("functools.partial(")
+  assert lines[start].strip().startswith("jax.jit(shard_map(per_device(functools.partial("), after
   assert lines[start + 1] == " " * (indent + 4) + "self._eval_batch,"
-  assert lines[start + 2] == " " * (indent + 4) + "config=config)))"
+  assert lines[start + 2] == " " * (indent + 4) + "config=config)),"
 
 
 def test_no_staircase_of_calls_at_one_indent():
@@ -149,7 +151,7 @@ def test_a_site_after_a_multi_line_string_hangs_from_its_statements_indentation(
             f'""", jax.pmap({LONG_LAMBDA}, axis_name="batch", donate_argnums=(0,)))\n')
   after, _ = rewrite(source)
   compile(after, "strings", "exec")
-  continued = _hanging(after, '""", jax.jit(')
+  continued = _hanging(after, '""", placed_on(mesh, P("batch"))(')
   # One continuation indent (4) deeper than the `self.doc = (` line (4).
   assert continued and all(line.startswith(" " * 8) for line in continued), after
 
@@ -165,6 +167,6 @@ def test_line_breaks_python_does_not_make_leave_positions_as_libcst_reads_them(s
   after, findings = rewrite(source)
   assert not [f for f in findings if "internal error" in str(f)], findings
   compile(after, "breaks", "exec")
-  continued = _hanging(after, "return jax.jit(")
+  continued = _hanging(after, "return placed_on(mesh, P('data'))(")
   # One continuation indent deeper than the `return` line (4).
   assert continued and all(line.startswith(" " * 8) for line in continued), after

@@ -1,9 +1,10 @@
 """Multi-host safety: a 2-process job (jax.distributed + gloo over 127.0.0.1, 4 CPU devices
 per process) runs a pmap program as written under legacy jax.pmap, as converted without
---multihost, and as converted with it. Without the flag the converted site must raise an
-error naming --multihost (never reduce over one host's devices only); with it, each
-process passes and gets back host-local arrays and the result equals legacy's bit for
-bit. Bounded: the job is killed after TIMEOUT seconds."""
+--multihost, and as converted with it (accepted for old command lines; it changes
+nothing). Either way each process passes and gets back host-local arrays, the collectives
+span every process's devices (never one host's only), and the result equals legacy's bit
+for bit: placed_on does it for plain sites, host_local_io for the old form (devices=).
+Bounded: the job is killed after TIMEOUT seconds."""
 import os
 
 import pytest
@@ -34,16 +35,15 @@ def run():
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-  return _run_programs(tmp_path_factory, PROGRAM, multihost_only=False, local_devices=4)
+  return _run_programs(tmp_path_factory, PROGRAM, local_devices=4)
 
 
-def _run_programs(tmp_path_factory, source, *, multihost_only, local_devices):
-  """Each process's results for ``source`` as written (legacy), converted with
-  --multihost and (unless ``multihost_only``) without it."""
+def _run_programs(tmp_path_factory, source, *, local_devices):
+  """Each process's results for ``source`` as written (legacy), converted without
+  --multihost and with it."""
   programs = tmp_path_factory.mktemp("programs")
   (programs / "legacy.py").write_text(source)
-  if not multihost_only:
-    (programs / "converted_default.py").write_text(rewrite(source, target="experimental")[0])
+  (programs / "converted_default.py").write_text(rewrite(source, target="experimental")[0])
   (programs / "converted_multihost.py").write_text(
       rewrite(source, target="experimental", multihost=True)[0])
   support_module.write(str(programs), support_module.DEFAULT_NAME)
@@ -54,18 +54,20 @@ def _run_programs(tmp_path_factory, source, *, multihost_only, local_devices):
   return outcome.results
 
 
-@pytest.mark.multiprocess
-def test_converted_without_multihost_raises_naming_the_fix(job):
-  for pid, results in enumerate(job):
-    error = results["converted_default"].get("error", "")
-    assert "RuntimeError" in error and "--multihost" in error, (pid, results)
+def test_the_program_converts_to_plain_sites():
+  new, _ = rewrite(PROGRAM, target="experimental")
+  # The decorator site and the call site.
+  assert new.count("@placed_on(") == 1 and new.count("placed_on(") == 2, new
+  assert "on_pmap_mesh" not in new, new
+  assert rewrite(PROGRAM, target="experimental", multihost=True)[0] == new
 
 
 @pytest.mark.multiprocess
-def test_converted_with_multihost_matches_legacy_on_every_process(job):
+def test_converted_matches_legacy_on_every_process(job):
   for pid, results in enumerate(job):
     legacy = results["legacy"]
     assert "error" not in legacy, (pid, legacy)
+    assert results["converted_default"] == legacy, (pid, results)
     assert results["converted_multihost"] == legacy, pid
   # The collectives spanned both processes: their psums agree although their inputs differ.
   assert job[0]["legacy"]["value"][0][:3] == job[1]["legacy"]["value"][0][:3]
@@ -92,7 +94,7 @@ def run():
 
 @pytest.fixture(scope="module")
 def devices_job(tmp_path_factory):
-  return _run_programs(tmp_path_factory, HOST_PSUM, multihost_only=True, local_devices=2)
+  return _run_programs(tmp_path_factory, HOST_PSUM, local_devices=2)
 
 
 @pytest.mark.multiprocess
@@ -101,4 +103,5 @@ def test_devices_keeps_pmaps_meaning_across_processes(devices_job):
   for pid, results in enumerate(devices_job):
     legacy = results["legacy"]
     assert "error" not in legacy, (pid, legacy)
+    assert results["converted_default"] == legacy, (pid, results)
     assert results["converted_multihost"] == legacy, (pid, results)

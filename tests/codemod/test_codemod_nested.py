@@ -1,5 +1,6 @@
-"""Rule: directly nested pmaps become one shard_map over a multi-axis mesh; nesting that is
-not statically clear is reported and left unchanged."""
+"""Rule: directly nested pmaps become one shard_map over a multi-axis mesh (the old
+``host_local_io(jax.jit(on_pmap_mesh(...)))`` form, which builds that mesh on the first
+call); nesting that is not statically clear is reported and left unchanged."""
 import textwrap
 
 from codemod_testing import PmapCodemodTest, SiteTest, rewrite
@@ -9,29 +10,34 @@ class NestedTest(SiteTest):
 
   def test_pmap_of_pmap(self):
     self.assertSite('g = jax.pmap(jax.pmap(f, "j"), "i")', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))(f))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"), across_hosts=True)(f)),
+            in_specs=P("i", "j"), out_specs=P("i", "j"), axes=("i", "j"))''')
 
   def test_inner_axes_are_placed_in_the_original_array(self):
     # outer maps axis 1; inner maps axis 1 of what is left, i.e. axis 2 of the original.
     self.assertSite('g = jax.pmap(jax.pmap(f, "j", in_axes=1), "i", in_axes=1)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P(None, "i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))(f))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P(None, "i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"), across_hosts=True)(f)),
+            in_specs=P(None, "i", "j"), out_specs=P("i", "j"), axes=("i", "j"))''')
 
   def test_inner_axis_before_outer_axis(self):
     self.assertSite('g = jax.pmap(jax.pmap(f, "j", in_axes=0, out_axes=1), "i", in_axes=1)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("j", "i"), out_specs=P("i", None, "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))(f))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("j", "i"), out_specs=P("i", None, "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"), across_hosts=True)(f)),
+            in_specs=P("j", "i"), out_specs=P("i", None, "j"), axes=("i", "j"))''')
 
   def test_per_argument_axes_with_none(self):
     self.assertSite('g = jax.pmap(jax.pmap(f, "m", in_axes=(0, None)), "d", in_axes=(0, 0), out_axes=None)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=(P("d", "m"), P("d")), out_specs=P("m"), check_rep=False), drop_device_axis=True, axes=("d", "m"))(f))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=(P("d", "m"), P("d")), out_specs=P("m"), check_rep=False), drop_device_axis=True, axes=("d", "m"), across_hosts=True)(f)),
+            in_specs=(P("d", "m"), P("d")), out_specs=P("m"), axes=("d", "m"))''')
 
   def test_unnamed_levels_get_distinct_default_names(self):
     self.assertSite('g = jax.pmap(jax.pmap(f))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis", "pmap_axis_1"), out_specs=P("pmap_axis", "pmap_axis_1"), check_rep=False), drop_device_axis=True, axes=("pmap_axis", "pmap_axis_1"))(f))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("devices", "devices_1"), out_specs=P("devices", "devices_1"), check_rep=False), drop_device_axis=True, axes=("devices", "devices_1"), across_hosts=True)(f)),
+            in_specs=P("devices", "devices_1"), out_specs=P("devices", "devices_1"), axes=("devices", "devices_1"))''')
 
   def test_same_axis_name_twice_is_reported(self):
     self.assertSiteError('g = jax.pmap(jax.pmap(f, "i"), "i")', "share an axis name")
@@ -62,11 +68,9 @@ class NestedDecoratorsTest(PmapCodemodTest):
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
-
-
-
+        @functools.partial(host_local_io, in_specs=P("i", "j"), out_specs=P("i", "j"), axes=("i", "j"))
         @jax.jit
-        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"))
+        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("i", "j"), out_specs=P("i", "j"), check_rep=False), drop_device_axis=True, axes=("i", "j"), across_hosts=True)
         def step(x):
             return jax.lax.psum(x, ("i", "j"))
         """)

@@ -327,10 +327,12 @@ def test_crlf_cells_keep_their_line_endings(tmp_path):
   assert cells[2:] == [mixed, untouched]
   for old, now in zip([imports, site], cells[:2], strict=True):
     assert now != old and all(l.endswith("\r\n") for l in now[:-1]) and now[-1] == old[-1]
-  lf = _notebook(*[[l.replace("\r\n", "\n") for l in c] for c in (imports, site)])
+  # The same notebook with \n endings (the other cells too: they set the layout's style).
+  lf = _notebook(*[[l.replace("\r\n", "\n") for l in c]
+                   for c in (imports, site, mixed, untouched)])
   _, new_lf, _ = _convert(tmp_path / "lf", "nb.ipynb", json.dumps(lf, indent=1).encode())
   assert [[l.replace("\r\n", "\n") for l in c] for c in cells[:2]] == [
-      c["source"] for c in _user_cells(json.loads(new_lf)["cells"])]
+      c["source"] for c in _user_cells(json.loads(new_lf)["cells"])[:2]]
   # In the file itself, only lines of the changed cells' sources differ (the support cell
   # inserted before the converted one aside).
   converted = json.loads(new)

@@ -1,5 +1,6 @@
 """Rule: pmap's other options -- static_broadcasted_argnums, donate_argnums, devices,
-backend, axis_size -- move to jax.jit or to the mesh; the rest are reported."""
+backend, axis_size -- move to jax.jit or to the mesh; the rest are reported. Only
+donate_argnums fits the plain form; the others keep the old on_pmap_mesh form."""
 from codemod_testing import SiteTest, rewrite
 
 
@@ -7,44 +8,50 @@ class OptionsTest(SiteTest):
 
   def test_static_argnums_go_to_jit_and_the_helper(self):
     self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=(2,))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=(2,))(f),
-            static_argnums=(2,))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=(2,), across_hosts=True)(f),
+                    static_argnums=(2,)),
+            in_specs=P("i"), out_specs=P("i"), static_argnums=(2,))''')
 
   def test_donate_argnums_go_to_jit(self):
     self.assertSite('g = jax.pmap(f, "i", donate_argnums=(0, 1))', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f),
-            donate_argnums=(0, 1))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False), donate_argnums=(0, 1)))''')
 
   def test_static_and_donate_together(self):
     self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=1, donate_argnums=0)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=1)(f),
-            static_argnums=1, donate_argnums=0)''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=1, across_hosts=True)(f),
+                    static_argnums=1, donate_argnums=0),
+            in_specs=P("i"), out_specs=P("i"), static_argnums=1)''')
 
   def test_devices_go_to_the_mesh(self):
     self.assertSite('g = jax.pmap(f, "i", devices=jax.devices()[:4])', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, devices=jax.devices()[:4])(f))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, devices=jax.devices()[:4], across_hosts=True)(f)),
+            in_specs=P("i"), out_specs=P("i"), devices=jax.devices()[:4])''')
 
   def test_backend_and_axis_size(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=None, axis_size=4, backend="cpu")', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P(), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, backend="cpu")(f))''')
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P(), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, backend="cpu", across_hosts=True)(f)),
+            in_specs=P(), out_specs=P("i"), axes=("i",))''')
 
   def test_explicit_none_axis_name_gets_the_default(self):
     self.assertSite('g = jax.pmap(f, axis_name=None, out_axes=None)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P(), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("devices",))
+        g = placed_on(mesh, P("devices"))(jax.jit(shard_map(
+            per_device(f, out_axes=None), mesh=mesh, in_specs=P("devices"), out_specs=P(), check_rep=False)))''')
 
   def test_global_arg_shapes_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", global_arg_shapes=((8,),))', "global_arg_shapes")
 
   def test_global_arg_shapes_none_is_the_default(self):
     self.assertSite('g = jax.pmap(f, "i", global_arg_shapes=None)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))''')
     _, findings = rewrite('import jax\ng = jax.pmap(f, "i", global_arg_shapes=None)\n')
     self.assertEqual([f.severity.value for f in findings], ["INFO"], findings)
 
@@ -52,8 +59,9 @@ class OptionsTest(SiteTest):
     # A wrapper passing its own parameter through (flax's nnx.pmap): None unless its caller
     # set it, when legacy pmap raised.
     self.assertSite('g = jax.pmap(f, "i", global_arg_shapes=global_arg_shapes)', '''
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))''')
     _, findings = rewrite(
         'import jax\ng = jax.pmap(f, "i", global_arg_shapes=global_arg_shapes)\n')
     warnings = [f.message for f in findings if f.severity.value == "WARNING"]

@@ -11,15 +11,12 @@ class SpellingTest(PmapCodemodTest):
         g = jax.pmap(f)
         """, """
         import jax
-        import functools
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
-
-
-
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("devices",))
+        g = placed_on(mesh, P("devices"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("devices"), out_specs=P("devices"), check_rep=False)))
         """)
 
   def test_from_import_is_removed(self):
@@ -28,15 +25,13 @@ class SpellingTest(PmapCodemodTest):
 
         g = pmap(f, "i")
         """, """
-        import functools
         import jax
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
-
-
-
-        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
         """)
 
   def test_from_import_with_alias(self):
@@ -47,14 +42,12 @@ class SpellingTest(PmapCodemodTest):
         g = p(f, "i")
         """, """
         import jax
-        import functools
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
-
-
-
-        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
         """)
 
   def test_module_alias(self):
@@ -64,15 +57,13 @@ class SpellingTest(PmapCodemodTest):
         g = jx.pmap(f, "i")
         """, """
         import jax as jx
-        import functools
         import jax
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
-
-
-
-        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
         """)
 
   def test_jax_api_path(self):
@@ -84,14 +75,12 @@ class SpellingTest(PmapCodemodTest):
         """, """
         import jax
         from jax import api
-        import functools
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
 
-
-
-
-        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
         """)
 
   def test_own_function_named_pmap_is_untouched(self):

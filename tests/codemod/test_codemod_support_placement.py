@@ -101,9 +101,11 @@ def test_package_support_ships_in_the_installed_wheel(tmp_path):
   ops = (tree / "mypkg" / "parallel" / "ops.py").read_text()
   relative = (tree / "mypkg" / "parallel" / "relative.py").read_text()
   # Inside the package, imported as each file imports its own package.
-  assert "from mypkg._pmap_shard_map import on_pmap_mesh\n" in ops
-  assert "from .._pmap_shard_map import on_pmap_mesh\n" in relative
-  assert (tree / "mypkg" / "_pmap_shard_map.py").read_text() == support_module.source()
+  assert "from mypkg._pmap_shard_map import per_device, placed_on\n" in ops
+  assert "from .._pmap_shard_map import per_device, placed_on\n" in relative
+  # With just what the package's files call.
+  assert (tree / "mypkg" / "_pmap_shard_map.py").read_text() == support_module.source(
+      {"per_device", "placed_on"})
   assert not (tree / "pmap_shard_map.py").exists()
 
   # Installed from a wheel into a throwaway environment that sees .venv's packages.
@@ -137,25 +139,28 @@ def test_package_detection(tmp_path):
   namespaced = tmp_path / "proj" / "src" / "nspkg" / "sub" / "m.py"
   assert support_module.package_of(str(namespaced)) == (str(tmp_path / "proj" / "src"),
                                                         ["nspkg", "sub"])
-  place = support_module.placement(str(namespaced), "from . import x\n", str(tmp_path))
+  place = support_module.placement(str(namespaced), "from . import x\n")
   assert (place.name, place.spelling) == ("nspkg._pmap_shard_map", ".._pmap_shard_map")
   # A src/ directory that is not a project's (say ~/src/repo/scripts) is no package.
   (tmp_path / "src" / "repo" / "scripts").mkdir(parents=True)
   script = tmp_path / "src" / "repo" / "scripts" / "train.py"
   assert support_module.package_of(str(script)) is None
-  assert support_module.placement(str(script), "", str(tmp_path)) == support_module.Placement(
-      str(tmp_path), "pmap_shard_map", "pmap_shard_map")
+  # A script imports a copy next to it: Python puts the script's directory on sys.path.
+  assert support_module.placement(str(script), "") == support_module.Placement(
+      str(script.parent), "pmap_shard_map", "pmap_shard_map")
 
 
-def test_scripts_outside_packages_share_the_root_copy(tmp_path, capsys):
+def test_scripts_outside_packages_get_a_copy_next_to_them(tmp_path, capsys):
   (tmp_path / "scripts").mkdir()
   (tmp_path / "scripts" / "train.py").write_text(OPS)
   _package(tmp_path)
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tmp_path)]) == 0
-  assert "from pmap_shard_map import on_pmap_mesh" in (
+  assert "from pmap_shard_map import per_device, placed_on" in (
       tmp_path / "scripts" / "train.py").read_text()
-  assert (tmp_path / "pmap_shard_map.py").read_text() == support_module.source()
-  assert (tmp_path / "mypkg" / "_pmap_shard_map.py").read_text() == support_module.source()
+  used = support_module.source({"per_device", "placed_on"})
+  assert (tmp_path / "scripts" / "pmap_shard_map.py").read_text() == used
+  assert not (tmp_path / "pmap_shard_map.py").exists()
+  assert (tmp_path / "mypkg" / "_pmap_shard_map.py").read_text() == used
   err = capsys.readouterr().err
   assert "INFO support module mypkg._pmap_shard_map written" in err
   assert "INFO support module pmap_shard_map written" in err
@@ -166,7 +171,7 @@ def test_explicit_support_module_is_used_by_every_file(tmp_path):
   tree = _package(tmp_path / "tree")
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", "--support-module",
                              "shared_support", str(tree)]) == 0
-  assert "from shared_support import on_pmap_mesh" in (
+  assert "from shared_support import per_device, placed_on" in (
       tree / "mypkg" / "parallel" / "relative.py").read_text()
   assert (tree / "shared_support.py").exists()
   assert not (tree / "mypkg" / "_pmap_shard_map.py").exists()
@@ -229,8 +234,10 @@ def test_converted_notebook_runs_alone_as_legacy_did(tmp_path):
   # The support cell sits right before the first converted cell, with just what it uses;
   # the setup cell is untouched, and the new imports went to the import cell.
   assert cells[0] == NOTEBOOK_CELLS[0]
-  assert notebook_support.names_in(cells[2]) == ("on_pmap_mesh", "specs_from_axes")
-  assert "def device_put_replicated" not in cells[2] and "def host_local_io" not in cells[2]
+  # double is a plain site; run's axes are known only at run time (the old form).
+  assert notebook_support.names_in(cells[2]) == (
+      "host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes")
+  assert "def device_put_replicated" not in cells[2] and "def first_row" not in cells[2]
   assert "import jax" not in cells[2]  # the notebook imports it before
   assert cells[1].startswith("import functools\n" + NOTEBOOK_CELLS[1])  # in its group
   assert "from jax.sharding import" in cells[1]
@@ -249,13 +256,16 @@ def test_support_cell_grows_when_a_rerun_converts_more(tmp_path):
                               "nbformat": 4, "nbformat_minor": 5}, indent=1))
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
   nb = json.loads(path.read_text())
-  assert notebook_support.names_in("".join(nb["cells"][1]["source"])) == ("on_pmap_mesh",)
+  assert notebook_support.names_in("".join(nb["cells"][1]["source"])) == (
+      "per_device", "placed_on")
   nb["cells"].append(_cell("def g(axes):\n  return jax.pmap(lambda v: v, in_axes=axes)\n"))
   path.write_text(json.dumps(nb, indent=1))
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
   cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
   assert len(cells) == 4
-  assert notebook_support.names_in(cells[1]) == ("on_pmap_mesh", "specs_from_axes")
+  # g's axes are known only at run time: the old form's helpers join the cell.
+  assert notebook_support.names_in(cells[1]) == (
+      "host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes")
   assert "def specs_from_axes" in cells[1]
 
 
@@ -282,5 +292,5 @@ def test_markdown_notebook_gets_a_support_code_cell(tmp_path):
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
   new = path.read_text()
   support_at = new.index("```{code-cell} ipython3\n# Support code pmap-to-shmap added")
-  assert new.index("Prose.") < support_at < new.index("step = jax.jit(")
+  assert new.index("Prose.") < support_at < new.index("step = placed_on(mesh, P('d'))(")
   assert pmap_to_shmap.main(["--check", str(path)]) == 0

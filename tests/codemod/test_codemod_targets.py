@@ -1,5 +1,6 @@
-"""Rule: --target picks the shard_map API the sites call; --multihost adds the host-local
-<-> global conversion around the jitted site."""
+"""Rule: --target picks the shard_map API the sites call. Every converted site takes
+host-local arrays in every process, as pmap did: placed_on in the plain form, host_local_io
+around the old on_pmap_mesh form; --multihost is accepted and changes nothing."""
 from codemod_testing import SiteTest, rewrite
 
 
@@ -12,60 +13,62 @@ class TargetTest(SiteTest):
         g = jax.pmap(f, "i")
         """, """
         import jax
-        import functools
         from jax.sharding import PartitionSpec as P
 
-
-
-
-        g = jax.jit(on_pmap_mesh(functools.partial(jax.shard_map, in_specs=P("i"), out_specs=P("i"), check_vma=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(jax.shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False)))
         """, target="jax")
 
-  def test_multihost_wraps_the_jitted_function(self):
+  def test_multihost_changes_nothing_for_a_plain_site(self):
+    # placed_on puts each process's host-local rows on the mesh of every device: the
+    # plain form is multi-host correct, and --multihost is accepted for old command lines.
+    for source in ('import jax\n\ng = jax.pmap(f, "i")\n',
+                   "import jax\n\n@jax.pmap\ndef step(x):\n    return x\n"):
+      plain, _ = rewrite(source)
+      multihost, _ = rewrite(source, multihost=True)
+      self.assertEqual(multihost, plain)
+      self.assertIn("placed_on(mesh, P(", plain)
+      self.assertNotIn("host_local_io", plain)
+
+  def test_old_form_call_site_is_wrapped_in_host_local_io(self):
     self.assertConverts("""
         import jax
 
-        g = jax.pmap(f, "i")
+        g = jax.pmap(f, "i", devices=jax.devices()[:4])
         """, """
         import jax
         import functools
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
-
-
-
-
         from pmap_shard_map import host_local_io, on_pmap_mesh
 
         g = host_local_io(jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, across_hosts=True)(f)),
-            in_specs=P("i"), out_specs=P("i"))
-        """, multihost=True)
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, devices=jax.devices()[:4], across_hosts=True)(f)),
+            in_specs=P("i"), out_specs=P("i"), devices=jax.devices()[:4])
+        """)
 
-  def test_multihost_decorator_gets_an_outer_decorator(self):
+  def test_old_form_decorator_gets_an_outer_host_local_io_decorator(self):
     self.assertConverts("""
+        import functools
         import jax
 
-        @jax.pmap
-        def step(x):
+        @functools.partial(jax.pmap, static_broadcasted_argnums=1)
+        def step(x, n):
             return x
         """, """
-        import jax
         import functools
+        import jax
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
-
-
-
-
         from pmap_shard_map import host_local_io, on_pmap_mesh
 
-        @functools.partial(host_local_io, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"))
-        @jax.jit
-        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"), out_specs=P("pmap_axis"), check_rep=False), drop_device_axis=True, across_hosts=True)
-        def step(x):
+        @functools.partial(host_local_io, in_specs=P("devices"), out_specs=P("devices"), static_argnums=1)
+        @functools.partial(jax.jit, static_argnums=1)
+        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("devices"), out_specs=P("devices"), check_rep=False), drop_device_axis=True, static_argnums=1, across_hosts=True)
+        def step(x, n):
             return x
-        """, multihost=True)
+        """)
 
   def test_spec_name_avoids_a_clashing_P(self):
     self.assertConverts("""
@@ -75,16 +78,12 @@ class TargetTest(SiteTest):
         g = jax.pmap(f, "i")
         """, """
         import jax
-        import functools
         from jax.experimental.shard_map import shard_map
 
         P = 3
-
-
-
-
-        g = jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=jax.sharding.PartitionSpec("i"), out_specs=jax.sharding.PartitionSpec("i"), check_rep=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, jax.sharding.PartitionSpec("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=jax.sharding.PartitionSpec("i"), out_specs=jax.sharding.PartitionSpec("i"), check_rep=False)))
         """)
 
   def test_existing_partitionspec_import_is_reused(self):
@@ -96,13 +95,11 @@ class TargetTest(SiteTest):
         """, """
         import jax
         from jax.sharding import PartitionSpec as P
-        import functools
         from jax.experimental.shard_map import shard_map
 
-
-
-
-        g = jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True)(f))
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(
+            per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
         """)
 
 

@@ -21,7 +21,9 @@ W = imports.Wanted
 P_SPEC = W("jax.sharding", "PartitionSpec", "P")
 SHARD_MAP = W("jax.experimental.shard_map", "shard_map")
 SUPPORT = W("pmap_shard_map", "on_pmap_mesh")
-CONVERTED = [W("functools"), P_SPEC, SHARD_MAP, SUPPORT]  # what a file importing jax gets
+# What a file importing jax gets for an old-form site (the import machinery is the same
+# for the plain form's names).
+CONVERTED = [W("functools"), P_SPEC, SHARD_MAP, SUPPORT]
 
 # name: (header, wanted, extra ruff config, the header after)
 CASES = {
@@ -328,10 +330,15 @@ import numpy as np
 from mypkg import util
 
 step = jax.pmap(lambda v: v * 2, axis_name="i")
+scale = jax.pmap(lambda v, n: v * n, axis_name="i", static_broadcasted_argnums=1)
 '''
   assert _isort_clean(before, ())
   for target in ("experimental", "jax"):
     after, _ = rewrite(before, target=target)
+    # functools.partial (the old form's, for static_broadcasted_argnums) joins the standard
+    # library's group; the support module the first-party one.
     assert "jax.pmap" not in after and "import functools\nimport os\n" in after
-    assert "from mypkg import util\nfrom pmap_shard_map import on_pmap_mesh\n" in after
+    assert ("from mypkg import util\n"
+            "from pmap_shard_map import host_local_io, on_pmap_mesh, per_device, placed_on\n"
+            ) in after
     assert _isort_clean(after, ())

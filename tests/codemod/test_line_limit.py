@@ -234,7 +234,9 @@ def test_no_added_line_beyond_the_limit_through_the_command_line(config, width, 
   added = [line[1:] for line in difflib.unified_diff(STEP_TEST.splitlines(), after.splitlines(),
                                                      lineterm="", n=0)
            if line.startswith("+") and not line.startswith("+++")]
-  assert "on_pmap_mesh(" in after and "jax.pmap" not in after, after
+  # Plain sites, and one kept in the old form by static_broadcasted_argnums.
+  assert "placed_on(" in after and "on_pmap_mesh(" in after, after
+  assert "jax.pmap" not in after, after
   assert [line for line in added if len(line) > width] == [], after
   assert _left_of_their_statement(after) == [], after
   compile(after, str(target), "exec")
@@ -255,8 +257,10 @@ def test_copied_code_hanging_from_a_line_inside_a_method_hangs_from_its_new_line
               learning_rate=0.1), axis_name="batch", donate_argnums=(0,))
       ''', target="jax")
   lines = after.splitlines()
-  at = lines.index(" " * 12 + "functools.partial(")
-  assert lines[at + 1:at + 3] == [" " * 16 + "self._train_step,", " " * 16 + "learning_rate=0.1)),"]
+  at = next(i for i, line in enumerate(lines) if line.endswith("per_device(functools.partial("))
+  column = lines[at].index("functools.partial(")
+  assert lines[at + 1:at + 3] == [" " * (column + 4) + "self._train_step,",
+                                  " " * (column + 4) + "learning_rate=0.1)),"], after
   assert _left_of_their_statement(after) == [], after
 
 

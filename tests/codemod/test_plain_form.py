@@ -10,7 +10,6 @@ import sys
 import textwrap
 
 import jax
-import numpy as np
 import pytest
 
 from codemod import support_module
@@ -75,9 +74,10 @@ def test_call_sites_in_a_function_share_its_mesh_per_axis_name():
       ''')
   body = new[new.index("def train"):]
   assert body.count("jax.sharding.Mesh(") == 2
-  assert 'mesh = jax.sharding.Mesh(jax.devices(), ("batch",))' in body
+  # Two axis names in the file: each mesh is named after its axis.
+  assert 'batch_mesh = jax.sharding.Mesh(jax.devices(), ("batch",))' in body
   assert 'model_mesh = jax.sharding.Mesh(jax.devices(), ("model",))' in body
-  assert body.index("mesh = ") < body.index("p_f = ")
+  assert body.index("batch_mesh = ") < body.index("p_f = ")
   assert "per_device(g, in_axes=(0, None))" in body
   assert 'placed_on(model_mesh, P("model"))' in body
 

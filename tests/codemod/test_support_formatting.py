@@ -13,6 +13,8 @@ from codemod import support_module
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
 NAME = "pmap_shard_map.py"
+# What the converted SITE calls: the copy written next to it holds just those helpers.
+SITE_NAMES = {"per_device", "placed_on"}
 
 # ruff format settings a repository may use (black's and pyink's styles are ruff
 # format's with these knobs): line length, indent width, quotes, docstring code.
@@ -54,12 +56,13 @@ def _codemod(tree: pathlib.Path) -> subprocess.CompletedProcess:
 
 
 def _converted_tree(tmp_path: pathlib.Path) -> pathlib.Path:
+  """A tree whose script pkg/site.py was converted; its support copy is pkg/NAME."""
   tree = tmp_path / "tree"
   (tree / "pkg").mkdir(parents=True)
   (tree / "pkg" / "site.py").write_text(SITE)
   proc = _codemod(tree)
   assert proc.returncode == 0, proc.stderr
-  assert (tree / NAME).read_text() == support_module.source()
+  assert (tree / "pkg" / NAME).read_text() == support_module.source(SITE_NAMES)
   return tree
 
 
@@ -88,24 +91,25 @@ def test_reformatted_copy_is_current(tmp_path, style):
                                    "4 spaces, 80, single quotes"])
 def test_rerun_leaves_a_reformatted_copy_byte_for_byte(tmp_path, style):
   tree = _converted_tree(tmp_path)
-  formatted = _formatted(support_module.source(), STYLES[style], tmp_path)
-  (tree / NAME).write_text(formatted)
+  formatted = _formatted(support_module.source(SITE_NAMES), STYLES[style], tmp_path)
+  (tree / "pkg" / NAME).write_text(formatted)
   site = (tree / "pkg" / "site.py").read_bytes()
   proc = _codemod(tree)
   assert proc.returncode == 0, proc.stderr
-  assert (tree / NAME).read_text() == formatted
+  assert (tree / "pkg" / NAME).read_text() == formatted
   assert (tree / "pkg" / "site.py").read_bytes() == site
 
 
 def test_rerun_refuses_a_reformatted_copy_with_one_statement_changed(tmp_path):
   tree = _converted_tree(tmp_path)
-  formatted = _formatted(support_module.source(), STYLES["2 spaces, 80"], tmp_path)
-  edited = formatted.replace("len(_WRAPPERS) >= 256", "len(_WRAPPERS) >= 128")
+  formatted = _formatted(support_module.source(SITE_NAMES), STYLES["2 spaces, 80"], tmp_path)
+  edited = formatted.replace("return isinstance(x, PartitionSpec)",
+                             "return isinstance(x, (PartitionSpec, tuple))")
   assert edited != formatted
-  (tree / NAME).write_text(edited)
+  (tree / "pkg" / NAME).write_text(edited)
   proc = _codemod(tree)
   assert proc.returncode == 2 and "--support-module" in proc.stderr, proc.stderr
-  assert (tree / NAME).read_text() == edited
+  assert (tree / "pkg" / NAME).read_text() == edited
 
 
 def test_docstring_and_comment_edits_are_formatting_code_edits_are_not():

@@ -15,6 +15,8 @@ from jax.experimental.shard_map import shard_map
 from jax.sharding import PartitionSpec as P
 """
 
+HEAD_WITHOUT_FUNCTOOLS = HEAD.replace("import functools\n\n", "")
+
 STEP_BEFORE = """\
 @functools.partial(jax.pmap, axis_name="i")
 def step(state, batch):
@@ -22,10 +24,14 @@ def step(state, batch):
 """
 
 STEP_AFTER = """\
+mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+
+
+@placed_on(mesh, P("i"))
 @jax.jit
-@on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
-                                check_rep=False),
-              drop_device_axis=True)
+@functools.partial(shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                   check_rep=False)
+@per_device
 def step(state, batch):
   return state, batch * 2
 """
@@ -38,17 +44,21 @@ def _infos(source, **options):
 
 class UnreplicateRewriteTest(PmapCodemodTest):
 
-  def _converts(self, imports, body_before, body_after, *, support="first_rows, on_pmap_mesh",
-                target="experimental", kept_import=None):
+  def _converts(self, imports, body_before, body_after, *,
+                support="first_rows, per_device, placed_on",
+                target="experimental", kept_import=None, step_mesh="mesh"):
     imports = f"{imports}\n" if imports else ""
     before = f"import functools\n\nimport jax\n{imports}\n\n{STEP_BEFORE}\n\n{body_before}"
     head = HEAD if target == "experimental" else HEAD.replace(
         "from jax.experimental.shard_map import shard_map\n", "")
     step = STEP_AFTER if target == "experimental" else STEP_AFTER.replace(
-        """functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
-                                check_rep=False)""",
-        """functools.partial(jax.shard_map, in_specs=P("i"),
-                                out_specs=P("i"), check_vma=False)""")
+        """functools.partial(shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                   check_rep=False)""",
+        """functools.partial(jax.shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                   check_vma=False)""")
+    # A file whose sites use several axis names names each mesh after its axis.
+    step = step.replace("mesh = ", f"{step_mesh} = ").replace("(mesh, ", f"({step_mesh}, ")
+    step = step.replace("mesh=mesh", f"mesh={step_mesh}")
     if kept_import is not None:  # stays where it was, after `import jax`
       head = head.replace("import jax\n", f"import jax\n{kept_import}\n", 1)
     after = f"{head}\nfrom pmap_shard_map import {support}\n\n\n{step}\n\n{body_after}"
@@ -114,7 +124,7 @@ def run(metrics, state):
       first_row,  # device 0
       state)
   return a, b, c, d
-""", support="first_row, first_rows, on_pmap_mesh")
+""", support="first_row, first_rows, per_device, placed_on")
 
   def test_jax_tree_map_per_target(self):
     # --target jax renames jax.tree_map where the lambda alone is rewritten.
@@ -123,7 +133,7 @@ def run(metrics, state):
                      "def run(s):\n  return first_rows(s)\n", target=target)
     self._converts("", "def run(s):\n  return jax.tree_map(lambda x: x[0], s, is_leaf=None)\n",
                    "def run(s):\n  return jax.tree.map(first_row, s, is_leaf=None)\n",
-                   target="jax", support="first_row, on_pmap_mesh")
+                   target="jax", support="first_row, per_device, placed_on")
 
   def test_outputs_of_a_converted_site(self):
     self._converts("", """\
@@ -139,10 +149,11 @@ def run(state, batch):
   return (losses, out[0], step(state, batch)[0],
           p_double(out)[0])
 """, """\
-p_double = jax.jit(
-    on_pmap_mesh(functools.partial(shard_map, in_specs=P("pmap_axis"),
-                                   out_specs=P("pmap_axis"), check_rep=False),
-                 drop_device_axis=True)(lambda x: x * 2))
+devices_mesh = jax.sharding.Mesh(jax.devices(), ("devices",))
+p_double = placed_on(devices_mesh, P("devices"))(
+    jax.jit(shard_map(per_device(lambda x: x * 2), mesh=devices_mesh,
+                      in_specs=P("devices"), out_specs=P("devices"),
+                      check_rep=False)))
 
 
 def run(state, batch):
@@ -153,7 +164,7 @@ def run(state, batch):
   out = p_double(batch)
   return (losses, first_row(out), first_row(step(state, batch)),
           first_row(p_double(out)))
-""", support="first_row, on_pmap_mesh")
+""", support="first_row, per_device, placed_on", step_mesh="i_mesh")
 
   def test_attributes_of_outputs_and_replicated_values(self):
     # A Flax TrainState's fields, of a site's output or of jax_utils.replicate's, as the
@@ -172,16 +183,15 @@ def run(state, batch, make_state):
 """, """\
 def run(state, batch, make_state):
   state = make_state(state)
-  state = device_put_replicated(state, axis_name="i")
+  state = jax_utils.replicate(state)
   start = int(first_row(state.step))
   state, metrics = step(state, batch)
   return (start, first_row(state.params.kernel), metrics.shape[0],
           first_row(jax_utils.replicate(batch).x), state.stats[0][0])
-""", support="device_put_replicated, first_row, on_pmap_mesh",
-       kept_import="from flax import jax_utils")
+""", support="first_row, per_device, placed_on", kept_import="from flax import jax_utils")
 
   def _stays(self, body):
-    self._converts("", body, body, support="on_pmap_mesh")
+    self._converts("", body, body, support="per_device, placed_on")
 
   def test_values_not_provably_outputs_stay(self):
     self._stays("""\
@@ -216,13 +226,15 @@ def main(forward, optimizer, rng, dummy_state, devices, batches):
     return model[0], loss[0]
 """
     after = f"""\
-{HEAD}from pmap_shard_map import first_row, on_pmap_mesh
+{HEAD_WITHOUT_FUNCTOOLS}from pmap_shard_map import first_row, per_device, placed_on
 
-train = jax.jit(
-    on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"),
-                                   check_rep=False),
-                 drop_device_axis=True)(
-        lambda model, opt_state, batch: (model, opt_state, batch)))
+mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+train = placed_on(mesh, P("i"))(
+    jax.jit(
+        shard_map(
+            per_device(
+                lambda model, opt_state, batch: (model, opt_state, batch)),
+            mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
 
 
 def main(forward, optimizer, rng, dummy_state, devices, batches):
@@ -256,7 +268,7 @@ def run(state, batch, make):
   out = step(state, batch)
   rows = step(state, batch)
   return first, first_row(out), first_row(rows)
-""", support="first_row, on_pmap_mesh")
+""", support="first_row, per_device, placed_on")
 
   def test_branches(self):
     # One arm binding another call's result reaches the use; both arms binding outputs
@@ -289,7 +301,7 @@ def run(state, batch, cond, other):
   else:
     both = step(state, 3)
   return out[0], first_row(both)
-""", support="first_row, on_pmap_mesh")
+""", support="first_row, per_device, placed_on")
 
   def test_loop_carried_site_outputs_and_a_replicated_start(self):
     # The Flax loop: the replicated state and the step's outputs reach each [0] (the
@@ -303,13 +315,14 @@ def train(state, batches):
     print(state.params[0], metrics[0])
   return jax_utils.unreplicate(state), state[0]
 """
-    # The support import is wrapped here: code compared, not layout.
+    # Code compared, not layout. The replicated start stays as written: placed_on puts
+    # it on the step's mesh.
     self.assertConverts(
         f"import functools\n\nimport jax\nfrom flax import jax_utils\n\n\n{STEP_BEFORE}\n\n"
-        + body, f"{HEAD}from pmap_shard_map import device_put_replicated, first_row, "
-        f"first_rows, on_pmap_mesh\n\n\n{STEP_AFTER}\n\n" + """\
+        + body, f"{HEAD}from flax import jax_utils\nfrom pmap_shard_map import first_row, "
+        f"first_rows, per_device, placed_on\n\n\n{STEP_AFTER}\n\n" + """\
 def train(state, batches):
-  state = device_put_replicated(state, axis_name="i")
+  state = jax_utils.replicate(state)
   for batch in batches:
     print(first_row(state.step))
     state, metrics = step(state, batch)
@@ -361,7 +374,7 @@ def run(state, batch, cond):
   second = state[0]
   state, _ = step(state, batch)
   return first, second, first_row(state)
-""", support="first_row, on_pmap_mesh")
+""", support="first_row, per_device, placed_on")
     infos = _infos(f"import functools\n\nimport jax\n\n\n{STEP_BEFORE}\n\n" + """\
 def run(state, batch, cond):
   first = state[0]
@@ -377,7 +390,7 @@ def run(state, batch, cond):
   def test_site_output_bound_then_indexed(self):
     self._converts("", "def run(y):\n  x = step(y, y)\n  return x[0]\n",
                    "def run(y):\n  x = step(y, y)\n  return first_row(x)\n",
-                   support="first_row, on_pmap_mesh")
+                   support="first_row, per_device, placed_on")
 
   def test_other_lambdas_and_calls_stay(self):
     self._stays("""\
@@ -468,8 +481,7 @@ from flax import jax_utils
 step = jax.pmap(lambda x: x)
 print(jax_utils.unreplicate(step(1)))
 """)
-    assert new.startswith(
-        "import functools\n\nimport jax\n# Flax's helpers.\nfrom flax import jax_utils\n")
+    assert new.startswith("import jax\n# Flax's helpers.\nfrom flax import jax_utils\n")
     assert new.endswith("print(first_rows(step(1)))\n")
 
 

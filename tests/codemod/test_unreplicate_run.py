@@ -222,8 +222,9 @@ def test_converted_program_on_newest_jax_matches_its_pmap_and_legacy(tmp_path):
   assert ours == legacy
 
 
-# Multi-host: each process unreplicates its host-local outputs (converted with
-# --multihost), as it did under legacy pmap; x[0] of a global array would not be local.
+# Multi-host: each process unreplicates its host-local outputs (with or without
+# --multihost, which changes nothing now), as it did under legacy pmap; x[0] of a global
+# array would not be local.
 MULTIHOST_PROGRAM = '''\
 import jax
 import numpy as np
@@ -246,9 +247,9 @@ def test_multihost_unreplicate_matches_legacy_on_every_process(tmp_path_factory)
   from test_codemod_multiprocess import _run_programs
   converted, _ = rewrite(MULTIHOST_PROGRAM, target="experimental", multihost=True)
   assert "rows = first_rows(" in converted and "first_row(doubled)" in converted, converted
-  job = _run_programs(tmp_path_factory, MULTIHOST_PROGRAM, multihost_only=True,
-                      local_devices=4)
+  job = _run_programs(tmp_path_factory, MULTIHOST_PROGRAM, local_devices=4)
   for pid, results in enumerate(job):
     assert "error" not in results["legacy"], (pid, results["legacy"])
+    assert results["converted_default"] == results["legacy"], pid
     assert results["converted_multihost"] == results["legacy"], pid
   assert job[0]["legacy"] != job[1]["legacy"]  # each process got its own rows
