@@ -54,6 +54,7 @@ TARGETS = targets.TARGETS
 _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.PartitionSpec",
                          "jax.experimental.pjit.PartitionSpec",
                          "jax._src.partition_spec.PartitionSpec"})
+_INITIALIZE = re.compile(r"\bdistributed\.initialize\(|\bfrom jax\.distributed import")
 _INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "backend",
                     "axis_size")
 _SHARD_MAP = {"experimental": ("shard_map", "check_rep=False"),
@@ -141,6 +142,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._text: str | None = None  # the module's text
     self._meshes = site_meshes.MeshPlan(cst.Module([]), self.get_metadata, set())
     self._plain: dict[cst.CSTNode, str] = {}  # sites in the plain form -> their mesh
+    self._imported_before_jax_starts = False  # see visit_Module
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
@@ -210,6 +212,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._meshes = site_meshes.MeshPlan(
         node, self.get_metadata, {t.string for t in self._tokens if t.type == tokenize.NAME},
         by_axis=len(axes) > 1)
+    # A module-level mesh starts JAX's backend at import: not in a library module (whoever
+    # imports it may call jax.distributed.initialize after) nor in a program that calls
+    # it. Their module-level sites build pmap's mesh on the first call (on_pmap_mesh).
+    path = self.context.filename
+    self._imported_before_jax_starts = bool(
+        (path and os.path.isfile(path) and support_module.package_of(path) is not None)
+        or _INITIALIZE.search(self._text or ""))
     for site in sites:
       if site.absorbed:
         continue
@@ -451,8 +460,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     names = ", ".join(self._axis_names(site))
     mesh = self._plain.get(site.node)
     if mesh is None:
+      why = ""
+      if self._meshes.at_module_level(site.node) and self._imported_before_jax_starts:
+        why = ("; at module level in a library module or a program that calls "
+               "jax.distributed.initialize, so its mesh is built on the first call, not when "
+               "the module is imported")
       self._report(site.node, Severity.INFO,
-                   f"pmap converted to jax.jit(shard_map) over mesh axes {names}")
+                   f"pmap converted to jax.jit(shard_map) over mesh axes {names}{why}")
     else:
       self._report(site.node, Severity.INFO,
                    f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh of every device "
@@ -548,7 +562,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
     if (len(levels) == 1 and (static is None or is_none(static)) and not extra
-        and "specs_from_axes(" not in in_specs + out_specs):
+        and "specs_from_axes(" not in in_specs + out_specs
+        and not (self._meshes.at_module_level(site.node) and self._imported_before_jax_starts)):
       self._build_plain(site, names, roles, in_arg, out_arg, jit_kw, partial)
       return
     smap = Call(partial, (shard_map, in_arg, out_arg, check))

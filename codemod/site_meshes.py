@@ -62,6 +62,13 @@ class MeshPlan:
     self._before = None
     return mesh.name
 
+  def at_module_level(self, node: cst.CSTNode) -> bool:
+    """Whether the site at ``node`` would get its mesh at module level."""
+    try:
+      return isinstance(self._owner(node), cst.Module)
+    except Unconvertible:
+      return False
+
   def where(self, node: cst.CSTNode) -> str:
     """For the report: a note when the site's mesh is built at import."""
     if not isinstance(self._owner(node), cst.Module):

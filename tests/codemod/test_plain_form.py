@@ -244,3 +244,22 @@ def test_a_script_runs_from_its_own_directory_as_its_readme_says(tmp_path):
   assert (example / "pmap_shard_map.py").exists()
   assert "placed_on" in (example / "main.py").read_text()
   assert run_script() == legacy
+
+
+def test_a_program_that_initializes_jax_distributed_builds_no_mesh_at_import():
+  # Its module-level sites get pmap's mesh on the first call, after initialize ran.
+  new = _converted('''\
+      import jax
+
+
+      @jax.pmap
+      def double(x):
+        return x * 2
+
+
+      def main():
+        jax.distributed.initialize()
+        return double
+      ''')
+  assert "jax.sharding.Mesh(" not in new and "@on_pmap_mesh(" in new
+  assert "@functools.partial(host_local_io" in new
