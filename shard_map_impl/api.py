@@ -21,9 +21,10 @@ from jax.tree_util import PyTreeDef, tree_flatten, tree_unflatten
 
 from shard_map_impl import debug_names, errors
 from shard_map_impl.binding import bind_body
-from shard_map_impl.jax_line import (CONTEXT_MESH_MUST_MATCH, IN_SPECS_NONE_MEANS_INFER,
-                                     IN_SPECS_NONE_MEANS_UNMAPPED, INFER_SENTINEL,
-                                     MESH_CONTEXT_API, OUT_SPECS_MAY_BE_THUNKS)
+from shard_map_impl.jax_line import (CHECKS_ARGUMENTS_AT_CALL, CONTEXT_MESH_MUST_MATCH,
+                                     IN_SPECS_NONE_MEANS_INFER, IN_SPECS_NONE_MEANS_UNMAPPED,
+                                     INFER_SENTINEL, MESH_CONTEXT_API, OUT_SPECS_MAY_BE_THUNKS,
+                                     vmapped_mesh_axes)
 from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
                                  divisibility_failures, inferred_spec, rank_failures,
                                  spec_leaf_problems, specs_are_valid)
@@ -181,15 +182,19 @@ class _Request:
       if mesh.empty:
         raise ValueError(f"The context mesh cannot be empty. Use `{MESH_CONTEXT_API}(mesh)` "
                          "to enter into a mesh context")
-    elif CONTEXT_MESH_MUST_MATCH and not context.empty and _shape_of(context) != _shape_of(mesh):
-      # 0.10 also rejects the same mesh with other axis types (a concrete mesh inside a
-      # body); ours runs that, as nested pmaps need.
+    elif (CONTEXT_MESH_MUST_MATCH and not context.empty
+          and getattr(mesh, "abstract_mesh", mesh) != context):
+      # Axis types count: inside a partially manual body the context has those axes
+      # Manual, so the whole concrete mesh passed again there is another mesh.
       raise ValueError(f"The context mesh {context} should match the mesh passed to "
                        f"shard_map {mesh}")
     if self.axis_names is not None:
       auto = errors.auto_from_axis_names(f, mesh, self.axis_names)
     else:
-      auto = errors.checked_arguments(f, mesh, frozenset(self.auto or ()))
+      # The mesh axes an enclosing vmap maps over explicitly are not the body's to
+      # take: they stay with the compiler, so the batch keeps its sharding.
+      auto = (errors.checked_arguments(f, mesh, frozenset(self.auto or ()))
+              | (vmapped_mesh_axes() & frozenset(mesh.axis_names)))
     manual = errors.manual_names(mesh, auto, self.axis_names)
     if infers(self.in_specs):
       errors.check_inferable(mesh, manual)
@@ -200,15 +205,11 @@ class _Request:
     return mesh, auto
 
 
-def _shape_of(mesh: Any) -> tuple:
-  return tuple(getattr(mesh, "axis_names", ())), tuple(getattr(mesh, "axis_sizes", ()))
-
-
 def _mapped(f: Callable, request: _Request) -> Callable:
   if not callable(f):
     errors.checked_arguments(f, request.mesh, frozenset())
-  if request.mesh is not None:  # validate what can be validated before a call
-    request.resolve(f)
+  if request.mesh is not None and not CHECKS_ARGUMENTS_AT_CALL:
+    request.resolve(f)  # the experimental shard_map's errors come when it is built
 
   @functools.wraps(f)
   @traceback_util.api_boundary

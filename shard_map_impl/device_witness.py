@@ -46,7 +46,10 @@ def _witness_parts(mesh: Mesh) -> tuple[core.JaxprEqn, core.DebugInfo]:
         jax.ShapeDtypeStruct((), jax.numpy.float32), sharding)
   eqn, = closed.jaxpr.eqns
   assert eqn.primitive is pjit.sharding_constraint_p
-  eqn = eqn.replace(source_info=source_info_util.new_source_info())
+  # The sharding jit reads back is on ``mesh`` itself, axis types included: a program
+  # that needs its devices (a host callback) requires one abstract mesh throughout.
+  eqn = eqn.replace(params={**eqn.params, "sharding": NamedSharding(mesh, PartitionSpec())},
+                    source_info=source_info_util.new_source_info())
   return eqn, closed.jaxpr.debug_info
 
 

@@ -38,15 +38,16 @@ from jax.sharding import NamedSharding, PartitionSpec
 from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
 from shard_map_impl.jax_line import (EAGER_INLINES_CALLS, EAGER_PARTIAL_AUTO,
-                                     EAGER_PARTIAL_RESULT_BY_SPEC, check_flag_value,
+                                     EAGER_PARTIAL_RESULT_BY_SPEC,
+                                     EAGER_REFUSED_REF_PRIMITIVES, check_flag_value,
                                      debug_print_p, eager_default_mesh, get_aval,
-                                     jax_eager_trace_type, partial_sums_of, trace_to_jaxpr,
-                                     with_manual_type, with_spec_partial_sums)
+                                     jax_eager_trace_type, partial_sums_of, spec_entries,
+                                     trace_to_jaxpr, with_manual_type, with_spec_partial_sums)
 from shard_map_impl.out_names import ConstThunk, DerivedNames
 from shard_map_impl.per_device import body_context, manual_axes_of, manual_mesh, vma_enabled
 from shard_map_impl.primitive import register_trace_rule
-from shard_map_impl.specs import (NO_SUMS, AnyMesh, AxisNames, OutNamesThunk, canonicalize_spec,
-                                  names_to_pspec, partial_sums)
+from shard_map_impl.specs import (NO_SUMS, AnyMesh, AxisNames, OutNamesThunk, axis_tuple,
+                                  canonicalize_spec, names_to_pspec, partial_sums)
 from shard_map_impl.staging import output_rank_failures
 
 
@@ -169,6 +170,19 @@ def _apply(trace: EagerTrace, applier: _PrimApplier | _JaxprApplier, stacked: Se
 
 # --- the trace ---------------------------------------------------------------
 
+def _auto_spec(stacked: core.AbstractValue, auto: frozenset) -> PartitionSpec:
+  """A block's spec: the stacked value's, less its leading (blocks) dimension, over
+  the axes left to the compiler only (Explicit ones are part of the block's type)."""
+  ndim = len(getattr(stacked, "shape", ())) - 1
+  sharding = getattr(stacked, "sharding", None)
+  entries = list(spec_entries(sharding.spec))[1:] if sharding is not None and auto else []
+  kept = []
+  for entry in entries + [None] * (ndim - len(entries)):
+    names = tuple(a for a in axis_tuple(entry) if a in auto)
+    kept.append(None if not names else names[0] if len(names) == 1 else names)
+  return PartitionSpec(*kept)
+
+
 class EagerTracer(core.Tracer):
   """A body value: its distinct per-device blocks stacked, plus its rep.
 
@@ -196,7 +210,7 @@ class EagerTracer(core.Tracer):
            if typed else frozenset())
     return with_manual_type(local, vma, self.sums if typed else NO_SUMS,
                             sharding=NamedSharding(manual_mesh(trace.mesh, trace.auto),
-                                                   PartitionSpec(*[None] * local.ndim)))
+                                                   _auto_spec(glob, trace.auto)))
 
   def to_concrete_value(self):
     if self.rep is not None and self.rep >= frozenset(self._trace.mesh.axis_names):
@@ -280,6 +294,9 @@ class EagerTrace(core.Trace):
     return rule(self.mesh, *in_reps, **params), None
 
   def process_primitive(self, prim: core.Primitive, tracers: Sequence[Any], params: dict[str, Any]):
+    if prim in EAGER_REFUSED_REF_PRIMITIVES:  # before its (ref) result is typed
+      raise ValueError("Eager shard_map cannot return a `jax.Ref`. Please wrap your "
+                       "shard_map in `jax.jit`.")
     lifted = [self.lift(t) for t in tracers]
     stacked = [s for s, _, _ in lifted]
     in_reps = [r for _, r, _ in lifted]

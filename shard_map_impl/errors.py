@@ -107,6 +107,8 @@ def checked_arguments(f: object, mesh: AnyMesh, auto: frozenset) -> frozenset:
     what = TypeError(f"shard_map requires a `jax.sharding.Mesh` or a "
                      f"`jax.sharding.AbstractMesh` instance for its second "
                      f"argument, but got {mesh} of type {type(mesh)}.")
+  elif mesh.empty:  # before any spec is read against its (missing) axes
+    what = ValueError(f"shard_map requires a non-empty mesh. Got {mesh}")
   else:
     auto = frozenset(auto)
     stray = auto - set(mesh.axis_names)

@@ -65,6 +65,11 @@ jax_eager_trace_type: type | None = (getattr(_jax_shard_map, "ShardMapTrace", No
 
 # JAX's own debug-print primitive where it has one (else prints go through debug_callback).
 debug_print_p: core.Primitive | None = getattr(debugging, "debug_print_p", None)
+# The ref-creating primitives JAX's eager shard_map refuses (a ref made per device
+# cannot leave the per-device program); none where it has no such rule.
+EAGER_REFUSED_REF_PRIMITIVES: tuple[core.Primitive, ...] = tuple(
+    p for p in (getattr(core, "ref_p", None), getattr(core, "empty_ref_p", None))
+    if p is not None and p in getattr(_jax_shard_map, "eager_rules", {}))
 
 # Primitives that exist on some releases only (absent ones are simply not listed).
 mesh_cast_prims: tuple[core.Primitive, ...] = tuple(
@@ -187,6 +192,9 @@ BODY_RESULTS_BY_FLAT_INDEX = not OUT_SPECS_MAY_BE_THUNKS and JAX_SHARD_MAP_IN_CO
 MESH_CONTEXT_API = "jax.set_mesh" if hasattr(jax, "set_mesh") else "jax.sharding.use_mesh"
 # A mesh argument that differs from the context mesh (jax.set_mesh) is rejected.
 CONTEXT_MESH_MUST_MATCH = JAX_SHARD_MAP_IN_CORE
+# JAX's core shard_map checks its mesh and specs when the mapped function is called
+# (the experimental one did when it was built).
+CHECKS_ARGUMENTS_AT_CALL = JAX_SHARD_MAP_IN_CORE
 # JAX's Infer: the in_specs default asking for inference.
 INFER_SENTINEL: Any = getattr(_jax_shard_map, "Infer", object())
 
@@ -439,6 +447,32 @@ def trace_to_jaxpr(fun: Any, in_avals: Sequence[core.AbstractValue]
     return jaxpr, out_avals, consts
   jaxpr, out_avals, consts = traced
   return jaxpr, out_avals, consts
+
+
+# JAX's tracing entry point for functions of flat trees (pe.trace_to_jaxpr, a cache
+# without a signature to read), which its own shard_map stages bodies through (and its
+# tracing-cache accounting counts) where that staging rule takes a plain callable and
+# its debug info.
+_TRACES_FLAT_TREES = (hasattr(pe, "trace_to_jaxpr") and "debug_info" in _params(
+    getattr(_jax_shard_map, "_shard_map_staging", None)))
+
+
+def trace_body_to_jaxpr(fun: Any, in_avals: Sequence[core.AbstractValue]
+                        ) -> tuple[core.Jaxpr, list, list]:
+  """``trace_to_jaxpr`` for a shard_map body: through JAX's tracing entry point where
+  it has one, as a traced body of JAX's own shard_map is."""
+  if not _TRACES_FLAT_TREES:
+    return trace_to_jaxpr(fun, in_avals)
+  from jax._src.tree_util import FlatTree  # type: ignore[attr-defined, unused-ignore]  # newer JAX only
+
+  def flat(*args: Any) -> Any:  # a fresh key: the entry point's cache never hits
+    return FlatTree.flatten(list(fun.call_wrapped(*args)))
+  closed, _ = pe.trace_to_jaxpr(  # type: ignore[attr-defined, unused-ignore]  # newer JAX only
+      flat, FlatTree.flatten((tuple(in_avals), {})), fun.debug_info,
+      fun_returns_flat_tree=True)
+  # The entry point names results by position; ours come from the body's own paths.
+  jaxpr = closed.jaxpr.replace(debug_info=fun.debug_info)
+  return jaxpr, [v.aval for v in jaxpr.outvars], list(closed.consts)
 
 
 _TRACER_TAKES_SOURCE_INFO = "source_info" in _params(pe.DynamicJaxprTrace.to_jaxpr_tracer)

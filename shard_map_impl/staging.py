@@ -19,7 +19,7 @@ from jax._src.interpreters import partial_eval as pe
 from shard_map_impl import debug_names, eqn_params, errors
 from shard_map_impl.device_witness import WITNESS_PARAM
 from shard_map_impl.jax_line import (body_effects, check_flag, emit_eqn, partial_sums_of,
-                                     to_jaxpr_tracer, trace_to_jaxpr)
+                                     to_jaxpr_tracer, trace_body_to_jaxpr)
 from shard_map_impl.per_device import body_context, shard_aval, unshard_aval, axis_env
 from shard_map_impl.primitive import register_trace_rule, shard_map_p
 from shard_map_impl import replication
@@ -33,7 +33,7 @@ def trace_body(fun: lu.WrappedFun, mesh: AnyMesh, in_names: Sequence[dict],
   local_avals = [shard_aval(mesh, auto, check_rep, names, a)
                  for names, a in zip(in_names, in_avals, strict=True)]
   with body_context(mesh, auto, check_rep):
-    jaxpr, out_avals, consts = trace_to_jaxpr(fun, local_avals)
+    jaxpr, out_avals, consts = trace_body_to_jaxpr(fun, local_avals)
   return debug_names.consistent(jaxpr), out_avals, consts
 
 

@@ -68,6 +68,32 @@ def _explicit_args():
   return mesh, jax.device_put(X, NamedSharding(mesh, P("x", "y")))
 
 
+def _on_explicit_mesh(build, spec: tuple = ("x", "y")):
+  """``build(sm, mesh)`` applied to an argument sharded as ``spec`` over the Explicit
+  mesh's axes."""
+  def run(sm):
+    mesh = _explicit_mesh()
+    return build(sm, mesh), (jax.device_put(X, NamedSharding(mesh, P(*spec))),)
+  return run
+
+
+def _callback_two_results(sm, mesh):
+  """A host callback with two results in the body (typed on the body's mesh)."""
+  def body(a):
+    spec = jax.ShapeDtypeStruct.like(a)
+    return jax.pure_callback(lambda v: (v + 1, v * 2), (spec, spec), a)
+  return sm(body, mesh=mesh, in_specs=P("x"), out_specs=(P("x"), P("x")))
+
+
+def _whole_mesh_inside_partial_body(sm):
+  """The whole concrete mesh passed again inside a body manual over x only."""
+  def body(a):
+    return sm(lambda b: b * b, mesh=_auto_mesh(), in_specs=P(None, "y"),
+              out_specs=P(None, "y"))(a)
+  return sm(body, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x"), axis_names={"x"},
+            check_vma=False)
+
+
 PROGRAMS = {
     "decorator_factory": lambda sm: (
         sm(out_specs=P("x"), mesh=_auto_mesh(), in_specs=P("x"))(lambda a: a * 2), (X,)),
@@ -96,7 +122,15 @@ PROGRAMS = {
     "ref_operand": lambda sm: (_with_ref(sm), (X,)),
     "err_mesh_differs_from_context_mesh": _with_mesh(make_mesh((8,)), lambda sm: (
         sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P("x")), (X,))),
+    # Explicit axes left to the compiler (partially manual, or spent by a vmap) stay in
+    # the body's types and the results' shardings.
+    "partial_manual_explicit_x": _on_explicit_mesh(lambda sm, mesh: sm(
+        lambda a: a * 2, mesh=mesh, out_specs=P("x"), axis_names={"x"})),
+    "partial_manual_explicit_y": _on_explicit_mesh(lambda sm, mesh: sm(
+        lambda a: a * 2, mesh=mesh, out_specs=P(None, "y"), axis_names={"y"})),
+    "pure_callback_two_results": _on_explicit_mesh(_callback_two_results, ("x",)),
     # errors of this call form
+    "err_whole_mesh_inside_partial_body": lambda sm: (_whole_mesh_inside_partial_body(sm), (X,)),
     "err_not_replicated": lambda sm: (
         sm(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"), out_specs=P()), (X,)),
     "err_not_replicated_two_axes": lambda sm: (
@@ -122,6 +156,15 @@ PROGRAMS = {
 # A ref is made inside a jit.
 JIT_ONLY = {"ref_operand"}
 
+# A vmap whose batch dimension is sharded over an Explicit mesh axis: that axis stays
+# with the compiler (the body is manual over the rest), so results keep it.
+VMAP_PROGRAMS = {
+    "vmap_over_explicit_axis": _on_explicit_mesh(lambda sm, mesh: jax.vmap(sm(
+        lambda a: a, mesh=mesh, in_specs=P("y"), out_specs=P("y")))),
+    "vmap_over_explicit_axis_psum": _on_explicit_mesh(lambda sm, mesh: jax.vmap(sm(
+        lambda a: lax.psum(a, "y"), mesh=mesh, in_specs=P("y"), out_specs=P()))),
+}
+
 
 @requires("core_shard_map", "its call form is the reference's own")
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
@@ -129,8 +172,19 @@ JIT_ONLY = {"ref_operand"}
 def test_matches_jax_shard_map(name, jit):
   if not jit and name in JIT_ONLY:
     pytest.skip("made inside a jit: tested under jit")
-  ref = _run(PROGRAMS[name], jax.shard_map, jit)
-  ours = _run(PROGRAMS[name], shard_map_impl.shard_map, jit)
+  _compare_with_jax(PROGRAMS[name], jit)
+
+
+@requires("explicit_vmap_axes", "vmap hides the Explicit axes it spends from shard_map")
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("name", sorted(VMAP_PROGRAMS))
+def test_vmap_over_explicit_axes_matches_jax_shard_map(name, jit):
+  _compare_with_jax(VMAP_PROGRAMS[name], jit)
+
+
+def _compare_with_jax(build, jit: bool) -> None:
+  ref = _run(build, jax.shard_map, jit)
+  ours = _run(build, shard_map_impl.shard_map, jit)
   if ref[0] == "err":
     assert ours[0] == "err", f"JAX raised {ref[1]!r}; ours returned {ours[1]!r}"
     assert type(ours[1]) is type(ref[1]), f"JAX raised {ref[1]!r}\nours raised {ours[1]!r}"
@@ -170,6 +224,12 @@ def test_mixing_the_forms_is_rejected(kwargs, match):
 def test_out_specs_is_required():
   with pytest.raises(TypeError, match="out_specs"):
     shard_map_impl.shard_map(lambda a: a, mesh=_auto_mesh(), in_specs=P("x"))
+
+
+def test_empty_mesh_is_rejected():
+  empty = jax.sharding.Mesh(np.empty((), dtype=object), ())
+  with pytest.raises(ValueError, match="shard_map requires a non-empty mesh"):
+    shard_map_impl.shard_map(lambda a: a, mesh=empty, in_specs=P("x"), out_specs=P("x"))(X)
 
 
 def _nested_program(outer, inner):
