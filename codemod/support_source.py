@@ -72,15 +72,9 @@ def placed_on(mesh, in_specs):
   shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
                            in_specs, is_leaf=_is_spec)
 
-  def put(s, x):
-    if (not isinstance(x, (jax.Array, np.ndarray, np.generic))
-        or isinstance(x, jax.core.Tracer) or getattr(x, "sharding", None) == s):
-      return x  # Python scalars stay weakly typed, as pmap left them
-    return jax.device_put(x, s)
-
   def place(args):
     try:
-      return jax.tree.map(lambda s, a: jax.tree.map(lambda x: put(s, x), a),
+      return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
                           shardings, args)
     except ValueError as e:
       raise ValueError(
@@ -90,11 +84,17 @@ def placed_on(mesh, in_specs):
 
   def decorate(jitted):
     def positional(args, kwargs):
-      return inspect.signature(jitted).bind(*args, **kwargs).args
+      if not kwargs:
+        return args
+      bound = inspect.signature(jitted).bind(*args, **kwargs)
+      if bound.kwargs:  # after a parameter left to its default
+        raise TypeError(f"pass {', '.join(bound.kwargs)} by position: "
+                        "shard_map takes positional arguments only")
+      return bound.args
 
     @functools.wraps(jitted)
     def call(*args, **kwargs):
-      args = positional(args, kwargs) if kwargs else args
+      args = positional(args, kwargs)
       if jax.process_count() == 1:
         return _unflat(jitted(*place(args)))
       from jax.experimental import multihost_utils as mh
@@ -107,6 +107,14 @@ def placed_on(mesh, in_specs):
     return call
 
   return decorate
+
+
+def _put(sharding, x):
+  if (not isinstance(x, (jax.Array, np.ndarray, np.generic))
+      or isinstance(x, jax.core.Tracer)
+      or getattr(x, "sharding", None) == sharding):
+    return x  # Python scalars stay weakly typed, as pmap left them
+  return jax.device_put(x, sharding)
 
 
 def _unflat(out):
@@ -161,7 +169,7 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
     sizes = axis_sizes(axes, specs, (dynamic, kwargs), axis_size)
     mesh = pmap_mesh(axes, sizes, devices, backend, across_hosts)
 
-    def per_device(dynamic, kwargs):
+    def each_device(dynamic, kwargs):
       if drop_device_axis:
         dynamic, kwargs = _drop_mapped_axes(specs, (dynamic, kwargs))
       remaining = iter(dynamic)
@@ -178,7 +186,7 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
       return _restore_mapped_axes(out_specs, out) if drop_device_axis else out
 
     if not _is_spec(out_specs):
-      return shard_map_partial(per_device, mesh=mesh, in_specs=specs,
+      return shard_map_partial(each_device, mesh=mesh, in_specs=specs,
                                out_specs=out_specs)(dynamic, kwargs)
     # One spec for every output: shard_map gets the leaves, and the tree is
     # rebuilt here from them. Some shard_maps rebuild the output tree from
@@ -187,7 +195,7 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
     structure = []
 
     def per_device_leaves(dynamic, kwargs):
-      leaves, treedef = jax.tree.flatten(per_device(dynamic, kwargs))
+      leaves, treedef = jax.tree.flatten(each_device(dynamic, kwargs))
       structure.append(treedef)
       return leaves
 
@@ -247,9 +255,10 @@ def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(),
                   devices=None):
   """Each process passes and gets back host-local arrays, as it did under pmap.
 
-  Wraps the jitted site (converted with --multihost): arguments become arrays
-  over the mesh of every process's devices (of ``devices``, pmap's global
-  device list, when given), and the outputs this process's part again.
+  Wraps the jitted site: arguments become arrays over the mesh of every
+  process's devices (of ``devices``, pmap's global device list, when given),
+  and the outputs this process's part again. With one process they are only
+  put where the site reads them, so jit compiles once however they were made.
   """
   from jax.experimental import multihost_utils
 
@@ -271,12 +280,20 @@ def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(),
     outer = (len(devices) // math.prod(local[1:]) if devices is not None
              else local[0] * jax.process_count())
     mesh = pmap_mesh(axes, (outer,) + local[1:], devices, None, True)
-    dynamic, kwargs = multihost_utils.host_local_array_to_global_array(
-        (dynamic, kwargs), mesh, specs)
+    if jax.process_count() == 1:
+      dynamic, kwargs = jax.tree.map(
+          lambda spec, sub: jax.tree.map(
+              lambda x: _put(jax.sharding.NamedSharding(mesh, spec), x), sub),
+          specs, (dynamic, kwargs), is_leaf=_is_spec)
+    else:
+      dynamic, kwargs = multihost_utils.host_local_array_to_global_array(
+          (dynamic, kwargs), mesh, specs)
     full = list(args)
     for i, value in zip(positions, dynamic, strict=True):
       full[i] = value
     out = jitted(*full, **kwargs)
+    if jax.process_count() == 1:
+      return out
     return multihost_utils.global_array_to_host_local_array(
         out, mesh, out_specs)
 

@@ -22,6 +22,7 @@ share of disk.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -83,6 +84,43 @@ def host_leaves(tree: Any) -> tuple[dict, list[recordings.Leaf]]:
       leaf.value = np.array(leaf.value, copy=True)
     leaves.append(leaf)
   return structure, leaves
+
+
+def keywords_by_position(recorded: recordings.Recording,
+                         fun: Any) -> recordings.Recording | None:
+  """Recorded inputs `(args, kwargs)` with the keyword arguments moved to `fun`'s
+  positions for them, as the plain form's `placed_on` passes them (shard_map takes no
+  keywords); None where there are none, or they do not follow the positional ones."""
+  children: list[dict] = recorded.tree.get("children") or []
+  if len(children) != 2 or children[1].get("type") != "dict" or not children[1].get("keys"):
+    return None
+  args, kwargs = children
+  if args.get("type") != "tuple":
+    return None
+  try:
+    parameters = [p.name for p in inspect.signature(fun).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  except (TypeError, ValueError):  # no signature to read
+    return None
+  given = len(args["children"])
+  names = parameters[given:given + len(kwargs["keys"])]
+  if sorted(names) != sorted(kwargs["keys"], key=str):
+    return None
+  node = dict(zip(kwargs["keys"], kwargs["children"], strict=True))
+  tree = {"type": "tuple", "children": [
+      {"type": "tuple", "children": args["children"] + [node[name] for name in names]},
+      {"type": "dict", "keys": [], "children": []}]}
+  # A keyword argument's path -> its position.
+  position = {f"[1][{name!r}]": given + i for i, name in enumerate(names)}
+
+  def moved(leaf: recordings.Leaf) -> tuple[int, recordings.Leaf]:
+    for old, index in position.items():
+      if leaf.path.startswith(old):
+        return index, dataclasses.replace(leaf, path=f"[0][{index}]" + leaf.path[len(old):])
+    return -1, leaf  # a positional argument's: first, in its order
+  # JAX's flattening order: the arguments' leaves in the order of their positions.
+  ordered = sorted((moved(leaf) for leaf in recorded.leaves), key=lambda pair: pair[0])
+  return dataclasses.replace(recorded, tree=tree, leaves=[leaf for _, leaf in ordered])
 
 
 class Writer:

@@ -121,7 +121,8 @@ class SteppedSites:
     key = caller.site.key
     if caller.stepped is None:
       self.why_not[key] = ("this implementation cannot step its loops (converted code whose "
-                           "support module predates pmap_site_remade)")
+                           "support module has no pmap_site_remade: written before it, or "
+                           "cut to what its converted files call)")
       return False
     relay = loop_records.Relay()
     try:
@@ -350,6 +351,15 @@ class Replayer:
     structure, leaves = calls.host_leaves((args, kwargs))
     inputs = compare(recorded_in, recordings.Recording(structure, _as_recorded(
         leaves, recorded_in.leaves), {}), self.tolerance)
+    rebound = (calls.keywords_by_position(recorded_in, caller)
+               if inputs.structure and not kwargs else None)
+    if rebound is not None:
+      # Keyword arguments of the recorded call, which a plain-form site receives by
+      # position: the same call.
+      again = compare(rebound, recordings.Recording(structure, _as_recorded(
+          leaves, rebound.leaves), {}), self.tolerance)
+      if not again.structure:
+        recorded_in, inputs = rebound, again
     if not inputs.structure and len(flat) == len(recorded_in.leaves):
       args, kwargs = jax.tree_util.tree_unflatten(
           treedef, [place_like(r, a) for r, a in zip(recorded_in.leaves, flat, strict=True)])

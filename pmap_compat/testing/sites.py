@@ -2,33 +2,45 @@
 
 A pmap site is one function the program maps over devices: what it handed to `jax.pmap`
 (legacy, or JAX's own shard_map-based one), to `pmap_compat.pmap` (also through
-`pmap_compat.patched()`), or, in code the codemod converted, to `on_pmap_mesh` under
-`jax.jit`. Its identity is that function's module and qualified name (functools.partial
-and `__wrapped__` chains unwrapped), which the codemod keeps; the file and line are a
-hint for people. A second function with the same name (two lambdas in one function) is
-`name#2`, numbered in the order the program creates its sites.
+`pmap_compat.patched()`), or, in code the codemod converted, to the support module's
+`per_device` under shard_map under `jax.jit` (the plain form) or to its `on_pmap_mesh`
+under `jax.jit` (sites plain code cannot express; see converted_sites). Its identity is that
+function's module and qualified name (functools.partial and `__wrapped__` chains
+unwrapped), which the codemod keeps; the file and line are a hint for people. A second
+function with the same name (two lambdas in one function) is `name#2`, numbered in the
+order the program creates its sites.
 
 `observing(observer)` is a context manager that, while it is active, makes
 
   - `jax.pmap`, `pmap_compat.pmap` and (when `pmap_compat.api` is already imported)
     `pmap_compat.api.pmap`, which `pmap_compat.patched()` installs, return a `SiteCaller`;
-  - `jax.jit` return a `SiteCaller` for a function a pmap-to-shmap support module made
-    (it asks that module: `pmap_site_function(fn)`, documented there), and the plain
-    jitted function for anything else.
+  - `jax.shard_map` (where JAX has it) and `jax.experimental.shard_map.shard_map` (also
+    where it is a deprecated alias, its warning kept) remember what they return for a
+    support module's `per_device` body, with their arguments, recognised by its code
+    (converted_sites);
+  - `jax.jit` return a `SiteCaller` for such a function (the plain form: `placed_on` calls
+    it; the observer sees the outputs as the program's function returned them), or for a
+    function the support module's `on_pmap_mesh` made (it asks that module,
+    `pmap_site_function(fn)`, documented there; a module cut to what its converted files
+    call lacks it: then the function is recognised by its code), and the plain jitted
+    function for anything else.
 
 A `SiteCaller` hands each top-level call (no tracer among the arguments: calls inside
 jit, grad or an outer pmap are part of that computation) to `observer.call(caller, args,
 kwargs)`, which must return what the call returns (`caller.implementation` makes it;
-`caller.stepped(visitor)` is the same site with its loops stepped, see loop_steps); every
-other attribute is the wrapped function's. Sites must be created while observing: a pmap
-object made before (a module imported earlier) is not seen. Leaving the context restores
-every attribute; SiteCallers made meanwhile call straight through from then on.
+`caller.stepped(visitor)` is the same site with its loops stepped, see loop_steps: the
+pmap, or the shard_map, made again over `loop_steps.stepping` of the function it maps,
+jitted as the site was, donation aside); every other attribute is the wrapped
+function's. Sites must be created while observing: a pmap or shard_map made before (a
+module imported earlier) is not seen. Leaving the context restores every attribute;
+SiteCallers made meanwhile call straight through from then on.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 import os
 import sys
@@ -37,7 +49,7 @@ from collections.abc import Callable, Iterator
 
 import jax
 
-from pmap_compat.testing import loop_steps
+from pmap_compat.testing import converted_sites, loop_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +77,12 @@ class SiteCaller:
 
   def __init__(self, implementation: Callable[..., Any], site: Site, user_function: Any,
                observer: Observer,
-               stepped: Callable[[loop_steps.Visitor], Callable[..., Any]] | None = None):
+               stepped: Callable[[loop_steps.Visitor], Callable[..., Any]] | None = None,
+               outputs: converted_sites.Outputs | None = None):
     self._implementation = implementation
     self._observer = observer
+    # A plain site's outputs are packed for placed_on: observers see them unpacked.
+    self._outputs = outputs
     self.site = site
     self.user_function = user_function
     # visitor -> this site built again (same implementation and options, no donation)
@@ -82,12 +97,16 @@ class SiteCaller:
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     if self._observer.active and not _traced(args, kwargs):
-      return self._observer.call(self, args, kwargs)
+      out = self._observer.call(self, args, kwargs)
+      return out if self._outputs is None else self._outputs.packed(out)
     return self._implementation(*args, **kwargs)
 
   @property
   def implementation(self) -> Callable[..., Any]:
-    return self._implementation
+    """The site as it runs, its outputs as the program's function returned them."""
+    if self._outputs is None:
+      return self._implementation
+    return self._outputs.unpacking(self._implementation)
 
   def __getattr__(self, name: str) -> Any:  # lower, trace, eval_shape, _cache_size, ...
     return getattr(self._implementation, name)
@@ -117,10 +136,11 @@ def user_function(fun: Any) -> Any:
 
 
 def converted_site_function(fn: Any) -> Any:
-  """The user function of a site the codemod converted, if pmap-to-shmap's support module
-  made `fn` (its `pmap_site_function` says so); None for any other function."""
+  """The user function of a site the codemod converted, if pmap-to-shmap's support module's
+  `on_pmap_mesh` made `fn` (its `pmap_site_function` says so, or, where the module lacks
+  it, `fn`'s code); None for any other function."""
   ask = getattr(fn, "__globals__", {}).get("pmap_site_function")
-  return ask(fn) if callable(ask) else None
+  return ask(fn) if callable(ask) else converted_sites.on_pmap_mesh_function(fn)
 
 
 def converted_site_remade(fn: Any) -> Callable[[Any], Any] | None:
@@ -166,6 +186,7 @@ _MISSING = object()
 def observing(observer: Observer) -> Iterator[SiteNames]:
   """Routes the top-level calls of every pmap site created inside the block to `observer`."""
   names = SiteNames()
+  shard_maps = converted_sites.ShardMaps()
   saved: list[tuple[Any, str, Any]] = []
 
   def install(owner: Any, attribute: str, replacement: Any) -> None:
@@ -196,13 +217,25 @@ def observing(observer: Observer) -> Iterator[SiteNames]:
     if not args:  # jax.jit(static_argnums=...) as a decorator factory (newer JAX)
       return functools.partial(jit, **kwargs)
     jitted = original_jit(*args, **kwargs)
+    options = {k: v for k, v in kwargs.items() if k not in ("donate_argnums", "donate_argnames")}
+    plain = shard_maps.get(args[0])
+    if plain is not None:
+      outputs = converted_sites.Outputs()
+
+      def stepped_plain(visitor: loop_steps.Visitor) -> Callable[..., Any]:
+        # The per_device body stepped: its loops are the user function's, seen per device
+        # without the mapped axis, as under pmap.
+        body = loop_steps.stepping(plain.function, plain.axis_names(), visitor)
+        return outputs.unpacking(original_jit(plain.remade(body), *args[1:], **options))
+
+      return SiteCaller(jitted, names.site_of(plain.function), user_function(plain.function),
+                        observer, stepped_plain, outputs)
     mapped = converted_site_function(args[0])
     if mapped is None:
       return jitted
     remade = converted_site_remade(args[0])
     stepped = None
     if remade is not None:
-      options = {k: v for k, v in kwargs.items() if k not in ("donate_argnums", "donate_argnames")}
 
       def stepped(visitor: loop_steps.Visitor) -> Callable[..., Any]:
         return original_jit(remade(lambda fun, axes: loop_steps.stepping(fun, axes, visitor)),
@@ -213,6 +246,15 @@ def observing(observer: Observer) -> Iterator[SiteNames]:
   if getattr(jax, "pmap", None) is not None:
     install(jax, "pmap", observed_pmap(jax.pmap))
   install(jax, "jit", jit)
+  if vars(jax).get("shard_map") is not None:
+    install(jax, "shard_map", shard_maps.observed(vars(jax)["shard_map"]))
+  experimental = importlib.import_module("jax.experimental.shard_map")
+  if "shard_map" in vars(experimental):
+    install(experimental, "shard_map", shard_maps.observed(experimental.shard_map))
+  elif callable(vars(experimental).get("__getattr__")):
+    # A deprecated alias (jax 0.8 on), which the module's __getattr__ serves with a warning.
+    install(experimental, "__getattr__",
+            shard_maps.observed_getattr(vars(experimental)["__getattr__"], "shard_map"))
   api = sys.modules.get("pmap_compat.api")
   if api is not None:
     install(api, "pmap", observed_pmap(api.pmap))
