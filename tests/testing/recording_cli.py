@@ -49,6 +49,19 @@ def edit_one_line(path: str, old: str, new: str) -> None:
     f.write(text.replace(old, new))
 
 
+def recorded_program(directory, name: str, source: str, iterations: int) -> tuple[str, str]:
+  """``source`` written to ``directory/name.py`` and recorded under legacy jax.pmap on jax
+  0.6.0, with one call holding ``iterations`` loop iterations: (program, recording)."""
+  program = os.path.join(str(directory), f"{name}.py")
+  with open(program, "w", encoding="utf-8") as f:
+    f.write(source)
+  out = os.path.join(str(directory), "rec")
+  r = cli(["record", program, "--out", out])
+  assert r.returncode == 0 and "(jax 0.6.0, legacy jax.pmap)" in r.stdout, output(r)
+  assert f"1 of those calls hold loops: {iterations} loop iterations stored" in r.stdout, r.stdout
+  return program, out
+
+
 def output(proc: subprocess.CompletedProcess) -> str:
   return proc.stdout + proc.stderr
 

@@ -17,7 +17,7 @@ from pmap_compat.testing import calls, loop_records
 from pmap_compat.testing.comparison import Tolerance
 from pmap_compat.testing.loop_steps import Loop
 from pmap_compat.testing.__main__ import main
-from recording_cli import cli, edit_one_line, output, two_process_job
+from recording_cli import cli, edit_one_line, output, recorded_program, two_process_job
 from support import venvs
 from test_per_call import _converted_program
 
@@ -59,15 +59,7 @@ STEP_LINE = 1 + next(i for i, l in enumerate(LINES) if "lax.scan(" in l)
 @pytest.fixture(scope="module")
 def chains(tmp_path_factory) -> tuple[str, str]:
   """The program, and its recording under legacy jax.pmap on jax 0.6.0."""
-  directory = tmp_path_factory.mktemp("chains")
-  program = str(directory / "chains.py")
-  with open(program, "w", encoding="utf-8") as f:
-    f.write(CHAINS)
-  out = str(directory / "rec")
-  r = cli(["record", program, "--out", out])
-  assert r.returncode == 0 and "(jax 0.6.0, legacy jax.pmap)" in r.stdout, output(r)
-  assert f"1 of those calls hold loops: {ITERATIONS} loop iterations stored" in r.stdout, r.stdout
-  return program, out
+  return recorded_program(tmp_path_factory.mktemp("chains"), "chains", CHAINS, ITERATIONS)
 
 
 def test_the_recording_holds_each_loop_iteration_per_device(chains):

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from codemod import support_module
 from pmap_compat.testing import converted_sites, sites
-from recording_cli import cli, edit_one_line, output
+from recording_cli import cli, edit_one_line, output, recorded_program
 from support import venvs
 
 sys.path.insert(0, os.path.join(venvs.ROOT, "tools"))
@@ -86,15 +86,7 @@ PASSED_ACROSS = "PASS (4 sites reached, 5 recorded calls replayed: "
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[str, str]:
   """The program, and its recording under legacy jax.pmap on jax 0.6.0."""
-  directory = tmp_path_factory.mktemp("plain")
-  program = str(directory / "sites_prog.py")
-  with open(program, "w", encoding="utf-8") as f:
-    f.write(PROGRAM)
-  out = str(directory / "rec")
-  r = cli(["record", program, "--out", out])
-  assert r.returncode == 0 and "(jax 0.6.0, legacy jax.pmap)" in r.stdout, output(r)
-  assert f"1 of those calls hold loops: {ITERATIONS} loop iterations stored" in r.stdout, r.stdout
-  return program, out
+  return recorded_program(tmp_path_factory.mktemp("plain"), "sites_prog", PROGRAM, ITERATIONS)
 
 
 def _converted(program: str, directory, target: str) -> str:
