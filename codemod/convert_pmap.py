@@ -916,7 +916,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
     updated = super().on_leave(original_node, updated_node)
-    if not isinstance(original_node, cst.BaseStatement):
+    if (not isinstance(original_node, cst.BaseStatement)
+        or not self._meshes.has_statements_before(original_node)):
       return updated
     line = self.get_metadata(PositionProvider, original_node).start.line
     meshes = self._meshes.statements_before(original_node, self._style,

@@ -25,7 +25,6 @@ from libcst.metadata import (ComprehensionScope, FunctionScope, GlobalScope, Pos
 
 from codemod import edits, file_style, together
 from codemod.axes_to_specs import Unconvertible
-from codemod.sites import contains
 
 MESH = "jax.sharding.Mesh"
 
@@ -49,11 +48,11 @@ class MeshPlan:
     self._taken = set(identifiers)  # every identifier the file's code uses
     self._meshes: dict[tuple, _Mesh] = {}
     self._before: dict[cst.CSTNode, list[_Mesh]] | None = None
+    self._places: dict[cst.CSTNode, tuple[cst.CSTNode, cst.BaseStatement]] = {}
 
   def mesh_for(self, node: cst.CSTNode, axes: list[str], literal: bool) -> str:
     """The name of the mesh the site at ``node`` (a call, or a def's decorator) runs on."""
-    owner = self._owner(node)
-    statement = self._statement(owner, node)
+    owner, statement = self._place(node)
     key = (id(owner) if literal else id(statement), tuple(axes))
     mesh = self._meshes.get(key)
     if mesh is None:
@@ -65,13 +64,13 @@ class MeshPlan:
   def at_module_level(self, node: cst.CSTNode) -> bool:
     """Whether the site at ``node`` would get its mesh at module level."""
     try:
-      return isinstance(self._owner(node), cst.Module)
+      return isinstance(self._place(node)[0], cst.Module)
     except Unconvertible:
       return False
 
   def where(self, node: cst.CSTNode) -> str:
     """For the report: a note when the site's mesh is built at import."""
-    if not isinstance(self._owner(node), cst.Module):
+    if not self.at_module_level(node):
       return ""
     return ("; the mesh is built when the module is imported, which starts JAX's backend "
             "(a program calling jax.distributed.initialize does so before importing it)")
@@ -81,23 +80,29 @@ class MeshPlan:
     comprehension in its function), None where nothing says so."""
     if isinstance(self._get(ScopeProvider, node, None), ComprehensionScope):
       return "in a comprehension"
-    statement = self._statement(self._owner(node), node)
     loops = _Loops()
-    together.walk(statement, [loops])
-    if any(contains(loop.body, {node}) for loop in loops.found):
+    together.walk(self._place(node)[1], [loops])
+    if any(self._inside(node, loop.body) for loop in loops.found):
       return "in a loop"
     return None
 
-  def statements_before(self, original: cst.CSTNode, style: file_style.FileStyle,
-                        indent: int) -> list[cst.BaseStatement]:
-    """The mesh statements that go before ``original`` (a statement of the source)."""
+  def has_statements_before(self, original: cst.CSTNode) -> bool:
+    """Whether mesh statements go before ``original`` (cheap: asked of every statement)."""
+    return original in self._firsts()
+
+  def _firsts(self) -> dict[cst.CSTNode, list[_Mesh]]:
     if self._before is None:
       self._before = {}
       for mesh in self._meshes.values():
         first = min(mesh.statements, key=self._line)
         self._before.setdefault(first, []).append(mesh)
+    return self._before
+
+  def statements_before(self, original: cst.CSTNode, style: file_style.FileStyle,
+                        indent: int) -> list[cst.BaseStatement]:
+    """The mesh statements that go before ``original`` (a statement of the source)."""
     out: list[cst.BaseStatement] = []
-    for mesh in self._before.get(original, ()):
+    for mesh in self._firsts().get(original, ()):
       axes = f"({', '.join(mesh.axes)},)" if len(mesh.axes) == 1 else f"({', '.join(mesh.axes)})"
       call = edits.Call(MESH, ("jax.devices()", axes))
       text = f"{mesh.name} = " + edits.render(call, indent + len(mesh.name) + 3, indent, style)
@@ -122,12 +127,24 @@ class MeshPlan:
                           "statement cannot go")
     return owner
 
-  def _statement(self, owner: cst.CSTNode, node: cst.CSTNode) -> cst.BaseStatement:
-    body = owner.body if isinstance(owner, cst.Module) else owner.body.body  # type: ignore[attr-defined]
-    for statement in body:
-      if statement is node or contains(statement, {node}):
-        return statement
-    raise Unconvertible("the statement holding the site could not be found")
+  def _place(self, node: cst.CSTNode) -> tuple[cst.CSTNode, cst.BaseStatement]:
+    """(owner, the statement of the owner's body holding ``node``), found once per site."""
+    if node not in self._places:
+      owner = self._owner(node)
+      body = owner.body if isinstance(owner, cst.Module) else owner.body.body  # type: ignore[attr-defined]
+      statement = next((st for st in body if self._inside(node, st)), None)
+      if statement is None:
+        raise Unconvertible("the statement holding the site could not be found")
+      self._places[node] = (owner, statement)
+    return self._places[node]
+
+  def _inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    """Whether ``node`` lies in ``outer``'s source span (a def's from its decorators)."""
+    start = self._get(PositionProvider, node).start
+    span = self._get(PositionProvider, outer)
+    first = self._line(outer)
+    return ((first, 0) <= (start.line, start.column)
+            and (start.line, start.column) < (span.end.line, span.end.column))
 
   def _name(self, owner: cst.CSTNode, axes: list[str]) -> str:
     used = {m.name for m in self._meshes.values() if m.owner is owner}
