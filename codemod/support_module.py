@@ -23,7 +23,7 @@ import libcst as cst
 
 from codemod import files
 
-VERSION = 4  # 4: the module holds what the converted files call (cut); 3: tree digest
+VERSION = 5  # 5: compact, public JAX only; 4: what the converted files call (cut)
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 

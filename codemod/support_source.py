@@ -1,14 +1,8 @@
-"""Helpers for code pmap-to-shmap converted from ``jax.pmap`` to ``jax.jit``
-over ``jax.shard_map``: ``per_device`` gives a function pmap's view of its
-arguments, ``placed_on`` places a site's arguments on its mesh as pmap did,
-``first_row`` is pmap's ``x[0]``, and ``device_put_replicated`` /
-``device_put_sharded`` are the functions newest JAX removed. Sites plain code
-cannot express go through ``on_pmap_mesh`` and ``host_local_io``.
-"""
+"""What code pmap-to-shmap converted from jax.pmap needs besides jax.jit and
+jax.shard_map: pmap's view of the arguments, their placement, its x[0]."""
 import functools
 import inspect
 import math
-import weakref
 
 import jax
 import numpy as np
@@ -16,36 +10,33 @@ import numpy as np
 PartitionSpec = jax.sharding.PartitionSpec
 
 
-def per_device(fun=None, *, in_axes=0, out_axes=0):
-  """``fun`` as pmap called it, for jax.shard_map: the arguments without
-  their mapped axis (shard_map keeps it, of size 1), the results with it."""
-  if fun is None:
-    return functools.partial(per_device, in_axes=in_axes, out_axes=out_axes)
+# Whether this JAX's legacy pmap (gone in jax 0.10, its flag with it) kept the
+# arrays a function closes over as constants of its device code: jit does.
+_PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
+
+
+def per_device(fun, *, in_axes=0, out_axes=0):
+  """``fun`` as pmap called it, inside jax.shard_map: arguments without the
+  mapped axis (of size 1 there), results with it."""
   in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+  run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
+
+  def at_axes(change, axes, tree):
+    return jax.tree.map(lambda axis, sub: sub if axis is None else jax.tree.map(
+        lambda leaf: change(leaf, axis), sub), axes, tree, is_leaf=_is_none)
 
   @functools.wraps(fun)
   def body(*args):
-    args = _at_axes(jax.numpy.squeeze, in_axes, args)
-    # Legacy pmap kept the arrays fun closes over as constants; so does jit.
-    out = jax.jit(fun)(*args) if _PMAP_EMBEDS_CONSTANTS else fun(*args)
-    out = _at_axes(jax.numpy.expand_dims, out_axes, out)
+    out = run(*at_axes(jax.numpy.squeeze, in_axes, args))
+    out = at_axes(jax.numpy.expand_dims, out_axes, out)
     return jax.tree.map(lambda _, tree: _Flat(*jax.tree.flatten(tree)),
-                        out_axes, out, is_leaf=lambda x: x is None)
+                        out_axes, out, is_leaf=_is_none)
 
-  # jit names its program after the function: wraps() finds none on a partial.
-  named = fun
+  named = fun  # jit names its program after it; wraps() skips partials
   while isinstance(named, functools.partial):
     named = named.func
   body.__name__ = getattr(named, "__name__", body.__name__)
-  body.__qualname__ = getattr(named, "__qualname__", body.__qualname__)
   return body
-
-
-def _at_axes(change, axes, tree):
-  return jax.tree.map(
-      lambda axis, sub: sub if axis is None else jax.tree.map(
-          lambda leaf: change(leaf, axis), sub),
-      axes, tree, is_leaf=lambda x: x is None)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -61,31 +52,33 @@ class _Flat:
 
   @classmethod
   def tree_unflatten(cls, treedef, leaves):
-    return cls(list(leaves), treedef)
+    return cls(leaves, treedef)
 
 
 def placed_on(mesh, in_specs):
-  """Decorator for a converted site's jit: puts numpy arrays, arrays on one
-  device and other meshes' arrays where ``in_specs`` says, as pmap took them
-  (so jit compiles once); keyword arguments go by position. With several
-  processes each passes and gets back host-local arrays, as under pmap."""
-  shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
-                           in_specs, is_leaf=_is_spec)
+  """Decorator for a converted site's jit: puts its arguments where
+  ``in_specs`` says, as pmap took them whatever made them (so jit compiles
+  once), keywords by position. With several processes, each passes and gets
+  back host-local arrays, as under pmap."""
+  shardings = jax.tree.map(
+      lambda s: jax.sharding.NamedSharding(mesh, s), in_specs,
+      is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
 
   def place(args):
     try:
       return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
                           shardings, args)
-    except ValueError as e:
-      raise ValueError(
-          f"a converted pmap site maps over all {mesh.size} devices of its "
-          f"mesh, so its mapped arguments need {mesh.size} rows (pmap used one "
-          "device per row): build the mesh over jax.devices()[:rows]") from e
+    except ValueError as e:  # pmap put fewer rows on fewer devices
+      raise ValueError(f"{e}. This converted pmap site maps over all "
+                       f"{mesh.size} devices of its mesh: for fewer rows, "
+                       "build the mesh over jax.devices()[:rows]") from e
+
+  def unflat(out):
+    return jax.tree.map(lambda f: f.treedef.unflatten(f.leaves), out,
+                        is_leaf=lambda x: isinstance(x, _Flat))
 
   def decorate(jitted):
     def positional(args, kwargs):
-      if not kwargs:
-        return args
       bound = inspect.signature(jitted).bind(*args, **kwargs)
       if bound.kwargs:  # after a parameter left to its default
         raise TypeError(f"pass {', '.join(bound.kwargs)} by position: "
@@ -94,11 +87,11 @@ def placed_on(mesh, in_specs):
 
     @functools.wraps(jitted)
     def call(*args, **kwargs):
-      args = positional(args, kwargs)
+      args = positional(args, kwargs) if kwargs else args
       if jax.process_count() == 1:
-        return _unflat(jitted(*place(args)))
+        return unflat(jitted(*place(args)))
       from jax.experimental import multihost_utils as mh
-      out = _unflat(jitted(*mh.host_local_array_to_global_array(
+      out = unflat(jitted(*mh.host_local_array_to_global_array(
           args, mesh, in_specs)))
       return jax.tree.map(lambda x: mh.global_array_to_host_local_array(
           x, mesh, x.sharding.spec), out)
@@ -115,11 +108,6 @@ def _put(sharding, x):
       or getattr(x, "sharding", None) == sharding):
     return x  # Python scalars stay weakly typed, as pmap left them
   return jax.device_put(x, sharding)
-
-
-def _unflat(out):
-  return jax.tree.map(lambda f: f.treedef.unflatten(f.leaves), out,
-                      is_leaf=lambda x: isinstance(x, _Flat))
 
 
 def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None,
@@ -212,43 +200,7 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
   for attr in ("__name__", "__qualname__"):
     if hasattr(named, attr):
       setattr(sharded, attr, getattr(named, attr))
-  _SITES[sharded] = fun
-  _REMADE[sharded] = lambda wrap: _sharded(
-      wrap(fun, axes), shard_map_partial, drop_device_axis, axes,
-      static_argnums, axis_size, devices, backend, across_hosts)
   return sharded
-
-
-# Legacy pmap (whose flag is gone with it in jax 0.10) kept the arrays a
-# function closes over as constants of its device code.
-_PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
-
-
-# What on_pmap_mesh returned -> the function it maps.
-_SITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def pmap_site_function(fn):
-  """The function a converted pmap site maps, if ``fn`` is what
-  ``on_pmap_mesh`` returned for it; None for any other object. The hook for
-  testing tools: ``pmap_compat.testing`` asks it (through ``fn.__globals__``)
-  which functions given to ``jax.jit`` are converted pmap sites, to check each
-  of their calls against a recording made under ``jax.pmap``."""
-  try:
-    return _SITES.get(fn)
-  except TypeError:  # not weakly referenceable: not a function made here
-    return None
-
-
-_REMADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def pmap_site_remade(fn, wrap):
-  """``fn`` (what ``on_pmap_mesh`` returned) made again with
-  ``wrap(function, axis_names)`` in place of the function it maps, on the same
-  mesh and specs. The other hook for testing tools: ``pmap_compat.testing``
-  wraps the function to see each loop iteration inside a call."""
-  return _REMADE[fn](wrap)
 
 
 def host_local_io(jitted, *, in_specs, out_specs, axes=None, static_argnums=(),
@@ -373,54 +325,30 @@ def device_put_sharded(shards, devices):
 
 
 def first_row(x):
-  """``x[0]``, read from the one device buffer that holds it when ``x`` is a
-  jax Array.
-
-  On an array sharded over a mesh (a converted pmap's output), ``x[0]`` is a
-  gather across the devices, compiled for every shape, and it fails when some
-  of the devices belong to other processes; legacy pmap's ``x[0]`` took device
-  0's buffer. Here a local shard holding row 0 whole supplies it: the same
-  values, dtype, shape and weak type as ``x[0]``, on that shard's device and
-  uncommitted, as legacy pmap's ``x[0]`` was (so it can be passed with arrays
-  on other devices). Anything else is indexed as ``x[0]``: numpy arrays, Python
-  values (a tuple of outputs is indexed, not unreplicated), tracers, PRNG key
-  arrays, rank-0 or empty arrays, arrays with no local shard holding row 0.
-  """
+  """``x[0]`` as legacy pmap gave it: a jax Array's row 0 read from the shard
+  on this process's devices that holds it whole (every bit kept, where a
+  sharded ``x[0]`` is a sum across devices, which loses ``-0.0``; one program
+  per device, not one per shape), on that shard's device. Anything else is
+  indexed as ``x[0]``: numpy arrays, Python values, tracers, PRNG keys."""
   shard = _row_zero_shard(x)
-  return x[0] if shard is None else _rows([x], [shard])[0]
+  return x[0] if shard is None else _rows_of([shard.data])[0]
 
 
 def first_rows(tree):
-  """``jax.tree.map(first_row, tree)``: Flax's ``unreplicate``. The rows that
-  come from device buffers are taken in one program per device, not one per
-  leaf shape."""
+  """``jax.tree.map(first_row, tree)``: Flax's ``unreplicate``."""
   leaves, treedef = jax.tree.flatten(tree)
-  out = list(leaves)
-  on_device = {}
-  for i, leaf in enumerate(leaves):
-    shard = _row_zero_shard(leaf)
-    if shard is None:
-      out[i] = leaf[0]
-    else:
-      on_device.setdefault(shard.device, []).append((i, shard))
-  for entries in on_device.values():
-    rows = _rows([leaves[i] for i, _ in entries],
-                 [shard for _, shard in entries])
-    for (i, _), row in zip(entries, rows, strict=True):
+  shards = [_row_zero_shard(leaf) for leaf in leaves]
+  by_device = {}
+  for i, shard in enumerate(shards):
+    if shard is not None:
+      by_device.setdefault(shard.device, []).append(i)
+  out = [leaf[0] if shard is None else None
+         for leaf, shard in zip(leaves, shards, strict=True)]
+  for positions in by_device.values():
+    rows = _rows_of([shards[i].data for i in positions])
+    for i, row in zip(positions, rows, strict=True):
       out[i] = row
   return jax.tree.unflatten(treedef, out)
-
-
-def _rows(arrays, shards):
-  """``array[0]`` of each array, from its shard holding row 0 (the shards on
-  one device)."""
-  rows = _rows_of([shard.data for shard in shards])
-  try:
-    return [type(row)(row.aval, row.sharding, [row], committed=False)
-            for row in rows]
-  except TypeError:
-    # A JAX whose Array cannot be rebuilt uncommitted: x[0] as it is.
-    return [array[0] for array in arrays]
 
 
 @jax.jit
@@ -477,6 +405,10 @@ def _stacked_sharding(devices, axis_name="devices"):
 
 def _is_spec(x):
   return isinstance(x, PartitionSpec)
+
+
+def _is_none(x):
+  return x is None
 
 
 # pmap's axis_name=None: the axis gets a name no user function refers to.

@@ -18,7 +18,8 @@ at least one converted site this transform rewrites
 
 ``first_row(x)`` is ``x[0]`` exactly, for every ``x``: a jax Array with a local shard
 holding row 0 whole gives that row read from the shard's buffer (same values, dtype,
-shape and weak type; uncommitted on that device, as legacy pmap's ``x[0]`` was), and
+shape and weak type, on that device, committed to it where legacy pmap's ``x[0]`` was
+not), and
 anything else (numpy arrays, Python values such as a tuple of outputs, tracers, PRNG key
 arrays) is indexed as ``x[0]``; ``first_rows(t)`` is ``jax.tree.map(first_row, t)``, its
 rows read in one program per device. So the rewrite is safe on any value; but it, and

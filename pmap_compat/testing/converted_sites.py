@@ -85,10 +85,7 @@ def _is_packed(x: Any) -> bool:
 
 
 def _unpacked(x: Any) -> Any:
-  if not _is_packed(x):
-    return x
-  leaves, treedef = x.tree_flatten()
-  return treedef.unflatten(leaves)
+  return x.treedef.unflatten(x.leaves) if _is_packed(x) else x
 
 
 class Outputs:
