@@ -43,7 +43,7 @@ from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvid
 from codemod import (edits, file_style, imports, removed_names, site_comments,
                      matcher_setup, site_meshes, support_module, targets, together,
                      unreplicate, unused_imports)
-from codemod.edits import Arg, Call, Copied
+from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
 from codemod.sites import (PARTIAL_NAMES, PmapOptions, References, Site, contains, int_tuple,
@@ -141,7 +141,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._walked_idioms: cst.CSTVisitor | None = None  # walked with References, for plan()
     self._text: str | None = None  # the module's text
     self._meshes = site_meshes.MeshPlan(cst.Module([]), self.get_metadata, set())
-    self._plain: dict[cst.CSTNode, str] = {}  # sites in the plain form -> their mesh
+    # sites in the plain form -> (their mesh, the source of its devices)
+    self._plain: dict[cst.CSTNode, tuple[str, str]] = {}
     self._imported_before_jax_starts = False  # see visit_Module
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -458,8 +459,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return
     self.sites_converted += 1
     names = ", ".join(self._axis_names(site))
-    mesh = self._plain.get(site.node)
-    if mesh is None:
+    plain = self._plain.get(site.node)
+    if plain is None:
       why = ""
       if self._meshes.at_module_level(site.node) and self._imported_before_jax_starts:
         why = ("; at module level in a library module or a program that calls "
@@ -468,8 +469,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._report(site.node, Severity.INFO,
                    f"pmap converted to jax.jit(shard_map) over mesh axes {names}{why}")
     else:
+      mesh, devices = plain
       self._report(site.node, Severity.INFO,
-                   f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh of every device "
+                   f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh over {devices} "
                    f"with axis {names}" + self._meshes.where(site.node))
       again = self._evaluated_again(site)
       if again is not None:
@@ -534,8 +536,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # Each generated argument is an Arg, so the comments around the pmap argument it
     # replaces can be attached to it (``_attach_comments``).
     roles: dict[str, Arg] = {}
-    in_arg = roles["in_axes"] = roles["axis_name"] = Arg(f"in_specs={in_specs}")
-    out_arg = roles["out_axes"] = Arg(f"out_specs={out_specs}")
+    in_arg = roles["in_axes"] = roles["axis_name"] = Arg(breakable(f"in_specs={in_specs}"))
+    out_arg = roles["out_axes"] = Arg(breakable(f"out_specs={out_specs}"))
     mesh_kw: list[Arg] = [Arg("drop_device_axis=True")]
     extra = {name: outer.get(name) for name in ("axis_size", "devices", "backend")
              if outer.get(name) is not None and not is_none(outer.get(name))}
@@ -554,17 +556,20 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if donate is not None:
       jit_kw.append(roles.setdefault("donate_argnums",
                                      Arg(self._copied(donate, "donate_argnums="))))
-    io_kw: list[Arg | str] = [f"in_specs={in_specs}", f"out_specs={out_specs}"]
+    io_kw: list[Arg | Value] = [breakable(f"in_specs={in_specs}"),
+                                breakable(f"out_specs={out_specs}")]
     # pmap spanned every process's devices: each process passes host-local arrays.
     mesh_kw.append(Arg("across_hosts=True"))
     io_kw += [Arg(kw.value) for kw in mesh_kw if _keyword(kw) in ("axes", "static_argnums", "devices")]
 
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
-    if (len(levels) == 1 and (static is None or is_none(static)) and not extra
+    plain_mesh, devices = self._mesh_devices(site, extra)
+    if (len(levels) == 1 and (static is None or is_none(static)) and plain_mesh
         and "specs_from_axes(" not in in_specs + out_specs
         and not (self._meshes.at_module_level(site.node) and self._imported_before_jax_starts)):
-      self._build_plain(site, names, roles, in_arg, out_arg, jit_kw, partial)
+      self._build_plain(site, names, roles, in_specs, in_arg, out_arg, jit_kw, partial,
+                        devices)
       return
     smap = Call(partial, (shard_map, in_arg, out_arg, check))
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
@@ -587,22 +592,45 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       support.append("specs_from_axes")
     self._add_imports(partial, support)
 
-  def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg], in_arg: Arg,
-                   out_arg: Arg, jit_kw: list[Arg], partial: str) -> None:
+  def _mesh_devices(self, site: Site, extra: dict[str, cst.BaseExpression | None]
+                    ) -> tuple[bool, str | None]:
+    """(whether a mesh statement can say which devices the site maps over, the source of
+    that device list where pmap's ``devices=`` or ``backend=`` chose it, else None for
+    ``jax.devices()``). It cannot for ``axis_size``, or for a value (or an axis name that is
+    not a literal) that spans lines or means something else before the site's statement."""
+    if "axis_size" in extra:
+      return False, None
+    axis = site.options.get("axis_name")
+    if (axis is not None and not is_none(axis) and not isinstance(axis, cst.SimpleString)
+        and not self._meshes.hoistable(site.node, axis)):
+      return False, None
+    value = extra.get("devices", extra.get("backend"))
+    if value is None:
+      return True, None
+    pos = self.get_metadata(PositionProvider, value)
+    if pos.start.line != pos.end.line or not self._meshes.hoistable(site.node, value):
+      return False, None
+    return True, _code(value) if "devices" in extra else f"jax.devices({_code(value)})"
+
+  def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg], in_specs: str,
+                   in_arg: Arg, out_arg: Arg, jit_kw: list[Arg], partial: str,
+                   devices: str | None) -> None:
     """The site as a JAX engineer writes it: ``jax.jit`` over ``jax.shard_map`` on a mesh
     the file builds (``site_meshes``), the function through ``per_device`` (pmap's view
     of its arguments), and ``placed_on`` putting the arguments on the mesh first."""
     options = site.options
     given = options.get("axis_name")
     literal = given is None or is_none(given) or isinstance(given, cst.SimpleString)
-    mesh = self._meshes.mesh_for(site.node, names, literal)
-    self._plain[site.node] = mesh
+    mesh = self._meshes.mesh_for(site.node, names, literal, devices)
+    # Comments on devices= / backend= go with the mesh statement, which says them now.
+    chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend")
+              if devices is not None and options.get(name) is not None]
+    self._plain[site.node] = (mesh, devices or "jax.devices()")
     shard_map, check = _SHARD_MAP[self.target]
-    in_specs = in_arg.value
     axes_kw = [self._copied(value, f"{name}=") for name in ("in_axes", "out_axes")
                if (value := options.get(name)) is not None
                and not (isinstance(value, cst.Integer) and value.value == "0")]
-    place = Call("placed_on", (mesh, cast(str, in_specs)[len("in_specs="):]))
+    place = Call("placed_on", (mesh, breakable(in_specs)))
     mesh_kw = f"mesh={mesh}"
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
@@ -611,7 +639,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       assert fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(Call("per_device", (self._copied(fun), *axes_kw)))
       smap = Call(shard_map, (fun_arg, mesh_kw, in_arg, out_arg, check))
-      self._plan_call_site(site, roles, fun_arg, Call(place, (Call("jax.jit", (smap, *jit_kw)),)))
+      self._plan_call_site(site, roles, fun_arg, Call(place, (Call("jax.jit", (smap, *jit_kw)),)),
+                           chosen)
     else:
       jit_arg = Arg("jax.jit")
       jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
@@ -621,12 +650,15 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       decorators: list[Call | str] = [place, jit_decorator, smap, body]
       fallback = self._attach_comments(site, roles, jit_arg if jit_kw else None,
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
-      self._replace_decorators(site, decorators, fallback, indent)
+      self._replace_decorators(site, decorators, fallback, indent, chosen)
+    self._meshes.comment(site.node, _comments_of(chosen))
     self._add_imports(partial, ["per_device", "placed_on"])
 
-  def _plan_call_site(self, site: Site, roles: dict[str, Arg], fun_arg: Arg, call: Call) -> None:
+  def _plan_call_site(self, site: Site, roles: dict[str, Arg], fun_arg: Arg, call: Call,
+                      moved: Sequence[Arg] = ()) -> None:
     """Plans ``call`` in place of the call site, the site's comments kept (on the
-    arguments they described; those with no place before the function)."""
+    arguments they described, or on ``moved`` arguments, which go elsewhere; those with
+    no place before the function)."""
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
     fun_arg.leading.extend(self._attach_comments(site, roles, fun_arg, call))
@@ -635,7 +667,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     after = len(self._line(end.line)[end.column:].rstrip())
     expression = edits.parse_expression(
         edits.render(call, pos.column, indent, self._style, after))
-    missing = _missing_comments(self._site_nodes(site), [expression])
+    missing = _missing_comments(self._site_nodes(site), [expression], _comments_of(moved))
     if missing:  # a comment in a place no rule covers: before the function, not lost
       fun_arg.leading.extend(missing)
       expression = edits.parse_expression(
@@ -643,9 +675,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._call_sites[site.node] = expression
 
   def _replace_decorators(self, site: Site, decorators: list[Call | str], fallback: list[str],
-                          indent: int) -> None:
+                          indent: int, moved: Sequence[Arg] = ()) -> None:
     """Plans ``decorators`` (top to bottom) in place of the site's run of decorators, with
-    the comments of the run kept (``fallback``: those with no place of their own)."""
+    the comments of the run kept (``fallback``: those with no place of their own; those of
+    ``moved`` arguments go elsewhere)."""
     assert site.fundef is not None
     originals = self._site_nodes(site)
     first = site.fundef.decorators[site.decorators[0]]
@@ -666,7 +699,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
           whitespace=cst.SimpleWhitespace("  "), comment=ends_line))
     fallback += [c.value for c in ordered if c is not ends_line]
     kept = [line.comment.value for line in first.leading_lines if line.comment is not None]
-    fallback += _missing_comments(originals, new, kept + fallback)
+    fallback += _missing_comments(originals, new, kept + fallback + _comments_of(moved))
     leading = list(first.leading_lines) + [
         cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in fallback]
     new[0] = new[0].with_changes(leading_lines=leading)
@@ -957,6 +990,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 def _keyword(arg: Arg) -> str:
   text = arg.value.code if isinstance(arg.value, Copied) else arg.value
   return text.split("=", 1)[0] if isinstance(text, str) else ""
+
+
+def _comments_of(args: Sequence[Arg]) -> list[str]:
+  return [c for arg in args for c in arg.leading + arg.trailing]
 
 
 def _missing_comments(originals: Sequence[cst.CSTNode], new: Sequence[cst.CSTNode],

@@ -292,3 +292,45 @@ class _AbsoluteIndent(cst.CSTTransformer):
 
 def parse_expression(text: str) -> cst.BaseExpression:
   return cast(cst.BaseExpression, cst.parse_expression(text).visit(_AbsoluteIndent()))
+
+
+def breakable(text: str) -> Value:
+  """Generated one-line code (``name=value`` or a value) as a tree the layout can break:
+  calls and tuples of two or more items become ``Call``s (a tuple is a call with no name);
+  what else it holds stays text. Text that does not parse stays as it is."""
+  keyword = ""
+  head, sep, rest = text.partition("=")
+  if sep and head.isidentifier() and not rest.startswith("="):
+    keyword, text = head + "=", rest
+  try:
+    node = cst.parse_expression(text)
+  except cst.ParserSyntaxError:
+    return keyword + text
+  value = _breakable(node)
+  if keyword and isinstance(value, Call) and isinstance(value.func, str):
+    return Call(keyword + value.func, value.args)
+  return keyword + text if keyword else value
+
+
+def _breakable(node: cst.BaseExpression) -> Value:
+  if (isinstance(node, cst.Tuple) and len(node.lpar) == 1 and len(node.elements) > 1
+      and not any(isinstance(e, cst.StarredElement) for e in node.elements)):
+    return Call("", tuple(_breakable(e.value) for e in node.elements))
+  if isinstance(node, cst.Call) and not node.lpar and not any(a.star for a in node.args):
+    func = _breakable(node.func) if isinstance(node.func, cst.Call) else _code(node.func)
+    return Call(cast(str | Call, func), tuple(_argument(a) for a in node.args))
+  return _code(node)
+
+
+def _argument(arg: cst.Arg) -> Value:
+  value = _breakable(arg.value)
+  if arg.keyword is None:
+    return value
+  name = arg.keyword.value + "="
+  if isinstance(value, Call) and isinstance(value.func, str):
+    return Call(name + value.func, value.args)
+  return name + _code(arg.value)
+
+
+def _code(node: cst.CSTNode) -> str:
+  return cst.Module([]).code_for_node(node)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
-from libcst.metadata import (ComprehensionScope, FunctionScope, GlobalScope, PositionProvider,
-                              ScopeProvider)
+from libcst.metadata import (BuiltinAssignment, ComprehensionScope, FunctionScope, GlobalScope,
+                              ImportAssignment, PositionProvider, ScopeProvider)
 
 from codemod import edits, file_style, together
 from codemod.axes_to_specs import Unconvertible
@@ -34,7 +34,9 @@ class _Mesh:
   name: str
   axes: tuple[str, ...]  # the axis names' source
   owner: cst.CSTNode  # the Module or FunctionDef whose body gets the statement
+  devices: str  # the source of the mesh's device list
   statements: list[cst.BaseStatement] = field(default_factory=list)  # its sites' statements
+  comments: list[str] = field(default_factory=list)  # on what its devices came from
 
 
 class MeshPlan:
@@ -49,17 +51,50 @@ class MeshPlan:
     self._meshes: dict[tuple, _Mesh] = {}
     self._before: dict[cst.CSTNode, list[_Mesh]] | None = None
     self._places: dict[cst.CSTNode, tuple[cst.CSTNode, cst.BaseStatement]] = {}
+    self._of_site: dict[cst.CSTNode, _Mesh] = {}
 
-  def mesh_for(self, node: cst.CSTNode, axes: list[str], literal: bool) -> str:
-    """The name of the mesh the site at ``node`` (a call, or a def's decorator) runs on."""
+  def mesh_for(self, node: cst.CSTNode, axes: list[str], literal: bool,
+               devices: str | None = None) -> str:
+    """The name of the mesh the site at ``node`` (a call, or a def's decorator) runs on:
+    over ``jax.devices()``, or over ``devices`` (source of pmap's ``devices=`` list, or
+    ``jax.devices(backend)``), evaluated where the mesh is built (``hoistable``)."""
     owner, statement = self._place(node)
-    key = (id(owner) if literal else id(statement), tuple(axes))
+    shared = literal and devices is None
+    key = (id(owner) if shared else id(statement), tuple(axes), devices)
     mesh = self._meshes.get(key)
     if mesh is None:
-      mesh = self._meshes[key] = _Mesh(self._name(owner, axes), tuple(axes), owner)
+      mesh = self._meshes[key] = _Mesh(self._name(owner, axes), tuple(axes), owner,
+                                       devices or "jax.devices()")
     mesh.statements.append(statement)
+    self._of_site[node] = mesh
     self._before = None
     return mesh.name
+
+  def comment(self, node: cst.CSTNode, comments: list[str]) -> None:
+    """Comments the user wrote on the site's ``devices=`` / ``backend=``: they go with
+    the mesh statement that now says it (after it when one fits there, else above)."""
+    self._of_site[node].comments.extend(comments)
+
+  def hoistable(self, node: cst.CSTNode, value: cst.CSTNode) -> bool:
+    """Whether ``value``, part of the site at ``node``, means the same before the
+    statement holding the site, where the mesh is built: it is in that statement's scope
+    (no comprehension or lambda of it), and each name it reads that is not an import or a
+    builtin appears nowhere else in the statement (which could bind or change it first:
+    an assignment in a block, a loop, a method call)."""
+    try:
+      statement = self._place(node)[1]
+    except Unconvertible:
+      return False
+    scope = self._get(ScopeProvider, value, None)
+    if scope is None or scope is not self._get(ScopeProvider, statement, None):
+      return False
+    reads = _Names()
+    value.visit(reads)
+    changeable = {name for name in reads.found if not all(
+        isinstance(a, (ImportAssignment, BuiltinAssignment)) for a in scope[name])}
+    elsewhere = _Names(skip=node)
+    statement.visit(elsewhere)
+    return not changeable & elsewhere.found
 
   def at_module_level(self, node: cst.CSTNode) -> bool:
     """Whether the site at ``node`` would get its mesh at module level."""
@@ -104,9 +139,16 @@ class MeshPlan:
     out: list[cst.BaseStatement] = []
     for mesh in self._firsts().get(original, ()):
       axes = f"({', '.join(mesh.axes)},)" if len(mesh.axes) == 1 else f"({', '.join(mesh.axes)})"
-      call = edits.Call(MESH, ("jax.devices()", axes))
+      call = edits.Call(MESH, (mesh.devices, axes))
       text = f"{mesh.name} = " + edits.render(call, indent + len(mesh.name) + 3, indent, style)
-      out.append(cst.parse_statement(text + "\n"))
+      above, after = list(mesh.comments), ""
+      last = text.rsplit("\n", 1)[-1]
+      if above and (indent if "\n" not in text else 0) + len(last) + 2 + len(
+          above[-1]) <= style.width:
+        after = "  " + above.pop()
+      statement = cst.parse_statement(text + after + "\n")
+      out.append(statement.with_changes(leading_lines=[
+          cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in above]))
     return out
 
   def _line(self, statement: cst.CSTNode) -> int:
@@ -157,6 +199,25 @@ class MeshPlan:
       if name not in self._taken and name not in used:
         return name
     raise Unconvertible("no free name for the site's mesh")
+
+
+class _Names(cst.CSTVisitor):
+  """The names in a tree (the attribute names after a dot are not names), outside
+  ``skip``."""
+
+  def __init__(self, skip: cst.CSTNode | None = None) -> None:
+    self.found: set[str] = set()
+    self._skip = skip
+
+  def on_visit(self, node: cst.CSTNode) -> bool:
+    if node is self._skip:
+      return False
+    if isinstance(node, cst.Name):
+      self.found.add(node.value)
+    if isinstance(node, cst.Attribute):
+      node.value.visit(self)
+      return False
+    return True
 
 
 class _Loops(cst.CSTVisitor):

@@ -196,7 +196,8 @@ def _line_with(text: str, comment: str) -> str:
     ("in_axes_and_out_axes", "# params replicated", "in_specs="),
     ("in_axes_and_out_axes", "# per-device loss", "out_specs=P("),
     ("decorator_line_comments", "# config is static", ")"),
-    ("numpyro_chain_method", "# the chains' devices", "devices=backend"),
+    # devices= now says which devices the mesh spans
+    ("numpyro_chain_method", "# the chains' devices", "jax.sharding.Mesh(backend, "),
     ("partial_then_called", "# applied", ")"),
 ])
 def test_trailing_comments_stay_on_the_line_of_what_they_described(name, comment, code):

@@ -1,6 +1,7 @@
 """Rule: pmap's other options -- static_broadcasted_argnums, donate_argnums, devices,
-backend, axis_size -- move to jax.jit or to the mesh; the rest are reported. Only
-donate_argnums fits the plain form; the others keep the old on_pmap_mesh form."""
+backend, axis_size -- move to jax.jit or to the mesh; the rest are reported. donate_argnums
+(to jax.jit), devices and backend (the devices of the site's mesh) fit the plain form;
+static_broadcasted_argnums and axis_size keep the old on_pmap_mesh form."""
 from codemod_testing import SiteTest, rewrite
 
 
@@ -28,9 +29,17 @@ class OptionsTest(SiteTest):
 
   def test_devices_go_to_the_mesh(self):
     self.assertSite('g = jax.pmap(f, "i", devices=jax.devices()[:4])', '''
-        g = host_local_io(
-            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, devices=jax.devices()[:4], across_hosts=True)(f)),
-            in_specs=P("i"), out_specs=P("i"), devices=jax.devices()[:4])''')
+        mesh = jax.sharding.Mesh(jax.devices()[:4], ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh,
+                                                      in_specs=P("i"), out_specs=P("i"),
+                                                      check_rep=False)))''')
+
+  def test_backend_goes_to_the_mesh(self):
+    self.assertSite('g = jax.pmap(f, "i", backend="cpu")', '''
+        mesh = jax.sharding.Mesh(jax.devices("cpu"), ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh,
+                                                      in_specs=P("i"), out_specs=P("i"),
+                                                      check_rep=False)))''')
 
   def test_backend_and_axis_size(self):
     self.assertSite('g = jax.pmap(f, "i", in_axes=None, axis_size=4, backend="cpu")', '''

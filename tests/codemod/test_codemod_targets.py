@@ -35,7 +35,7 @@ class TargetTest(SiteTest):
     self.assertConverts("""
         import jax
 
-        g = jax.pmap(f, "i", devices=jax.devices()[:4])
+        g = jax.pmap(f, "i", in_axes=None, axis_size=4)
         """, """
         import jax
         import functools
@@ -44,8 +44,8 @@ class TargetTest(SiteTest):
         from pmap_shard_map import host_local_io, on_pmap_mesh
 
         g = host_local_io(jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, devices=jax.devices()[:4], across_hosts=True)(f)),
-            in_specs=P("i"), out_specs=P("i"), devices=jax.devices()[:4])
+            on_pmap_mesh(functools.partial(shard_map, in_specs=P(), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, across_hosts=True)(f)),
+            in_specs=P(), out_specs=P("i"), axes=("i",))
         """)
 
   def test_old_form_decorator_gets_an_outer_host_local_io_decorator(self):

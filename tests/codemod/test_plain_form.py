@@ -263,3 +263,42 @@ def test_a_program_that_initializes_jax_distributed_builds_no_mesh_at_import():
       ''')
   assert "jax.sharding.Mesh(" not in new and "@on_pmap_mesh(" in new
   assert "@functools.partial(host_local_io" in new
+
+
+DEVICES = '''\
+import functools
+
+import jax
+import numpy as np
+
+
+def run():
+  devices = jax.devices()[::-1]  # pmap puts row i on devices[i]
+  f = jax.pmap(lambda x: x * jax.lax.axis_index("i") + jax.lax.psum(x, "i"), "i",
+               devices=devices)
+  g = jax.pmap(lambda x: x - 1, backend="cpu")
+
+  @functools.partial(jax.pmap, axis_name="j", devices=jax.devices()[:4])
+  def h(x):
+    return jax.lax.psum(x, "j")
+
+  x = np.arange(8.0, dtype=np.float32)
+  out = f(x)
+  return (out, [s.device.id for s in out.addressable_shards], g(x), h(np.arange(4.0)),
+          [jax.pmap(lambda y: y + 1, devices=[d])(np.ones(1)) for d in devices[:2]])
+'''
+
+
+def test_devices_and_backend_give_the_mesh_its_devices():
+  """pmap's devices= (and backend=) become the devices of the site's mesh, which is
+  built right before the site's statement (where the list has its value); a devices=
+  that names a comprehension's variable keeps the form plain code cannot express."""
+  new = _converted(DEVICES)
+  assert "i_mesh = jax.sharding.Mesh(devices, (\"i\",))" in new
+  assert "jax.sharding.Mesh(jax.devices(\"cpu\"), (\"devices\",))" in new
+  assert "j_mesh = jax.sharding.Mesh(jax.devices()[:4], (\"j\",))" in new
+  assert new.count("on_pmap_mesh(") == 1 and "devices=[d]" in new
+  legacy = load(DEVICES, "devices_legacy").run()
+  ours = load(new, "devices_converted").run()
+  assert ours[1] == legacy[1] == [d.id for d in jax.devices()[::-1]]
+  assert_trees_equal(legacy, ours)
