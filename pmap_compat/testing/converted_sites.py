@@ -17,10 +17,8 @@ tools; a site is recognised by its parts instead:
     the subtree's treedef), which `placed_on` unpacks outside jit. `Outputs` unpacks them
     for an observer and packs what the observer returns again.
 
-Sites plain code cannot express go through `on_pmap_mesh`, whose hooks
-(`pmap_site_function`, `pmap_site_remade`) sites.py asks; a support module cut to what its
-converted files call has no hooks, and its `on_pmap_mesh` function is recognised by its
-code (`_sharded.<locals>.sharded`, which `functools.wraps` the function it maps).
+Sites plain code cannot express go through `on_pmap_mesh`, whose function is recognised
+by its code (`_sharded.<locals>.sharded`, which `functools.wraps` the function it maps).
 """
 from __future__ import annotations
 

@@ -120,9 +120,9 @@ class SteppedSites:
   def _build(self, caller: sites.SiteCaller, args: tuple, kwargs: dict) -> bool:
     key = caller.site.key
     if caller.stepped is None:
-      self.why_not[key] = ("this implementation cannot step its loops (converted code whose "
-                           "support module has no pmap_site_remade: written before it, or "
-                           "cut to what its converted files call)")
+      self.why_not[key] = ("this implementation cannot step its loops (converted code in the "
+                           "on_pmap_mesh form, which nothing rebuilds over a stepped "
+                           "function)")
       return False
     relay = loop_records.Relay()
     try:

@@ -20,10 +20,8 @@ order the program creates its sites.
     (converted_sites);
   - `jax.jit` return a `SiteCaller` for such a function (the plain form: `placed_on` calls
     it; the observer sees the outputs as the program's function returned them), or for a
-    function the support module's `on_pmap_mesh` made (it asks that module,
-    `pmap_site_function(fn)`, documented there; a module cut to what its converted files
-    call lacks it: then the function is recognised by its code), and the plain jitted
-    function for anything else.
+    function the support module's `on_pmap_mesh` made (recognised by its code), and the
+    plain jitted function for anything else.
 
 A `SiteCaller` hands each top-level call (no tracer among the arguments: calls inside
 jit, grad or an outer pmap are part of that computation) to `observer.call(caller, args,
@@ -135,22 +133,6 @@ def user_function(fun: Any) -> Any:
   return fun
 
 
-def converted_site_function(fn: Any) -> Any:
-  """The user function of a site the codemod converted, if pmap-to-shmap's support module's
-  `on_pmap_mesh` made `fn` (its `pmap_site_function` says so, or, where the module lacks
-  it, `fn`'s code); None for any other function."""
-  ask = getattr(fn, "__globals__", {}).get("pmap_site_function")
-  return ask(fn) if callable(ask) else converted_sites.on_pmap_mesh_function(fn)
-
-
-def converted_site_remade(fn: Any) -> Callable[[Any], Any] | None:
-  """For a converted site `fn`: wrap -> `fn` made again with `wrap(function, axis_names)` in
-  place of the function it maps (the support module's `pmap_site_remade`, which support
-  modules written before it existed lack: None then)."""
-  remade = getattr(fn, "__globals__", {}).get("pmap_site_remade")
-  return functools.partial(remade, fn) if callable(remade) else None
-
-
 # The axis name a stepped pmap site gets when the program's pmap had none.
 _DEVICE_AXIS = "pmap_compat_testing_device"
 
@@ -230,18 +212,12 @@ def observing(observer: Observer) -> Iterator[SiteNames]:
 
       return SiteCaller(jitted, names.site_of(plain.function), user_function(plain.function),
                         observer, stepped_plain, outputs)
-    mapped = converted_site_function(args[0])
+    # A site plain code cannot express: on_pmap_mesh's function, seen whole (its loops are
+    # not stepped: nothing rebuilds it over a stepped function).
+    mapped = converted_sites.on_pmap_mesh_function(args[0])
     if mapped is None:
       return jitted
-    remade = converted_site_remade(args[0])
-    stepped = None
-    if remade is not None:
-
-      def stepped(visitor: loop_steps.Visitor) -> Callable[..., Any]:
-        return original_jit(remade(lambda fun, axes: loop_steps.stepping(fun, axes, visitor)),
-                            *args[1:], **options)
-
-    return SiteCaller(jitted, names.site_of(mapped), user_function(mapped), observer, stepped)
+    return SiteCaller(jitted, names.site_of(mapped), user_function(mapped), observer, None)
 
   if getattr(jax, "pmap", None) is not None:
     install(jax, "pmap", observed_pmap(jax.pmap))
