@@ -1,11 +1,12 @@
-"""The support code a converted notebook needs, as a code cell of its own.
+"""The support code of a notebook converted by an earlier version, as a code cell of its own.
 
-A notebook (Colab, a docs page) has no file next to it to import, so the support
-functions its converted sites call are put into the notebook: one cell, inserted before
-the first cell that uses them, holding just those functions and what they call (cut from
-``support_source.py``), and only the imports the notebook does not make already. Its
-first line names the functions it holds; a rerun that converts more sites rewrites the
-cell with the union, otherwise the cell is left as it is.
+A converted notebook imports the support module written next to it, as a script does.
+Earlier versions put the support functions its converted sites call into the notebook: one
+cell, before the first cell that uses them, holding just those functions and what they
+call (cut from ``support_source.py``), and only the imports the notebook does not make
+already. Its first line names the functions it holds. A rerun over such a notebook keeps
+calling the cell's functions: when it converts more sites it rewrites the cell with the
+union (``placed``), otherwise the cell is left as it is.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 
-from codemod import files, support_module
+from codemod import files, notebook, support_module
 from codemod.findings import FileResult, Finding, Severity, Totals
 from codemod.runner import Options, support_placement, transform_file, write_result
 
@@ -95,7 +95,7 @@ Key = tuple[str, str]  # (root, dotted name) of a support module
 
 
 def _placement(path: str, text: str, options: Options, args) -> support_module.Placement | None:
-  if not options.per_file_support and not path.endswith((".ipynb", ".md")):
+  if not options.per_file_support:
     return support_module.Placement(args.support_root, args.support_module, args.support_module)
   return support_placement(path, text, options)
 
@@ -114,8 +114,18 @@ def _support_users(args, options: Options,
     if place is not None and f"from {place.spelling} import".encode() in text:
       paths, names = users.setdefault((place.root, place.name), ([], set()))
       paths.append(result.path)
-      names |= _imported(decoded, place.spelling)
+      names |= _imported(_code_of(result.path, decoded), place.spelling)
   return users
+
+
+def _code_of(path: str, text: str) -> str:
+  """A file's Python code: a notebook's code cells joined, else the text itself."""
+  try:
+    code = (notebook.read_notebook(text.encode("utf-8")) if path.endswith(".ipynb")
+            else notebook.read_markdown(text) if path.endswith(".md") else None)
+  except ValueError:  # not a notebook after all: nothing imported from its code
+    return ""
+  return text if code is None else code.source
 
 
 def _imported(text: str, spelling: str) -> set[str]:
@@ -137,9 +147,8 @@ def _planned_keys(args, options: Options, paths: list[str]) -> set[Key]:
     return {(args.support_root, args.support_module)}
   keys = set()
   for path in paths:
-    if not path.endswith((".ipynb", ".md")):
-      place = support_module.placement(path, "")
-      keys.add((place.root, place.name))
+    place = support_module.placement(path, "")
+    keys.add((place.root, place.name))
   return keys
 
 

@@ -29,7 +29,7 @@ class Options:
   strategy: str = "shard_map"
   multihost: bool = False
   # How converted files import the support module; None puts the support code into the
-  # file itself (notebooks: nothing to import in Colab).
+  # file itself (a notebook's support cell from an earlier run).
   support_module: str | None = support_module.DEFAULT_NAME
   # Set: each .py file imports the support module ``support_module.placement`` gives it
   # (its package's copy, or one next to the script), not ``support_module``.
@@ -37,9 +37,8 @@ class Options:
 
 
 def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
-  """The support module a converted ``.py`` file imports (None for notebooks: inline)."""
-  if path.endswith((".ipynb", ".md")):
-    return None
+  """The support module a converted file imports (a notebook too: the module goes next to
+  it, where the notebook's kernel, started in its directory, imports it)."""
   if options.per_file_support:
     return support_module.placement(path, text)
   if options.support_module is None:
@@ -195,12 +194,12 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
   hidden = _hidden_pmaps(code)
   if not hidden and not _KEYWORDS.search(source):
     return
-  out = transform_module(module, dataclasses.replace(options, support_module=None),
+  out = transform_module(module, _notebook_options(options, result.path, support_cell),
                          result.path, source=source)
   _collect(result, out)
   result.findings = notebook.in_cells(code, result.findings + hidden)
   new_source, new_cell = notebook_support.placed(
-      out.support_names, code.cells,
+      out.support_names if support_cell is not None else (), code.cells,
       notebook_support.unmasked(out.module.code, code.source, support_cell))
   new_raw = notebook.write_notebook(code, new_source, raw, new_cell)
   if new_raw is not None:
@@ -231,12 +230,12 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
     _parse_error(result, e)
     result.findings = notebook.in_cells(code, result.findings)
     return
-  out = transform_module(module, dataclasses.replace(options, support_module=None),
+  out = transform_module(module, _notebook_options(options, result.path, support_cell),
                          result.path, source=source)
   _collect(result, out)
   result.findings = notebook.in_cells(code, result.findings + hidden)
   new_source, new_cell = notebook_support.placed(
-      out.support_names, code.cells,
+      out.support_names if support_cell is not None else (), code.cells,
       notebook_support.unmasked(out.module.code, code.source, support_cell))
   new_text = notebook.write_markdown(code, new_source)
   if new_text is not None and new_cell is not None:
@@ -246,6 +245,13 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   if new_text is not None:
     result.changed, result.new_source = True, new_text.encode("utf-8")
     result.diff = _diff(text, new_text, result.path)
+
+
+def _notebook_options(options: Options, path: str, support_cell: int | None) -> Options:
+  """A notebook imports the support module like a script does; one that holds a support
+  cell from an earlier run keeps calling what the cell defines (grown when needed)."""
+  place = support_placement(path, "", options) if support_cell is None else None
+  return dataclasses.replace(options, support_module=place.spelling if place else None)
 
 
 def _collect(result: FileResult, out: Transformed) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from codemod import notebook_support, pmap_to_shmap, support_module
+from codemod import pmap_to_shmap, support_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
@@ -148,17 +148,18 @@ def test_notebook_code_cells_are_converted(tmp_path, capsys):
   new = json.loads(path.read_text())
   cells = ["".join(c["source"]) for c in new["cells"]]
   assert cells[0].startswith("%matplotlib inline\nimport jax\nimport numpy as np\n")
-  assert cells[1] == "jax.pmap(f) in prose\n"
-  # Nothing to import in Colab: the support code is a cell before the converted one.
-  assert notebook_support.names_in(cells[2]) == ("per_device", "placed_on")
-  assert cells[3].startswith("!nvidia-smi\n") and "jax.pmap" not in cells[3]
-  assert "placed_on(mesh, P('d'))(" in cells[3] and "pmap_shard_map" not in path.read_text()
-  # The mesh is built in the site's cell, before the site's statement (a cell of its own,
-  # not the end of whichever code cell comes before).
-  assert cells[3].startswith("!nvidia-smi\nmesh = jax.sharding.Mesh(jax.devices(), ('d',))\n"
+  # The support module goes next to the notebook, which imports it with its imports.
+  assert cells[0].endswith("\nfrom pmap_shard_map import per_device, placed_on"), cells[0]
+  assert support_module.held((tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2]) \
+      == {"per_device", "placed_on"}
+  assert cells[1] == "jax.pmap(f) in prose\n" and len(cells) == 3
+  assert cells[2].startswith("!nvidia-smi\n") and "jax.pmap" not in cells[2]
+  assert "placed_on(mesh, P('d'))(" in cells[2]
+  # The mesh is built in the site's cell, before the site's statement (not at the end of
+  # whichever code cell comes before).
+  assert cells[2].startswith("!nvidia-smi\nmesh = jax.sharding.Mesh(jax.devices(), ('d',))\n"
                              "step = placed_on("), cells
   assert "Mesh(" not in cells[0], cells
-  assert not (tmp_path / "pmap_shard_map.py").exists()
   assert f"{path}:2:8 INFO cell 3, line 2: pmap converted" in err
   code, _, _ = run_cli("--check", path, capsys=capsys)
   assert code == 0
@@ -290,9 +291,7 @@ def test_notebook_json_layout_is_kept_so_only_changed_cells_differ(
   new = path.read_text(encoding="utf-8")
   changed = json.loads(new)
   assert json.dumps(changed, indent=indent, ensure_ascii=ensure_ascii) + newline == new
-  # Every changed line is a line of a code cell's source (a string in its "source" list),
-  # the support cell inserted before the converted one aside.
-  assert notebook_support.names_in("".join(changed["cells"].pop(2)["source"])) is not None
+  # Every changed line is a line of a code cell's source (a string in its "source" list).
   without = json.dumps(changed, indent=indent, ensure_ascii=ensure_ascii) + newline
   changed_lines = [l[2:] for l in difflib.ndiff(original.splitlines(), without.splitlines())
                    if l[:2] in ("- ", "+ ")]

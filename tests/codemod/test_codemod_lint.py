@@ -139,7 +139,7 @@ NOTEBOOKS = {
         "!pip install -q clu\nexample_directory = 'examples/imagenet'\n",
         "import functools\nimport jax\nimport numpy as np\n",
         "p_step = jax.pmap(functools.partial(np.add, 1), axis_name='batch')\n"),
-    # One cell imports and converts: the support cell before it imports what it needs.
+    # One cell imports and converts: the support module import joins its imports.
     "one_cell": _notebook(
         "import jax\nimport numpy as np\nf = jax.pmap(lambda x: x * 2)\n"
         "print(f(np.ones((jax.local_device_count(), 3))))\n"),

@@ -56,17 +56,11 @@ def _lines(text: str) -> list[str]:
 
 
 def _as_py(tmp_path: pathlib.Path, code: str) -> tuple[str, list[str]]:
-  """``code`` converted as a .py file: (its new text, its findings), without the support
-  module's import (a notebook gets the support code as a cell instead)."""
+  """``code`` converted as a .py file: (its new text, its findings). A notebook imports the
+  support module next to it as a script does."""
   status, new, report = _convert(tmp_path / "py", "cell.py", code.encode())
   assert status == 0, report
-  return _without_support_import(new.decode()), _findings(report, "cell.py")
-
-
-def _without_support_import(text: str) -> str:
-  # With the blank line before it where it starts the first-party section.
-  return re.sub(r"(?m)^(?:\n(?=from pmap_shard_map import))?from pmap_shard_map import.*\n", "",
-                text)
+  return new.decode(), _findings(report, "cell.py")
 
 
 def _user_cells(cells: list[dict]) -> list[dict]:

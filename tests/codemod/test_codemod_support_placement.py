@@ -202,8 +202,8 @@ NOTEBOOK_CELLS = [
     "result = {'double': double(x).tolist(), 'total': run((0, None)).tolist()}\n",
 ]
 EXECUTE = '''\
-import importlib.util, json, sys
-assert importlib.util.find_spec("pmap_shard_map") is None  # nothing to import it from
+import json, os, sys
+sys.path.insert(0, os.getcwd())  # as a notebook kernel started in the notebook's directory
 namespace = {"__name__": "__main__"}
 for cell in json.load(open(sys.argv[1]))["cells"]:
   if cell["cell_type"] == "code":
@@ -213,45 +213,52 @@ print(json.dumps(namespace["result"]))
 
 
 def _execute(path: pathlib.Path, where: pathlib.Path) -> dict:
-  """Runs the notebook's code cells in order in a fresh interpreter in an empty directory
-  (isolated: the working directory and PYTHONPATH are not on sys.path)."""
-  where.mkdir()
+  """Runs the notebook's code cells in order in a fresh interpreter whose working
+  directory is ``where`` (isolated: PYTHONPATH and the caller's directory aside)."""
   run = _run([sys.executable, "-I", "-c", EXECUTE, str(path)], where)
   assert run.returncode == 0, run.stderr
   return json.loads(run.stdout)
 
 
-def test_converted_notebook_runs_alone_as_legacy_did(tmp_path):
+def test_converted_notebook_runs_from_its_directory_as_legacy_did(tmp_path):
   nb = {"cells": [_cell(c) for c in NOTEBOOK_CELLS], "metadata": {}, "nbformat": 4,
         "nbformat_minor": 5}
-  original = tmp_path / "legacy.ipynb"
+  legacy = tmp_path / "legacy"
+  legacy.mkdir()
+  original = legacy / "demo.ipynb"
   original.write_text(json.dumps(nb, indent=1))
   path = tmp_path / "demo.ipynb"
   path.write_text(json.dumps(nb, indent=1))
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
-  assert sorted(os.listdir(tmp_path)) == ["demo.ipynb", "legacy.ipynb"]  # no module written
-  cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
-  # The support cell sits right before the first converted cell, with just what it uses;
-  # the setup cell is untouched, and the new imports went to the import cell.
-  assert cells[0] == NOTEBOOK_CELLS[0]
+  # The support module goes next to the notebook, holding just what it calls; the setup
+  # cell is untouched, and the new imports, the support module's too, went to the import
+  # cell: a converted notebook adds one import line for it, no support cell.
+  assert sorted(os.listdir(tmp_path)) == ["demo.ipynb", "legacy", "pmap_shard_map.py"]
+  held = support_module.held((tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2])
   # double is a plain site; run's axes are known only at run time (the old form).
-  assert notebook_support.names_in(cells[2]) == (
-      "host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes")
-  assert "def device_put_replicated" not in cells[2] and "def first_row" not in cells[2]
-  assert "import jax" not in cells[2]  # the notebook imports it before
+  assert held >= {"host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes"}
+  assert "first_row" not in held and "device_put_replicated" not in held
+  cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+  assert len(cells) == len(NOTEBOOK_CELLS) and cells[0] == NOTEBOOK_CELLS[0]
   assert cells[1].startswith("import functools\n" + NOTEBOOK_CELLS[1])  # in its group
   assert "from jax.sharding import" in cells[1]
-  assert "jax.pmap" not in cells[3]
-  assert _execute(path, tmp_path / "run") == _execute(original, tmp_path / "run_legacy")
+  assert cells[1].rstrip().endswith("from pmap_shard_map import (host_local_io, on_pmap_mesh, "
+                                    "per_device, placed_on,\n                            "
+                                    "specs_from_axes)"), cells[1]
+  assert "jax.pmap" not in cells[2]
+  assert _execute(path, tmp_path) == _execute(original, legacy)
   # A second run leaves it alone.
   before = path.read_bytes()
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
   assert path.read_bytes() == before
 
 
-def test_support_cell_grows_when_a_rerun_converts_more(tmp_path):
+def test_a_support_cell_from_an_earlier_run_is_kept_and_grows(tmp_path):
+  # Notebooks converted before the support module went next to them hold its code in a
+  # cell: a rerun keeps calling that, and grows it when it converts more.
   path = tmp_path / "grow.ipynb"
-  first = ["import jax\n", "f = jax.pmap(lambda v: v + 1)\n"]
+  cell = notebook_support.source(("per_device", "placed_on"), {"import jax"}, {"import jax"})
+  first = ["import jax\n", cell, "f = jax.pmap(lambda v: v + 1)\n"]
   path.write_text(json.dumps({"cells": [_cell(c) for c in first], "metadata": {},
                               "nbformat": 4, "nbformat_minor": 5}, indent=1))
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
@@ -262,14 +269,15 @@ def test_support_cell_grows_when_a_rerun_converts_more(tmp_path):
   path.write_text(json.dumps(nb, indent=1))
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
   cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
-  assert len(cells) == 4
+  assert len(cells) == 4 and not (tmp_path / "pmap_shard_map.py").exists()
+  assert "pmap_shard_map" not in "".join(cells)
   # g's axes are known only at run time: the old form's helpers join the cell.
   assert notebook_support.names_in(cells[1]) == (
       "host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes")
   assert "def specs_from_axes" in cells[1]
 
 
-def test_markdown_notebook_gets_a_support_code_cell(tmp_path):
+def test_markdown_notebook_imports_the_module_next_to_it(tmp_path):
   text = textwrap.dedent("""\
       ---
       jupytext:
@@ -291,6 +299,7 @@ def test_markdown_notebook_gets_a_support_code_cell(tmp_path):
   path.write_text(text)
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(path)]) == 0
   new = path.read_text()
-  support_at = new.index("```{code-cell} ipython3\n# Support code pmap-to-shmap added")
-  assert new.index("Prose.") < support_at < new.index("step = placed_on(mesh, P('d'))(")
+  assert new.index("from pmap_shard_map import per_device, placed_on\n```") < new.index(
+      "Prose.") < new.index("step = placed_on(mesh, P('d'))(")
+  assert "Support code" not in new and (tmp_path / "pmap_shard_map.py").exists()
   assert pmap_to_shmap.main(["--check", str(path)]) == 0
