@@ -7,10 +7,17 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from pmap_compat.testing import calls, programs
+from pmap_compat.testing import calls, programs, supervision
 
 # Exit statuses.
 PASS, DIFFERS, NOT_COMPARED = 0, 1, 2
+
+
+def _seconds(text: str) -> int:
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"a whole number of seconds, at least 1, not {text}")
+  return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="keyword arguments for the function, as a JSON object")
     p.add_argument("--patched", action="store_true",
                    help="import and run the program under pmap_compat.patched()")
+    p.add_argument("--collective-timeout", type=_seconds, default=supervision.DEFAULT_TIMEOUT_S,
+                   metavar="S", help="on the CPU backend, how long a collective may wait "
+                   "for its slowest device, after XLA's warning that it may be stuck, before "
+                   "XLA ends the process (XLA's own 40 s are short on a loaded machine), "
+                   "where this jaxlib lets it be set (default "
+                   f"{supervision.DEFAULT_TIMEOUT_S})")
 
   rec = sub.add_parser("record", help="run PROGRAM and store its outputs in DIR")
   common(rec)
@@ -145,8 +158,17 @@ def _run(args: argparse.Namespace) -> int:
   return (_record if args.command == "record" else _check)(args, kwargs)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, supervised: bool = False) -> int:
+  """Runs the command line. `supervised` (the `python -m` entry point): in a child process
+  that XLA may end, with the CPU collectives' time limit raised first (supervision)."""
   args = _parser().parse_args(argv)
+  if supervised:
+    timeout = supervision.CollectiveTimeout.for_this_jax(args.collective_timeout)
+    return supervision.supervise(lambda: _main(args), timeout, args.command)
+  return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
   status = NOT_COMPARED
   try:
     status = _run(args)
@@ -159,4 +181,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(main(supervised=True))

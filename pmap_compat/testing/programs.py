@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import jax
 
+from pmap_compat.testing import supervision
+
 
 def load_program(program: str) -> ModuleType:
   """Imports PROGRAM: a path to a .py file (its directory goes first on sys.path, so
@@ -31,8 +33,10 @@ def load_program(program: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    return module
-  return importlib.import_module(program)
+  else:
+    module = importlib.import_module(program)
+  supervision.program_imported()  # it may have replaced XLA_FLAGS
+  return module
 
 
 def find_function(module: ModuleType, name: str) -> Callable[..., Any]:
