@@ -602,7 +602,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return False, None
     axis = site.options.get("axis_name")
     if (axis is not None and not is_none(axis) and not isinstance(axis, cst.SimpleString)
-        and not self._meshes.hoistable(site.node, axis)):
+        and not self._meshes.hoistable(site.node, axis, mutable=False)):
       return False, None
     value = extra.get("devices", extra.get("backend"))
     if value is None:

@@ -7,8 +7,10 @@ of that body that holds the site. Building it there, not at the top of the modul
 a converted library from starting JAX's backend when it is imported (which would come
 before a program's ``jax.distributed.initialize``). Sites of one body with the same
 literal axis names share one mesh, built before the first of them; an axis name that is
-not a literal (a variable) gets its mesh just before its own statement, where that
-variable has its value. The name is ``mesh`` (``<axis>_mesh`` in a file whose sites use
+not a literal (a variable), or pmap's ``devices=`` / ``backend=`` (the mesh then spans
+those devices, ``jax.devices(backend)``), gets its mesh just before its own statement,
+where those values hold (``hoistable`` says where they would not: then the site keeps
+the form whose mesh is built on its first call). The name is ``mesh`` (``<axis>_mesh`` in a file whose sites use
 several axis names) unless the file already uses that identifier, then the other one,
 then a numbered one.
 """
@@ -75,12 +77,12 @@ class MeshPlan:
     the mesh statement that now says it (after it when one fits there, else above)."""
     self._of_site[node].comments.extend(comments)
 
-  def hoistable(self, node: cst.CSTNode, value: cst.CSTNode) -> bool:
+  def hoistable(self, node: cst.CSTNode, value: cst.CSTNode, mutable: bool = True) -> bool:
     """Whether ``value``, part of the site at ``node``, means the same before the
     statement holding the site, where the mesh is built: it is in that statement's scope
-    (no comprehension or lambda of it), and each name it reads that is not an import or a
-    builtin appears nowhere else in the statement (which could bind or change it first:
-    an assignment in a block, a loop, a method call)."""
+    (no comprehension or lambda of it), the statement binds none of the names it reads
+    (in a block, a loop, a walrus), and, for a ``mutable`` value (a device list), none of
+    them is handed to a call or has a method called on it elsewhere in the statement."""
     try:
       statement = self._place(node)[1]
     except Unconvertible:
@@ -90,11 +92,16 @@ class MeshPlan:
       return False
     reads = _Names()
     value.visit(reads)
-    changeable = {name for name in reads.found if not all(
-        isinstance(a, (ImportAssignment, BuiltinAssignment)) for a in scope[name])}
-    elsewhere = _Names(skip=node)
-    statement.visit(elsewhere)
-    return not changeable & elsewhere.found
+    for name in reads.found:
+      if any(not isinstance(a, (ImportAssignment, BuiltinAssignment))
+             and isinstance(a.node, cst.CSTNode) and self._get(PositionProvider, a.node, None)
+             and self._inside(a.node, statement) for a in scope[name]):
+        return False
+    if not mutable:
+      return True
+    handed = _Handed(skip=node)
+    statement.visit(handed)
+    return not reads.found & handed.found
 
   def at_module_level(self, node: cst.CSTNode) -> bool:
     """Whether the site at ``node`` would get its mesh at module level."""
@@ -202,21 +209,36 @@ class MeshPlan:
 
 
 class _Names(cst.CSTVisitor):
-  """The names in a tree (the attribute names after a dot are not names), outside
-  ``skip``."""
+  """The names in a tree (the attribute names after a dot are not names)."""
 
-  def __init__(self, skip: cst.CSTNode | None = None) -> None:
+  def __init__(self) -> None:
+    self.found: set[str] = set()
+
+  def on_visit(self, node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.Name):
+      self.found.add(node.value)
+    if isinstance(node, cst.Attribute):
+      node.value.visit(self)
+      return False
+    return True
+
+
+class _Handed(cst.CSTVisitor):
+  """The names a tree passes to calls or calls methods on (which may change what they
+  hold), outside ``skip``."""
+
+  def __init__(self, skip: cst.CSTNode) -> None:
     self.found: set[str] = set()
     self._skip = skip
 
   def on_visit(self, node: cst.CSTNode) -> bool:
     if node is self._skip:
       return False
-    if isinstance(node, cst.Name):
-      self.found.add(node.value)
-    if isinstance(node, cst.Attribute):
-      node.value.visit(self)
-      return False
+    if isinstance(node, cst.Call):
+      func = node.func
+      if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        self.found.add(func.value.value)
+      self.found.update(a.value.value for a in node.args if isinstance(a.value, cst.Name))
     return True
 
 

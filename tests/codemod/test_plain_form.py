@@ -302,3 +302,20 @@ def test_devices_and_backend_give_the_mesh_its_devices():
   ours = load(new, "devices_converted").run()
   assert ours[1] == legacy[1] == [d.id for d in jax.devices()[::-1]]
   assert_trees_equal(legacy, ours)
+
+
+@pytest.mark.parametrize("between", [
+    "  devices = devices[::-1]\n",          # bound again in the block
+    "  random.shuffle(devices)\n",          # changed by a call
+    "  devices.reverse()\n",                # changed by a method
+])
+def test_devices_the_statement_may_change_keep_the_form_built_on_the_first_call(between):
+  source = ("import random\n\nimport jax\n\n\ndef run(f, x, devices, flag):\n"
+            "  other = jax.pmap(f, 'i')\n"
+            "  if flag:\n  " + between.replace("\n", "\n  ").rstrip(" ")
+            + "    g = jax.pmap(f, 'i', devices=devices)\n"
+            "    h = jax.pmap(f, 'i')\n"
+            "    return g(x), h(x), other(x)\n")
+  new = _converted(source)
+  assert "Mesh(devices" not in new and "devices=devices" in new, new
+  assert new.count("on_pmap_mesh(") == 1 and new.count("per_device(f)") == 2, new
