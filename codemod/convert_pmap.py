@@ -195,11 +195,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     sites = self._find_sites(refs, ref_set, claimed)
     for ref in refs.refs:
       if ref not in claimed:
-        self.sites_found += 1  # a site the codemod cannot convert, so it counts as reported
-        self._report(ref, Severity.ERROR,
-                     "pmap is used as a value here, not applied to a function, so the "
-                     "codemod cannot see its arguments; convert it by hand or use "
-                     "--strategy shim")
+        self.sites_found += 1
+        self._value_use(ref, refs)
     self._link_nested(sites)
     self._check_bodies(sites, node)
     self._p = self._spec_name(node, sites)
@@ -893,6 +890,23 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for module, name, alias in refs.removed_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
 
+  def _value_use(self, ref: cst.CSTNode, refs: References) -> None:
+    """pmap handed around as a value (``apply(jax.pmap, f)``, ``return jax.pmap``): the
+    support module's function with pmap's signature takes its place, converting each pmap
+    it makes when it runs. Where the name is bound or deleted, it is reported."""
+    if ref in refs.bound:
+      self._report(ref, Severity.ERROR,
+                   "pmap is bound or deleted here, not applied to a function: convert it by "
+                   "hand or use --strategy shim")
+      return
+    self.sites_converted += 1
+    self._renames[ref] = cst.Name(_VALUE_PMAP)
+    self._add_imports("", [_VALUE_PMAP])
+    self._report(ref, Severity.INFO,
+                 f"pmap used as a value here rewritten to {_VALUE_PMAP} (support module): "
+                 "pmap's signature over jax.jit and shard_map, converting each pmap it makes "
+                 "when it runs, as the codemod does where it sees the call")
+
   # ----- x[0] of the converted sites' outputs -----
 
   def _plan_unreplicate(self, module: cst.Module, converted: list[Site]) -> None:
@@ -990,6 +1004,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 def _keyword(arg: Arg) -> str:
   text = arg.value.code if isinstance(arg.value, Copied) else arg.value
   return text.split("=", 1)[0] if isinstance(text, str) else ""
+
+
+# What a pmap handed around as a value becomes (the support module's function).
+_VALUE_PMAP = "pmap_via_shard_map"
 
 
 def _comments_of(args: Sequence[Arg]) -> list[str]:

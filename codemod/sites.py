@@ -117,6 +117,7 @@ class References(RelatedPatterns):
     self.defs: list[cst.FunctionDef] = []
     self.pmap_imports: list[tuple[str, str | None]] = []
     self.pmap_spellings: set[str] = {"pmap"}
+    self.bound: set[cst.CSTNode] = set()  # assignment, del and loop targets
 
   def visit_Import(self, node: cst.Import) -> bool:
     self.removed_imports_of(node)
@@ -147,6 +148,29 @@ class References(RelatedPatterns):
   def visit_Call(self, node: cst.Call) -> None:
     self.calls.append(node)
     super().visit_Call(node)
+
+  # Where a name of pmap is bound or deleted, not read: never rewritten as a value.
+  def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+    self._bound(node.target)
+
+  def visit_AugAssign(self, node: cst.AugAssign) -> None:
+    self._bound(node.target)
+
+  def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+    self._bound(node.target)
+
+  def visit_Del(self, node: cst.Del) -> None:
+    self._bound(node.target)
+
+  def visit_For(self, node: cst.For) -> None:
+    self._bound(node.target)
+
+  def _bound(self, target: cst.BaseExpression) -> None:
+    if isinstance(target, (cst.Tuple, cst.List)):
+      for element in target.elements:
+        self._bound(element.value)
+    else:
+      self.bound.add(target)
 
   def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
     self.defs.append(node)

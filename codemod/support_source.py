@@ -275,6 +275,33 @@ def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
   return jax.sharding.Mesh(grid, axes, axis_types=auto)
 
 
+def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
+                       static_broadcasted_argnums=(), devices=None,
+                       backend=None, axis_size=None, donate_argnums=(),
+                       global_arg_shapes=None):
+  """``jax.pmap``'s signature over jax.jit and shard_map, for code that hands
+  pmap around as a value (the codemod converts the sites it sees called)."""
+  if global_arg_shapes is not None:
+    raise ValueError("global_arg_shapes is not supported")
+  static = ((static_broadcasted_argnums,)
+            if isinstance(static_broadcasted_argnums, int)
+            else tuple(static_broadcasted_argnums))
+  specs = dict(in_specs=specs_from_axes(in_axes, axis_name),
+               out_specs=specs_from_axes(out_axes, axis_name, outputs=True))
+  if hasattr(jax, "shard_map"):
+    smap = functools.partial(jax.shard_map, **specs, check_vma=False)
+  else:
+    from jax.experimental.shard_map import shard_map
+    smap = functools.partial(shard_map, **specs, check_rep=False)
+  mapped = on_pmap_mesh(smap, drop_device_axis=True, axes=(axis_name,),
+                        static_argnums=static, axis_size=axis_size,
+                        devices=devices, backend=backend, across_hosts=True)
+  jitted = jax.jit(mapped(fun), static_argnums=static,
+                   donate_argnums=donate_argnums)
+  return host_local_io(jitted, **specs, axes=(axis_name,),
+                       static_argnums=static, devices=devices)
+
+
 def specs_from_axes(axes, axis_name, outputs=False):
   """in_axes / out_axes known only at run time, as specs:
   k -> P(None, ..., axis_name)."""

@@ -192,7 +192,7 @@ _REMOVALS = {
 
         f: "pmap" = pmap(lambda x: x * 2)
         """),
-    "attribute_of_that_name": (False, """
+    "attribute_of_that_name": (True, """
         import jax
         from jax import pmap
 

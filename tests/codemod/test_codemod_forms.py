@@ -235,17 +235,30 @@ class CallFormsTest(PmapCodemodTest):
         c = placed_on(i_mesh, P("i"))(jax.jit(shard_map(per_device(h), mesh=i_mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
         """))
 
-  def test_pmap_as_a_value_is_reported_and_left(self):
-    self.assertUnchanged("""
+  def test_pmap_as_a_value_becomes_the_support_function_with_its_signature(self):
+    self.assertConverts("""
         import jax
 
         transform = jax.pmap if parallel else jax.vmap
+        """, """
+        import jax
+
+        from pmap_shard_map import pmap_via_shard_map
+
+        transform = pmap_via_shard_map if parallel else jax.vmap
         """)
 
-  def test_partial_kept_as_a_value_is_left(self):
-    self.assertUnchanged("""
+  def test_partial_kept_as_a_value_partials_the_support_function(self):
+    self.assertConverts("""
         import functools
         import jax
 
         ppmap = functools.partial(jax.pmap, axis_name="i")
+        """, """
+        import functools
+        import jax
+
+        from pmap_shard_map import pmap_via_shard_map
+
+        ppmap = functools.partial(pmap_via_shard_map, axis_name="i")
         """)

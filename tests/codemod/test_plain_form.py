@@ -319,3 +319,47 @@ def test_devices_the_statement_may_change_keep_the_form_built_on_the_first_call(
   new = _converted(source)
   assert "Mesh(devices" not in new and "devices=devices" in new, new
   assert new.count("on_pmap_mesh(") == 1 and new.count("per_device(f)") == 2, new
+
+
+VALUES = '''\
+import functools
+
+import jax
+from jax import pmap
+import numpy as np
+
+
+def apply(mapper, f, **options):
+  return mapper(f, "i", **options)
+
+
+def run():
+  x = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+  mappers = [jax.pmap, jax.vmap]
+  return (apply(jax.pmap, lambda v: jax.lax.psum(v, "i"))(x),
+          apply(pmap, lambda v, s: v * s, in_axes=(0, None),
+                static_broadcasted_argnums=(1,))(x, 3.0),
+          functools.partial(pmap, axis_name="j", out_axes=None)(
+              lambda v: jax.lax.pmean(v, "j"))(x),
+          [m(lambda v: v + 1)(x) for m in mappers])
+'''
+
+
+def test_pmap_handed_around_as_a_value_becomes_pmap_via_shard_map():
+  """Where pmap is a value (passed to a function, kept in a list), the support module's
+  function with pmap's signature takes its place and gives legacy's results (a partial of
+  pmap called on the spot is a site like any other); the `from jax import pmap` it no
+  longer needs goes."""
+  new, findings = rewrite(VALUES, target="experimental")
+  assert "pmap(" not in new.replace("pmap_via_shard_map(", "") and "from jax import pmap" not in new
+  assert new.count("pmap_via_shard_map") == 4, new  # three values and the import
+  assert "per_device(lambda v: jax.lax.pmean" in new
+  assert [f.severity.name for f in findings].count("ERROR") == 0, findings
+  assert_trees_equal(load(VALUES, "values_legacy").run(), load(new, "values_converted").run())
+
+
+def test_pmap_bound_or_deleted_is_reported_not_rewritten():
+  source = "import jax\n\njax.pmap = None\n"
+  new, findings = rewrite(source, target="experimental")
+  assert new == source
+  assert any(f.severity.name == "ERROR" and "bound or deleted" in f.message for f in findings)
