@@ -15,6 +15,7 @@ from libcst.metadata import QualifiedNameProvider
 
 from codemod import removed_names, together
 from codemod.axes_to_specs import Unconvertible
+from codemod.bound_targets import BindingTargets
 from codemod.related import RelatedPatterns
 
 PMAP_NAMES = frozenset({"jax.pmap", "jax.api.pmap", "jax._src.api.pmap"})
@@ -106,7 +107,7 @@ def qualified(get_metadata, node: cst.CSTNode) -> set[str]:
   return {q.name for q in get_metadata(QualifiedNameProvider, node, set())}
 
 
-class References(RelatedPatterns):
+class References(RelatedPatterns, BindingTargets):
   """Every expression that names JAX's pmap, and every Call/def for site analysis; in the
   same walk, the related patterns that only get report entries."""
 
@@ -149,28 +150,8 @@ class References(RelatedPatterns):
     self.calls.append(node)
     super().visit_Call(node)
 
-  # Where a name of pmap is bound or deleted, not read: never rewritten as a value.
-  def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-    self._bound(node.target)
-
-  def visit_AugAssign(self, node: cst.AugAssign) -> None:
-    self._bound(node.target)
-
-  def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-    self._bound(node.target)
-
-  def visit_Del(self, node: cst.Del) -> None:
-    self._bound(node.target)
-
-  def visit_For(self, node: cst.For) -> None:
-    self._bound(node.target)
-
-  def _bound(self, target: cst.BaseExpression) -> None:
-    if isinstance(target, (cst.Tuple, cst.List)):
-      for element in target.elements:
-        self._bound(element.value)
-    else:
-      self.bound.add(target)
+  def bound_target(self, target: cst.BaseExpression) -> None:
+    self.bound.add(target)  # a name of pmap bound or deleted there is never a value
 
   def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
     self.defs.append(node)

@@ -45,6 +45,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
 from codemod import reaching, related, site_comments, support_module
+from codemod.bound_targets import BindingTargets
 from codemod.flax_imports import FlaxImportsVisitor, last_name
 from codemod.findings import Finding, Severity
 
@@ -258,7 +259,7 @@ def _is_index0(node: cst.Subscript) -> bool:
           and index.value.value == "0")
 
 
-class _Idioms(FlaxImportsVisitor):
+class _Idioms(FlaxImportsVisitor, BindingTargets):
   """The candidates in one walk: flax unreplicate calls, ``lambda x: x[0]`` given to a
   tree map, ``NAME[0]`` / ``CALL[0]`` subscripts, the subscripts that are assigned or
   deleted, the assignments from calls, and the flax.jax_utils imports."""
@@ -312,35 +313,10 @@ class _Idioms(FlaxImportsVisitor):
   def visit_Assign(self, node: cst.Assign) -> None:
     super().visit_Assign(node)
     self.assigns.append(node)
-    for target in node.targets:
-      self._store(target.target)
 
-  def visit_AugAssign(self, node: cst.AugAssign) -> None:
-    self._store(node.target)
-
-  def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-    self._store(node.target)
-
-  def visit_Del(self, node: cst.Del) -> None:
-    self._store(node.target)
-
-  def visit_For(self, node: cst.For) -> None:
-    self._store(node.target)
-
-  def visit_CompFor(self, node: cst.CompFor) -> None:
-    self._store(node.target)
-
-  def visit_AsName(self, node: cst.AsName) -> None:
-    self._store(node.name)
-
-  def _store(self, target: cst.BaseExpression) -> None:
+  def bound_target(self, target: cst.BaseExpression) -> None:
     if isinstance(target, cst.Subscript):
       self.stored.add(target)
-    elif isinstance(target, (cst.Tuple, cst.List)):
-      for element in target.elements:
-        self._store(element.value)
-    elif isinstance(target, cst.StarredElement):
-      self._store(target.value)
 
 
 def _is_first_row_lambda(node: cst.Lambda) -> bool:
