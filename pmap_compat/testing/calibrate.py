@@ -22,15 +22,17 @@ fits it, so its absolute difference goes to atol. Then
   atol    = MARGIN x the largest absolute difference of rounding noise (0 if none),
             rounded up to two significant digits (what is printed is what is used)
   max_ulp = max(PER_CALL_MAX_ULP, MARGIN x the largest need of the other values, but
-            for those whose difference is within half the atol: bounded already)
+            for those whose difference is within half the atol: bounded already), for a
+            call's arguments and the values of the loops inside it
+  each output leaf of a site's calls: max(PER_CALL_MAX_ULP, MARGIN x its own largest
+            need over those calls); PER_CALL_MAX_ULP for a leaf JAX's own run kept
 
 Sound: every value of JAX's own run is within it (its need is at most half the ulp
 bound, or its difference at most half the atol), so the reference release's own pmap
 passes; the margin leaves room for the mode under test rounding in another order by as
-much again. Tight as far as one bound for every value can be: a change that moves a value
-by more than twice the most JAX's own rounding moved any value fails at its site; one
-bound serves every leaf, so a change smaller than that (on a network whose BatchNorm
-biases JAX moves by ~1.5e3 ulp at leaf scale, a 0.01% learning-rate change) passes. When
+much again. Tight: a change that moves an output leaf by more than twice JAX's own
+rounding of that leaf fails at its site, however much JAX moves another leaf (a
+BatchNorm bias that is zero but for rounding does not loosen a dense layer's). When
 JAX's own pmap reproduces every call bit for bit the bound is the default (bit for bit
 on the recording's jax, else PER_CALL_MAX_ULP).
 
@@ -76,6 +78,7 @@ class Drift:
   need: int  # the ulp bound it is within (elementwise or at leaf / part scale)
   max_abs: float
   noise: bool  # moved by more than half its significand bits: atol bounds it
+  leaf: tuple[str, str] | None = None  # (site, path) of a call's output leaf; None: a loop's
 
 
 @dataclasses.dataclass
@@ -96,7 +99,8 @@ class Measurement:
 
   @classmethod
   def from_json(cls, data: dict) -> Measurement:
-    drifts = [Drift(**d) for d in data.pop("drifts", [])]
+    drifts = [Drift(**{**d, "leaf": tuple(d["leaf"]) if d.get("leaf") else None})
+              for d in data.pop("drifts", [])]
     return cls(**data, drifts=drifts)
 
 
@@ -161,6 +165,7 @@ def _collect(replayer: Any, measurement: Measurement) -> None:
         uncovered.append(f"{where}: " + (leaf.difference() if leaf.max_abs is not None
                                          else f"{leaf.status}: {leaf.detail}"))
       else:
+        drift.leaf = (result.site, trees.display_path(leaf.path))
         drifts.append(drift)
     loops = result.loops
     if loops is None:
@@ -268,9 +273,15 @@ def bound(measurement: Measurement, default: Tolerance) -> Bound:
   rest = [d for d in moved if MARGIN * d.max_abs > atol]
   worst_ulp = max(rest, key=lambda d: d.need, default=None)
   own_ulp = worst_ulp.need if worst_ulp else 0
+  # Each output leaf by its own drift (over the site's calls): a leaf JAX's own run moves
+  # little stays tight however much it moves another.
+  leaves: dict[tuple[str, str], int] = {}
+  for d in rest:
+    if d.leaf is not None:
+      leaves[d.leaf] = max(leaves.get(d.leaf, 0), PER_CALL_MAX_ULP, MARGIN * d.need)
   tolerance = Tolerance(False, max(PER_CALL_MAX_ULP, MARGIN * own_ulp), 0.0, atol,
                         why=f"calibrated from jax.pmap {measurement.jax}'s own drift on this "
-                        "program")
+                        "program", leaves=leaves, leaf_default=PER_CALL_MAX_ULP)
   return Bound(tolerance, worst_ulp, worst_noise, len(noise), len(moved) - len(rest))
 
 
@@ -382,6 +393,7 @@ def calibrate(program: str, against: str | os.PathLike, *, function: str = "run"
                  f"default: {default.describe()}")
   else:
     own_ulp, own_abs = chosen_bound.worst_ulp, chosen_bound.worst_noise
+    each = chosen_bound.tolerance.leaves or {}
     lines += [
         f"calibrated per-call bound from {pmap}'s own drift on this program: "
         f"{_describe(chosen_bound.tolerance)} (JAX's own: max {own_ulp.need if own_ulp else 0} "
@@ -395,7 +407,12 @@ def calibrate(program: str, against: str | os.PathLike, *, function: str = "run"
            if chosen_bound.under_atol else ""),
         f"  rule: max-ulp = max({PER_CALL_MAX_ULP}, {MARGIN} x JAX's own ulp), atol = "
         f"{MARGIN} x JAX's own rounding noise rounded up; JAX's own pmap is within it, and "
-        "a change beyond twice its rounding is not"]
+        "a change beyond twice its rounding is not",
+        f"  each output leaf of a call by JAX's own ulp on that leaf: max({PER_CALL_MAX_ULP}, "
+        f"{MARGIN} x it), up to {max(each.values(), default=PER_CALL_MAX_ULP)} "
+        f"ulp on the {len(each)} leaves it moved, {PER_CALL_MAX_ULP} "
+        "on the others; the max-ulp above bounds arguments and loop values (and is what "
+        "--max-ulp would give every value)"]
   if m.uncovered:
     lines.append(f"note: JAX's own pmap also differs from the recording beyond any bound in "
                  f"{len(m.uncovered)} places (these fail below too unless the mode under test "

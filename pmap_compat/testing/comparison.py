@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -64,6 +64,17 @@ class Tolerance:
   rtol: float = 0.0
   atol: float = 0.0
   why: str = ""
+  # Calibrated: (site, output leaf path) -> its own max_ulp; the other output leaves of a
+  # call get `leaf_default` (inputs and loop values keep `max_ulp`). See calibrate.
+  leaves: Mapping[tuple[str, str], int] | None = None
+  leaf_default: int = 0
+
+  def for_leaf(self, site: str | None, path: str) -> Tolerance:
+    """The tolerance an output leaf of a call of `site` is checked with."""
+    if self.leaves is None or site is None:
+      return self
+    own = self.leaves.get((site, trees.display_path(path)), self.leaf_default)
+    return dataclasses.replace(self, max_ulp=own, leaves=None)
 
   def describe(self) -> str:
     if self.exact:
@@ -71,7 +82,11 @@ class Tolerance:
     parts = [f"max {self.max_ulp} ulp (elementwise or at leaf scale)"]
     parts += [f"atol {self.atol:g}"] if self.atol else []
     parts += [f"rtol {self.rtol:g}"] if self.rtol else []
-    return " or ".join(parts) + (f" ({self.why})" if self.why else "")
+    why = self.why
+    if self.leaves is not None:
+      why += (f"; each output leaf within twice JAX's own ulp on it, at least "
+              f"{self.leaf_default}")
+    return " or ".join(parts) + (f" ({why})" if why else "")
 
 
 def choose_tolerance(recorded: dict, running: dict, *, rtol: float | None = None,
@@ -439,14 +454,15 @@ def compare_leaf(recorded: recordings.Leaf, actual: recordings.Leaf, tol: Tolera
 
 
 def compare(recorded: recordings.Recording, actual: recordings.Recording, tol: Tolerance,
-            label: str = "") -> Report:
-  """Compares every leaf of `actual` with `recorded` (matched by path)."""
+            label: str = "", site: str | None = None) -> Report:
+  """Compares every leaf of `actual` with `recorded` (matched by path); `site`: these are
+  the outputs of a call of that site (a calibrated tolerance bounds each leaf by its own)."""
   structure = trees.differences(recorded.tree, actual.tree)
   got = {leaf.path: leaf for leaf in actual.leaves}
   leaves = []
   for leaf in recorded.leaves:
     if leaf.path in got:
-      leaves.append(compare_leaf(leaf, got.pop(leaf.path), tol))
+      leaves.append(compare_leaf(leaf, got.pop(leaf.path), tol.for_leaf(site, leaf.path)))
     else:
       leaves.append(LeafReport(leaf.path, leaf.shape, leaf.dtype, "missing",
                                "recorded, but not in this run's outputs"))

@@ -381,12 +381,14 @@ class Replayer:
       expected = recorded_out
       out = jax.block_until_ready(caller.implementation(*args, **kwargs))
     structure, leaves = calls.host_leaves(out)
-    outputs = compare(expected, recordings.Recording(structure, leaves, {}), self.tolerance)
+    outputs = compare(expected, recordings.Recording(structure, leaves, {}), self.tolerance,
+                      site=reached.entry.key)
     out_flat, out_treedef = jax.tree_util.tree_flatten(out)
     handed_back = not outputs.structure and len(out_flat) == len(recorded_out.leaves)
     if handed_back:
       # What the program's own call returned when recorded, placed like this run's.
-      back = compare(recorded_out, recordings.Recording(structure, leaves, {}), self.tolerance)
+      back = compare(recorded_out, recordings.Recording(structure, leaves, {}), self.tolerance,
+                     site=reached.entry.key)
       out = jax.tree_util.tree_unflatten(out_treedef, [
           a if verdict.status in ("identical", "mismatch") else place_like(r, a)
           for r, a, verdict in zip(recorded_out.leaves, out_flat, back.leaves, strict=True)])

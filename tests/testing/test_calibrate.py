@@ -103,7 +103,8 @@ def _bound(text: str) -> tuple[int, float, int, float]:
 def _tolerance_line(max_ulp: int, atol: float) -> str:
   return (f"tolerance per call: max {max_ulp} ulp (elementwise or at leaf scale)"
           + (f" or atol {atol:g}" if atol else "")
-          + f" (calibrated from jax.pmap {venvs.NEWEST}'s own drift on this program)")
+          + f" (calibrated from jax.pmap {venvs.NEWEST}'s own drift on this program; each output "
+          "leaf within twice JAX's own ulp on it, at least 6)")
 
 
 def _record(source: str, directory) -> tuple[str, str]:

@@ -92,6 +92,41 @@ def test_flax_imagenet_perturbed_gradients_are_caught_at_the_first_call(legacy_r
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pmap", "patched", "codemod"])
+def test_flax_imagenet_passes_at_the_bound_calibrated_from_jax_own_pmap(legacy_recording,
+                                                                       tmp_path, mode):
+  """No tolerance given: --calibrate measures 0.10.2's own jax.pmap on the recorded program
+  and prints the bound every mode then passes."""
+  program = _converted(tmp_path) if mode == "codemod" else PROGRAM
+  args = ["check", program, "--against", legacy_recording, "--per-call", "--calibrate",
+          "--calibrate-with", PROGRAM]
+  r = _cli(catalog.NEWEST_LINE, args + (["--patched"] if mode == "patched" else []))
+  assert r.returncode == 0, output(r)
+  lines = r.stdout.splitlines()
+  assert any(l.startswith(f"calibrated per-call bound from jax.pmap {catalog.NEWEST_LINE}'s own "
+                          "drift on this program: --max-ulp ") for l in lines), r.stdout
+  assert lines[-1].startswith("PASS (3 sites reached, 5 recorded calls replayed:"), r.stdout
+
+
+@pytest.mark.slow
+def test_flax_imagenet_learning_rate_change_fails_at_the_calibrated_bound(legacy_recording,
+                                                                          tmp_path):
+  """A 0.01% learning-rate change fails at its site: each output leaf is bounded by JAX's
+  own drift on it, so BatchNorm biases that JAX moves by ~1e3 ulp do not loosen the dense
+  layer's."""
+  program = _converted(tmp_path)
+  edit_one_line(program, "[optax.linear_schedule(0.0, 0.1, 2), optax.cosine_decay_schedule(0.1, 10)]",
+                "[optax.linear_schedule(0.0, 0.10001, 2), "
+                "optax.cosine_decay_schedule(0.10001, 10)]")
+  r = _cli(catalog.NEWEST_LINE, ["check", program, "--against", legacy_recording, "--per-call",
+                                 "--calibrate", "--calibrate-with", PROGRAM])
+  assert r.returncode == 1, output(r)
+  first = next(l for l in r.stdout.splitlines() if l.startswith("first beyond tolerance:"))
+  assert first.startswith("first beyond tolerance: site flax_imagenet:train_step, call 1, leaf "
+                          "[0].params['Dense_0']['bias']"), first
+
+
+@pytest.mark.slow
 def test_flax_imagenet_end_to_end_still_reports_the_drift(legacy_recording):
   """Without --per-call the whole run is compared against the cross-version bound: the drift
   of three steps fails it, as it did before per-call checking existed."""
