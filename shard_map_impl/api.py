@@ -24,7 +24,7 @@ from shard_map_impl.binding import bind_body
 from shard_map_impl.jax_line import (CHECKS_ARGUMENTS_AT_CALL, CONTEXT_MESH_MUST_MATCH,
                                      IN_SPECS_NONE_MEANS_INFER, IN_SPECS_NONE_MEANS_UNMAPPED,
                                      INFER_SENTINEL, MESH_CONTEXT_API, OUT_SPECS_MAY_BE_THUNKS,
-                                     vmapped_mesh_axes)
+                                     RESHARDS_EXPLICIT_INPUTS, reshard_to_spec, vmapped_mesh_axes)
 from shard_map_impl.specs import (AnyMesh, AxisNames, Specs, canonicalize_spec,
                                  divisibility_failures, inferred_spec, rank_failures,
                                  spec_leaf_problems, specs_are_valid)
@@ -248,7 +248,13 @@ def _call(f: Callable, mesh: AnyMesh, in_specs: Specs, out_specs: Specs | Callab
   fun, dyn_args = api_util.argnums_partial(fun, tuple(dyn), args_flat, False)
   fun = debug_names.with_result_paths(fun, out_tree)
   _check_args(f, mesh, in_tree, in_specs, dyn, dyn_specs, dyn_args)
-  errors.check_inputs_match_specs(mesh, errors.manual_names(mesh, auto), dyn_specs, dyn_args)
+  manual = errors.manual_names(mesh, auto)
+  errors.check_inputs_match_specs(mesh, manual, dyn_specs, dyn_args)
+  if RESHARDS_EXPLICIT_INPUTS and errors.fully_manual_explicit(mesh, manual):
+    # Older jax.shard_maps reshard such arguments to their in_specs, outside the
+    # primitive: differentiating the resharding returns each cotangent in its
+    # argument's own sharding.
+    dyn_args = [reshard_to_spec(x, mesh, s) for x, s in zip(dyn_args, dyn_specs, strict=True)]
   in_names = tuple(canonicalize_spec(s) for s in dyn_specs)
   out_names = _OutNames(mesh, out_specs, out_tree, auto)
 

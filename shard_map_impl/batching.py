@@ -21,7 +21,8 @@ from jax._src import source_info_util
 from jax._src.interpreters import batching
 from jax.sharding import PartitionSpec
 
-from shard_map_impl.jax_line import (BATCHED_SPECS_DROP_PARTIAL_SUMS, explicit_vmap_axes,
+from shard_map_impl.jax_line import (BATCHED_SPECS_DROP_PARTIAL_SUMS,
+                                     EXPLICIT_VMAP_AXES_SPLIT_BATCH, explicit_vmap_axes,
                                      ragged_batch_dims, spec_entries,
                                      without_explicit_mesh_axes)
 from shard_map_impl.out_names import DerivedNames
@@ -67,24 +68,27 @@ def batch_rule(trace: batching.BatchTrace, prim: core.Primitive, fun: lu.Wrapped
   if any(isinstance(d, ragged_batch_dims()) for d in dims):
     raise NotImplementedError("vmap with ragged batch dimensions of shard_map_impl.shard_map")
   spmd_axes = trace.axis_data.spmd_name
-  # A vmap over an array sharded on Explicit mesh axes (0.10): the body sees the
-  # batch dimension unsharded, and those axes hidden while it is bound.
+  # A vmap over an array sharded on Explicit mesh axes: the batch dimension split over
+  # them as over spmd axes where JAX's shard_map does so, else the body sees it
+  # unsharded (and, where JAX hides them, those axes hidden while it is bound).
   explicit_axes = explicit_vmap_axes(trace.axis_data)
   _reject_vmapped_axes_in("in_specs", in_names, spmd_axes, explicit_axes)
+  split_axes = (explicit_axes if spmd_axes is None and EXPLICIT_VMAP_AXES_SPLIT_BATCH
+                else spmd_axes)
   axis_data = trace.axis_data
-  if spmd_axes is not None:
-    per_device = axis_data.size // prod(mesh.shape[a] for a in spmd_axes)
+  if split_axes is not None:
+    per_device = axis_data.size // prod(mesh.shape[a] for a in split_axes)
     axis_data = dataclasses.replace(axis_data, size=per_device)
   body, out_dims = batching.batch_subtrace(fun, trace.tag, axis_data, tuple(dims))
 
   def out_names():
     names = out_names_thunk()
     _reject_vmapped_axes_in("out_specs", names, spmd_axes, explicit_axes)
-    return [batched_names(n, d, spmd_axes) for n, d in zip(names, out_dims(), strict=True)]
+    return [batched_names(n, d, split_axes) for n, d in zip(names, out_dims(), strict=True)]
 
   params = dict(
       mesh=mesh,
-      in_names=tuple(batched_names(n, d, spmd_axes) for n, d in zip(in_names, dims, strict=True)),
+      in_names=tuple(batched_names(n, d, split_axes) for n, d in zip(in_names, dims, strict=True)),
       out_names_thunk=DerivedNames(out_names, ("vmap", out_names_thunk, dims, spmd_axes,
                                                explicit_axes)),
       check_rep=check_rep, rewrite=rewrite, auto=auto)

@@ -14,8 +14,8 @@ from typing import Any
 from jax._src import core
 from jax._src import linear_util as lu
 
-from shard_map_impl.jax_line import (cast_to_unreduced, implicit_casts, partial_sums_of,
-                                     varying_axes_typed, vma_of)
+from shard_map_impl.jax_line import (BODY_TYPES_PARTIAL_SUMS, cast_to_unreduced, implicit_casts,
+                                     partial_sums_of, varying_axes_typed, vma_of)
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.rewrite import efficient_transpose_rewrite
 from shard_map_impl.specs import AnyMesh, AxisNames, OutNamesThunk, partial_sums, spec_axes
@@ -33,7 +33,8 @@ def _pvary_outputs_to_specs(fun: lu.WrappedFun,
       missing = tuple(sorted(spec_axes(names) - vma_of(core.typeof(x)), key=str))
       x = core.pvary(x, missing) if missing else x
       # out_specs declaring a partial sum turn a varying value into one.
-      unreduced = partial_sums(names)[0] - partial_sums_of(core.typeof(x))[0]
+      unreduced = (partial_sums(names)[0] - partial_sums_of(core.typeof(x))[0]
+                   if BODY_TYPES_PARTIAL_SUMS else ())
       marked.append(cast_to_unreduced(x, tuple(unreduced)) if unreduced else x)
     return marked
   return mark(fun)

@@ -38,8 +38,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from shard_map_impl import errors, replication
 from shard_map_impl.binding import bind_body
 from shard_map_impl.jax_line import (EAGER_INLINES_CALLS, EAGER_PARTIAL_AUTO,
-                                     EAGER_PARTIAL_RESULT_BY_SPEC,
-                                     EAGER_REFUSED_REF_PRIMITIVES, check_flag_value,
+                                     EAGER_PARTIAL_RESULT_BY_SPEC, EAGER_PARTIAL_SUMS_REFUSAL,
+                                     EAGER_REFUSED_REF_PRIMITIVES, EAGER_REFUSED_SUM_PRIMITIVES, check_flag_value,
                                      debug_print_p, eager_default_mesh, get_aval,
                                      jax_eager_trace_type, partial_sums_of, spec_entries,
                                      trace_to_jaxpr, with_manual_type, with_spec_partial_sums)
@@ -297,6 +297,8 @@ class EagerTrace(core.Trace):
     if prim in EAGER_REFUSED_REF_PRIMITIVES:  # before its (ref) result is typed
       raise ValueError("Eager shard_map cannot return a `jax.Ref`. Please wrap your "
                        "shard_map in `jax.jit`.")
+    if prim in EAGER_REFUSED_SUM_PRIMITIVES:
+      raise NotImplementedError(EAGER_PARTIAL_SUMS_REFUSAL)
     lifted = [self.lift(t) for t in tracers]
     stacked = [s for s, _, _ in lifted]
     in_reps = [r for _, r, _ in lifted]
@@ -508,6 +510,12 @@ def _concrete_mesh(mesh: AnyMesh, args: Sequence[Any]) -> Mesh:
   return found
 
 
+def _refuse_partial_sums(names: Sequence[AxisNames]) -> None:
+  """Unreduced/reduced specs, where JAX's eager shard_map refuses them (with its words)."""
+  if EAGER_PARTIAL_SUMS_REFUSAL and any(any(partial_sums(n)) for n in names):
+    raise NotImplementedError(EAGER_PARTIAL_SUMS_REFUSAL)
+
+
 @register_trace_rule(core.EvalTrace)
 def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Sequence[Any], *,
            mesh: AnyMesh,
@@ -520,6 +528,7 @@ def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Se
         "`jax.jit` around the `shard_map`-decorated function.")
   if isinstance(mesh, AbstractMesh):
     mesh = _concrete_mesh(eager_default_mesh() or mesh, args)
+  _refuse_partial_sums(in_names)
   context = get_abstract_mesh()
   etrace = EagerTrace(mesh, auto, check_rep, context)
   in_reps = [replication.in_names_to_rep(mesh, n) for n in in_names]
@@ -538,6 +547,7 @@ def _eager(trace: EagerTrace, prim: core.Primitive, fun: lu.WrappedFun, args: Se
     outs = fun.call_wrapped(*tracers)
     out_pairs = [etrace.lift(o) for o in outs]
   out_names = tuple(out_names_thunk())
+  _refuse_partial_sums(out_names)
   local_avals = [core.mapped_aval(s.shape[0], 0, get_aval(s)) for s, _, _ in out_pairs]
   fails = output_rank_failures(out_names, local_avals)
   if any(f is not None for f in fails):

@@ -16,6 +16,7 @@ from jax._src.tree_util import broadcast_prefix, generate_key_paths, keystr
 from jax.tree_util import PyTreeDef, tree_leaves, tree_structure, tree_unflatten
 
 from shard_map_impl.jax_line import (CHECK_ARG, INPUTS_MUST_MATCH_EXPLICIT_SPECS, PASSED_ARGS_WORDING,
+                                     SPEC_CHECK_READS_REDUCED,
                                      VMAPPED_AXES_LEAVE_MESH, WORDING_CORE,
                                      vmapped_mesh_axes, without_size_one_axes)
 from shard_map_impl.specs import AnyMesh, Specs, canonicalize_spec, spec_axes, unmentioned_axes
@@ -172,14 +173,16 @@ def check_partial_sum_specs(kind: str, mesh: AnyMesh, manual: frozenset, specs: 
   jax.shard_map takes them only when fully manual over Explicit axes.
   """
   from jax._src.mesh import AxisType
+  kinds = "unreduced/reduced" if SPEC_CHECK_READS_REDUCED else "unreduced"
   for spec in tree_leaves(specs):
     unreduced: frozenset = getattr(spec, "unreduced", frozenset())
-    reduced: frozenset = getattr(spec, "reduced", frozenset())
+    reduced: frozenset = (getattr(spec, "reduced", frozenset()) if SPEC_CHECK_READS_REDUCED
+                          else frozenset())
     if not unreduced and not reduced:
       continue
     if frozenset(mesh.axis_names) != manual:
       raise NotImplementedError(
-          f"unreduced/reduced can only be passed to {kind}_specs when shard_map is in "
+          f"{kinds} can only be passed to {kind}_specs when shard_map is in "
           f"full manual mode. Got mesh axis names {mesh.axis_names}, manual_axes: "
           f"{manual}, specs: {spec}. Please file a bug at "
           "https://github.com/jax-ml/jax/issues.")
@@ -190,15 +193,19 @@ def check_partial_sum_specs(kind: str, mesh: AnyMesh, manual: frozenset, specs: 
             f"shard_map contains axis names all of type `Explicit`. Got mesh {mesh}")
 
 
+def fully_manual_explicit(mesh: AnyMesh, manual: frozenset) -> bool:
+  """Whether the body takes every mesh axis an enclosing vmap does not, all Explicit."""
+  from jax._src.mesh import AxisType
+  every = frozenset(mesh.axis_names) - vmapped_mesh_axes()
+  return manual == every and all(mesh._name_to_type[a] == AxisType.Explicit for a in manual)
+
+
 def check_inputs_match_specs(mesh: AnyMesh, manual: frozenset, specs: Sequence[Any],
                              args: Sequence[Any]) -> None:
   """Fully manual over Explicit axes, jax.shard_map (0.10) reshards nothing: each
   argument must already be sharded as its in_spec says."""
   from jax._src import core
-  from jax._src.mesh import AxisType
-  every = frozenset(mesh.axis_names) - vmapped_mesh_axes()
-  if (not INPUTS_MUST_MATCH_EXPLICIT_SPECS or manual != every
-      or not all(mesh._name_to_type[a] == AxisType.Explicit for a in manual)):
+  if not INPUTS_MUST_MATCH_EXPLICIT_SPECS or not fully_manual_explicit(mesh, manual):
     return
   for spec, x in zip(specs, args, strict=True):
     aval = core.typeof(x)

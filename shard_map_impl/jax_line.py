@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -71,6 +72,25 @@ EAGER_REFUSED_REF_PRIMITIVES: tuple[core.Primitive, ...] = tuple(
     p for p in (getattr(core, "ref_p", None), getattr(core, "empty_ref_p", None))
     if p is not None and p in getattr(_jax_shard_map, "eager_rules", {}))
 
+
+
+def _eager_partial_sums_refusal() -> tuple[str | None, tuple[core.Primitive, ...]]:
+  """Where JAX's eager shard_map refuses unreduced/reduced specs: its message (a string
+  of its eager entry point) and the partial-sum casts whose eager rules raise it."""
+  impl = getattr(_jax_shard_map, "_shard_map_impl", None)
+  message = next((k for k in getattr(getattr(impl, "__code__", None), "co_consts", ())
+                  if isinstance(k, str) and k.startswith("Eager shard_map with unreduced")),
+                 None)
+  if message is None:
+    return None, ()
+  rules = getattr(_jax_shard_map, "eager_rules", {})
+  raising = {rule for rule in rules.values() if getattr(rule, "__name__", "") ==
+             "raise_notimplemented"}
+  return message, tuple(p for p, rule in rules.items() if rule in raising)
+
+
+EAGER_PARTIAL_SUMS_REFUSAL, EAGER_REFUSED_SUM_PRIMITIVES = _eager_partial_sums_refusal()
+
 # Primitives that exist on some releases only (absent ones are simply not listed).
 mesh_cast_prims: tuple[core.Primitive, ...] = tuple(
     p for p in (getattr(pjit, "mesh_cast_p", None), getattr(pjit, "reshard_p", None))
@@ -111,9 +131,39 @@ CHECK_ARG = "check_vma" if "check_vma" in _PUBLIC_PARAMS else "check_rep"
 
 # Avals carry a ManualAxisType (varying, unreduced, reduced axes); else just ``vma``.
 AVALS_HAVE_MANUAL_AXIS_TYPE = hasattr(core, "ManualAxisType")
-# A fully manual shard_map over Explicit axes takes inputs only as in_specs shard them
-# (older ones reshard them): arrived with ManualAxisType avals.
-INPUTS_MUST_MATCH_EXPLICIT_SPECS = AVALS_HAVE_MANUAL_AXIS_TYPE
+
+
+def _code_of(name: str) -> list[types.CodeType]:
+  """The code of JAX's shard_map-module function ``name`` and of the functions nested
+  in it (none where it has no such function)."""
+  fn = getattr(_jax_shard_map, name, None)
+  if fn is None or not hasattr(inspect.unwrap(fn), "__code__"):
+    return []
+  codes = [inspect.unwrap(fn).__code__]
+  for code in codes:
+    codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+  return codes
+
+
+def _entry_point_code() -> list[types.CodeType]:
+  """The code of JAX's shard_map entry point and of the functions nested in it."""
+  return _code_of("_shard_map")
+
+
+# What JAX's fully manual shard_map over Explicit axes does with an argument sharded
+# otherwise than its in_spec, asked of its entry point's code: refuses it (its error
+# suggests `jax.reshard`), reshards it (calls reshard), or neither (older ones).
+INPUTS_MUST_MATCH_EXPLICIT_SPECS = any(
+    isinstance(k, str) and "If you want to reshard" in k
+    for code in _entry_point_code() for k in code.co_consts)
+RESHARDS_EXPLICIT_INPUTS = any("reshard" in code.co_names for code in _entry_point_code())
+
+
+def reshard_to_spec(x: Any, mesh: Any, spec: Any) -> Any:
+  """``x`` resharded to ``spec`` over ``mesh``, unless its type already says so."""
+  if core.typeof(x).sharding.spec == spec:
+    return x
+  return pjit.reshard(x, jax.sharding.NamedSharding(mesh, spec))  # type: ignore[attr-defined, unused-ignore]
 
 
 def without_size_one_axes(spec: Any, mesh: Any) -> Any:
@@ -180,6 +230,17 @@ IN_SPECS_NONE_MEANS_UNMAPPED = (JAX_SHARD_MAP_IN_CORE and _IN_SPECS_PARAM is not
 # for the residual (non-linear) inputs as outputs of the transposed equation; later ones
 # run backward_pass over the whole body and return cotangents of linear inputs only.
 TRANSPOSE_PARTIAL_EVALUATES = OUT_SPECS_MAY_BE_THUNKS
+
+
+def _transpose_counts_cotangent_specs() -> bool:
+  """Whether JAX's unchecked transpose finds the axes a cotangent is replicated along
+  (to scale it by, and to psum an input's over) from the cotangent's specs, whose
+  unreduced and reduced axes are the primal's swapped, rather than from the primal's."""
+  counting = [c for c in _code_of("_shard_map_transpose") if "_unmentioned2" in c.co_names]
+  return all("to_ct_spec" in c.co_names for c in counting)
+
+
+TRANSPOSE_COUNTS_COTANGENT_SPECS = _transpose_counts_cotangent_specs()
 # in_specs=None asks for inference from the arguments where None is jax.shard_map's
 # in_specs default (before its ``Infer`` sentinel).
 IN_SPECS_NONE_MEANS_INFER = (JAX_SHARD_MAP_IN_CORE and _IN_SPECS_PARAM is not None
@@ -248,12 +309,38 @@ def with_spec_partial_sums(spec: Any, unreduced: frozenset, reduced: frozenset) 
   return spec.update(unreduced=unreduced, reduced=reduced)
 
 
+# JAX's check of unreduced/reduced specs reads both kinds (older ones, whose messages
+# say "unreduced", read only unreduced axes).
+SPEC_CHECK_READS_REDUCED = any("reduced" in c.co_names for c in _code_of("_check_unreduced"))
+
+# Where avals have no ManualAxisType but JAX's shard_map types its body values' partial
+# sums (checking in_specs against them), those are their sharding spec's unreduced/reduced
+# axes, manual or not. Before that, a body does not type them: an unreduced input just
+# varies along its unreduced axes there, and out_specs alone make a result's.
+_SUMS_IN_SHARDING = (SPECS_HAVE_PARTIAL_SUMS and not AVALS_HAVE_MANUAL_AXIS_TYPE and any(
+    isinstance(k, str) and "present on the in_aval" in k
+    for c in _code_of("_shard_shaped_array") for k in c.co_consts))
+BODY_TYPES_PARTIAL_SUMS = AVALS_HAVE_MANUAL_AXIS_TYPE or _SUMS_IN_SHARDING
+NO_SUMS_PAIR: tuple[frozenset, frozenset] = (NO_AXES, NO_AXES)
+
+
 def partial_sums_of(aval: Any) -> tuple[frozenset, frozenset]:
-  """A per-device value's (unreduced, reduced) manual axes (ManualAxisType avals)."""
+  """A per-device value's (unreduced, reduced) axes: its ManualAxisType's manual ones,
+  else those its sharding spec carries."""
   mat = getattr(aval, "mat", None)
-  if mat is None:
-    return NO_AXES, NO_AXES
-  return frozenset(mat.unreduced), frozenset(mat.reduced)
+  if mat is not None:
+    return frozenset(mat.unreduced), frozenset(mat.reduced)
+  sharding = getattr(aval, "sharding", None)
+  if _SUMS_IN_SHARDING and sharding is not None:
+    return spec_partial_sums(sharding.spec)
+  return NO_AXES, NO_AXES
+
+
+def unreplicated_sums_of(aval: Any) -> tuple[frozenset, frozenset]:
+  """The partial-sum axes that count against a value's replication: its manual ones
+  where avals type them; none where they sit in its sharding (JAX's check of outputs
+  reads only the varying axes there, and the out_specs check names the partial sums)."""
+  return NO_SUMS_PAIR if _SUMS_IN_SHARDING else partial_sums_of(aval)
 
 
 def cast_to_unreduced(x: Any, axes: tuple) -> Any:
@@ -290,6 +377,12 @@ def undefined_primal_aval(aval: Any) -> Any:
   """What ``ad.UndefinedPrimal`` holds for an input typed ``aval`` (its cotangent's
   type where backward_pass checks cotangents against it, else the primal type)."""
   return aval.to_ct_aval() if _UNDEFINED_PRIMAL_HOLDS_CT else aval
+
+
+def zero_cotangent_aval(undefined: Any) -> Any:
+  """The aval of a zero cotangent for the input ``ad.UndefinedPrimal`` ``undefined``."""
+  aval = undefined.aval
+  return aval.to_tangent_aval() if _UNDEFINED_PRIMAL_HOLDS_CT else cotangent_aval(aval)
 
 
 def psum_invariant(args: Sequence[Any], axes: tuple) -> list:
@@ -356,7 +449,14 @@ def with_manual_type(aval: core.ShapedArray, vma: frozenset,
     mat = core.ManualAxisType(varying=frozenset(vma), unreduced=unreduced,  # type: ignore[attr-defined, unused-ignore]  # newer JAX only
                               reduced=reduced)
     return aval.update(manual_axis_type=mat, **updates)
-  assert not any(partial_sums), "this jax's avals have no unreduced/reduced axes"
+  if any(partial_sums) and not _SUMS_IN_SHARDING:
+    # Untyped: an unreduced body value varies along those axes (a reduced one is equal).
+    return aval.update(vma=frozenset(vma) | partial_sums[0], **updates)
+  if any(partial_sums):
+    sharding = updates.pop("sharding", aval.sharding)
+    unreduced, reduced = spec_partial_sums(sharding.spec)
+    updates["sharding"] = sharding.update(spec=with_spec_partial_sums(
+        sharding.spec, unreduced | partial_sums[0], reduced | partial_sums[1]))
   return aval.update(vma=frozenset(vma), **updates)
 
 
@@ -718,9 +818,19 @@ _VMAP_HIDES_EXPLICIT_AXES = hasattr(core, "remove_explicit_mesh_axis_names")
 VMAPPED_AXES_LEAVE_MESH = hasattr(core.get_axis_env(), "explicit_mesh_axis_names")
 
 
+# JAX's vmap of a shard_map reads the Explicit mesh axes a vmap maps over (its specs may
+# not name them); the experimental one ignores them.
+_BATCH_READS_EXPLICIT_AXES = any("explicit_mesh_axis" in c.co_names
+                                 for c in _code_of("_shard_map_batch"))
+# ... and splits the batch dimension over them as over spmd_axis_name (the releases whose
+# batching shares one helper for both); later ones leave the batch dimension unsplit.
+EXPLICIT_VMAP_AXES_SPLIT_BATCH = (_BATCH_READS_EXPLICIT_AXES
+                                  and hasattr(_jax_shard_map, "_modify_specs_axis_data"))
+
+
 def explicit_vmap_axes(axis_data: Any) -> tuple | None:
   """Explicit mesh axes a vmap maps over (None where JAX's shard_map ignores them)."""
-  return axis_data.explicit_mesh_axis if _VMAP_HIDES_EXPLICIT_AXES else None
+  return axis_data.explicit_mesh_axis if _BATCH_READS_EXPLICIT_AXES else None
 
 
 def without_explicit_mesh_axes(axes: tuple | None) -> contextlib.AbstractContextManager:

@@ -19,7 +19,8 @@ from jax._src import util
 from jax._src.mesh import AbstractMesh, AxisType, get_abstract_mesh, use_abstract_mesh
 from jax.sharding import NamedSharding, PartitionSpec
 
-from shard_map_impl.jax_line import (SHARD_KEEPS_OUTER_VMA, call_shard_handler,
+from shard_map_impl.jax_line import (BODY_TYPES_PARTIAL_SUMS, SHARD_KEEPS_OUTER_VMA,
+                                     call_shard_handler,
                                      call_unshard_handler, check_flag, partial_sums_of, spec_entries,
                                      spec_partial_sums, varying_axes_typed, vma_of,
                                      with_manual_type, with_spec_partial_sums)
@@ -96,7 +97,7 @@ def shard_aval(mesh: AnyMesh, auto: frozenset, check_rep: bool, names: AxisNames
       raise NotImplementedError(f"shard_map: unsupported input type {aval}")
     return call_shard_handler(handler, mesh, auto, check_rep, names, names_to_pspec(names), aval)
   sums = partial_sums(names)
-  if sums != spec_partial_sums(aval.sharding.spec):
+  if BODY_TYPES_PARTIAL_SUMS and sums != spec_partial_sums(aval.sharding.spec):
     raise partial_sums_mismatch("in", names, aval)
   shape = tuple(d // mapped_size(mesh, names.get(i, ()))
                 for i, d in enumerate(aval.shape))
@@ -142,7 +143,7 @@ def unshard_aval(mesh: AnyMesh, check_rep: bool, names: AxisNames,
       raise NotImplementedError(f"shard_map: unsupported output type {aval}")
     return call_unshard_handler(handler, mesh, check_rep, names, names_to_pspec(names), aval)
   sums = partial_sums(names)
-  if vma_enabled(check_rep) and sums != partial_sums_of(aval):
+  if BODY_TYPES_PARTIAL_SUMS and vma_enabled(check_rep) and sums != partial_sums_of(aval):
     raise partial_sums_mismatch("out", names, aval)
   shape = tuple(d * mapped_size(mesh, names.get(i, ()))
                 for i, d in enumerate(aval.shape))

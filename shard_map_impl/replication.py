@@ -29,7 +29,7 @@ from jax._src.lax import parallel as lax_parallel
 
 from shard_map_impl import eqn_params
 from shard_map_impl.jax_line import (custom_vjp_prims, jax_shard_map_p, jit_p, mesh_cast_prims,
-                                     partial_sums_of, prng, vma_of)
+                                     prng, unreplicated_sums_of, vma_of)
 from shard_map_impl.per_device import manual_axes_of, vma_enabled
 from shard_map_impl.specs import (AnyMesh, AxisNames, axis_tuple, spec_axes,
                                  unmentioned_axes)
@@ -54,7 +54,7 @@ def vma_to_rep(mesh: AnyMesh, auto: frozenset, vma: Iterable) -> frozenset:
 def aval_to_rep(mesh: AnyMesh, auto: frozenset, aval: core.AbstractValue) -> frozenset:
   """A typed value is replicated along manual axes it neither varies along nor
   is a partial sum (unreduced/reduced) over."""
-  unreduced, reduced = partial_sums_of(aval)
+  unreduced, reduced = unreplicated_sums_of(aval)
   return vma_to_rep(mesh, auto, vma_of(aval) | unreduced | reduced)
 
 

@@ -38,8 +38,10 @@ from shard_map_impl import debug_names as dn
 from shard_map_impl import eqn_params
 from shard_map_impl.eqn_params import newly_manual
 from shard_map_impl.jax_line import (BACKWARD_PASS_EVALUATES_NONLINEAR,
+                                     TRANSPOSE_COUNTS_COTANGENT_SPECS,
                                      TRANSPOSE_PARTIAL_EVALUATES, cotangent_aval,
-                                     name_derived_body, undefined_primal_aval)
+                                     name_derived_body, undefined_primal_aval,
+                                     zero_cotangent_aval)
 from shard_map_impl.out_names import DerivedNames
 from shard_map_impl.primitive import shard_map_p
 from shard_map_impl.specs import AnyMesh, AxisNames, cotangent_names, partial_sums, spec_axes
@@ -128,13 +130,17 @@ def transpose_rule(out_cts: Sequence[Any], *args: Any, **params: Any) -> list:
   # Cotangents travel under their primals' specs with partial sums swapped.
   in_ct_names = tuple(map(cotangent_names, in_names))
   out_ct_names = tuple(map(cotangent_names, out_names))
+  # The axes a cotangent is replicated along, read from the specs JAX reads them from.
+  out_counted, in_counted = ((out_ct_names, in_ct_names) if TRANSPOSE_COUNTS_COTANGENT_SPECS
+                             else (out_names, in_names))
   given = []
-  for ct, names, g in zip(out_cts, out_ct_names, ct_given, strict=True):
+  for ct, names, g in zip(out_cts, out_counted, ct_given, strict=True):
     if g:
       scale = 1 if rewrite else prod(mesh.shape[a] for a in _replicated_axes(mesh, names, auto))
       given.append(_divide_for_replication(ct, scale))
   linear_names = [n for n, lin in zip(in_ct_names, linear, strict=True) if lin]
-  reduce_in = [() if rewrite else _replicated_axes(mesh, n, auto) for n in linear_names]
+  reduce_in = [() if rewrite else _replicated_axes(mesh, n, auto)
+               for n, lin in zip(in_counted, linear, strict=True) if lin]
   body = _TransposeBody(jaxpr, linear, ct_given, reduce_in)
   res_args = [x for x, lin in zip(args, linear, strict=True) if not lin]
   res_names = [n for n, lin in zip(in_names, linear, strict=True) if not lin]
@@ -168,7 +174,7 @@ def transpose_rule(out_cts: Sequence[Any], *args: Any, **params: Any) -> list:
     elif next(nz_iter):
       result.append(next(out_iter))
     else:
-      result.append(ad.Zero(x.aval.to_tangent_aval()))
+      result.append(ad.Zero(zero_cotangent_aval(x)))
   return result
 
 
