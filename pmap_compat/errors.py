@@ -12,6 +12,8 @@ from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 from jax.tree_util import keystr, tree_flatten_with_path, tree_leaves
 
+from pmap_compat import jax_line
+
 
 def check_axes_spec(spec: Any, which: str) -> None:
   """``in_axes``/``out_axes`` must be ints / None in a container (legacy TypeError)."""
@@ -22,11 +24,14 @@ def check_axes_spec(spec: Any, which: str) -> None:
 
 
 def check_devices(devices: Sequence[Any] | None) -> tuple | None:
-  """Duplicates would silently break the device mapping. An empty list is kept: legacy
-  rejects it when the function is called (``no_devices``), not when pmap is applied."""
+  """Duplicates would silently break the device mapping. An empty list is rejected
+  where the release's own pmap rejects it: when the function is called under legacy's
+  runtime (``no_devices``), when pmap is applied where legacy is gone."""
   if devices is None:
     return None
   devices = tuple(devices)
+  if not devices and not jax_line.LEGACY_PMAP_RUNTIME:
+    raise no_devices()
   seen: dict[int, Any] = {}
   repeated = []
   for d in devices:

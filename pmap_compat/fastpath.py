@@ -73,7 +73,7 @@ def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
   (x64, mesh contexts, ...)."""
   leaves, tree = tree_util.tree_flatten(
       ([a for i, a in enumerate(args) if i not in static], kwargs))
-  sig = tuple((x.shape, x.dtype, x.aval.weak_type, x.sharding) for x in leaves)
+  sig = tuple(map(_signature, leaves))
   key = (tree, tuple(sorted(static.items())), sig, config.trace_context())
   per_program = _executables(jitted)
   executable = per_program.get(key)
@@ -82,6 +82,13 @@ def compiled_for(jitted: Callable, args: tuple, kwargs: dict,
       del per_program[next(iter(per_program))]  # the oldest signature
     executable = per_program[key] = _compile(jitted, args, kwargs)
   return executable
+
+
+def _signature(x: Any) -> tuple:
+  """A placed leaf's part of the cache key. float0 leaves stay numpy arrays (no device
+  buffer holds them): never weakly typed, on no sharding."""
+  aval = getattr(x, "aval", None)
+  return (x.shape, x.dtype, aval is not None and aval.weak_type, getattr(x, "sharding", None))
 
 
 def _compile(jitted: Any, args: tuple, kwargs: dict) -> Executable:
@@ -156,12 +163,11 @@ def _fastpath_data(executable: Any, leaves: list, in_shardings: Sequence[Any],
 
 
 def run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, Any]:
-  """Slow path of one call: returns ``(outputs, fastpath_data_or_None)``."""
-  with meshes.no_ambient_mesh():
-    return _run(jitted, args, kwargs, plan)
+  """Slow path of one call: returns ``(outputs, fastpath_data_or_None)``.
 
-
-def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, Any]:
+  The inputs are placed in the caller's context, as the C++ dispatcher places those of
+  later calls (the programs that slice them are cached under it); the program is traced
+  without an ambient mesh."""
   dynamic, static = arguments.split_static(args, plan.static_argnums)
   leaves, in_tree = tree_util.tree_flatten((tuple(dynamic), kwargs))
   targets = plan.in_shardings_flat
@@ -170,6 +176,12 @@ def _run(jitted: Callable, args: tuple, kwargs: dict, plan: Plan) -> tuple[Any, 
     placed = multihost.local_to_global(leaves, targets)
   else:
     placed = inputs.place_leaves(leaves, targets) or leaves
+  with meshes.no_ambient_mesh():
+    return _run(jitted, placed, in_tree, static, targets, multiprocess)
+
+
+def _run(jitted: Callable, placed: list, in_tree: Any, static: dict, targets: Sequence[Any],
+         multiprocess: bool) -> tuple[Any, Any]:
   dyn_placed, kw_placed = tree_util.tree_unflatten(in_tree, placed)
   call_args = arguments.merge_static(dyn_placed, static)
   compiled = compiled_for(jitted, call_args, kw_placed, static)

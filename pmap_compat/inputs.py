@@ -144,6 +144,11 @@ def place(x: Any, target: Any) -> Any:
   if blocks.same_blocks(sharding, target, x.shape, ordered=False):
     return _rewrap(x, target)
   if len(sharding.device_set) == 1:
+    twin = outputs.named_to_pmap(target, x.ndim)
+    if twin is not None:
+      # Sliced as legacy pmap and the C++ dispatcher slice it (one program per shape),
+      # so the call placed here compiles what the dispatched ones reuse.
+      return _rewrap(pxla.shard_args([twin], [None], [None], [x])[0], target)
     return jax.device_put(x, target)  # slices on x's device, copies device to device
   if sharding.device_set == target.device_set and not isinstance(target, PmapSharding):
     src = _jit_visible(x)

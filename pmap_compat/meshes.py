@@ -18,6 +18,7 @@ import numpy as np
 from jax._src import mesh as mesh_lib
 from jax._src import sharding_impls
 from jax._src import util
+from jax._src import xla_bridge
 from jax.sharding import Mesh
 
 from pmap_compat import errors, jax_line
@@ -31,6 +32,14 @@ def backend_devices(backend: str | None, devices: tuple | None) -> tuple:
   if jax.process_count() > 1:
     return tuple(jax.devices(backend))  # process-major order: process p's slice is contiguous
   return tuple(jax.local_devices(backend=backend))
+
+
+def is_current(mesh: Mesh) -> bool:
+  """Whether ``mesh`` holds this process's current device objects: after
+  ``jax.clear_backends()`` JAX makes new ones, and a mesh recorded before holds the old
+  ones, which no current array lives on."""
+  device = mesh.devices.flat[0]
+  return device.client is xla_bridge.get_backend(device.platform)
 
 
 def may_spread(leaves: Sequence[Any], backend: str | None) -> bool:

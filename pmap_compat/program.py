@@ -328,6 +328,9 @@ def input_shardings(cfg: PmapConfig, fun: Callable, args: tuple, kwargs: dict, s
   if not local_size_is_global():
     size = cfg.axis_size or (len(cfg.devices) if cfg.devices else size * jax.process_count())
   mesh = meshes_used.get(size)
+  if mesh is not None and not meshes.is_current(mesh):
+    meshes_used.clear()  # recorded before jax.clear_backends(); tracing records them again
+    mesh = None
   if mesh is None:
     if cfg.devices is not None and len(cfg.devices) != size:
       return call, None, []  # only tracing can tell (nested pmaps) or raise legacy's error

@@ -2,10 +2,14 @@
 that builds ``pmap(lambda ...)`` afresh must not accumulate executables. And
 ``jax.clear_caches()`` empties every cache pmap_compat keeps, as it does legacy pmap's."""
 import gc
+import os
+import subprocess
+import sys
 import weakref
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import pmap_compat
@@ -80,3 +84,35 @@ def test_clear_caches_empties_every_cache():
   assert not left, f"jax.clear_caches() left entries in {left}"
   assert f._cache_size == 0  # the C++ dispatch cache (legacy's per wrapper; jit's on 0.10)
   np.testing.assert_array_equal(np.asarray(f(x)), x * 2)  # and it still works afterwards
+
+
+_AFTER_CLEAR_BACKENDS = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+from jax._src import api
+import pmap_compat
+pm = pmap_compat.pmap if sys.argv[1] == "ours" else jax.pmap
+x = np.arange(16.0, dtype=np.float32).reshape(8, 2)
+with jax.disable_jit(sys.argv[2] == "eager"):
+  before = np.asarray(pm(jnp.sin)(x))
+  api.clear_backends()  # new device objects from here on
+  after = pm(jnp.sin)(x)
+print(after.sharding.device_set == set(jax.devices()), np.asarray(after).tobytes().hex())
+"""
+
+
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+def test_a_function_mapped_before_clear_backends_maps_onto_the_new_devices(mode):
+  """A mesh recorded for a function (here one every program shares, ``jnp.sin``) before
+  ``clear_backends()`` holds the old device objects; mapped again it must land on the
+  new ones, as under JAX's own pmap. Own processes: the other tests' arrays stay valid."""
+  outs = {}
+  for impl in ("jax", "ours"):
+    proc = subprocess.run([sys.executable, "-c", _AFTER_CLEAR_BACKENDS, impl, mode],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outs[impl] = proc.stdout.split()
+  assert outs["ours"] == outs["jax"]
+  assert outs["ours"][0] == "True"

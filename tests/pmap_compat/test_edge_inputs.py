@@ -314,3 +314,11 @@ def _strict(pm):
 ], ids=["under_jit", "under_grad", "check_replicated"])
 def test_object_dtype_argument_off_the_top_level_path_is_named(program):
   same_message(program)
+
+
+def test_float0_numpy_input():
+  """A float0 input stays a numpy array (no device buffer holds one) all the way."""
+  from jax import dtypes
+  float0 = np.array([b""] * jax.device_count(), dtype=dtypes.float0)
+  outcome = compare_with_legacy(lambda pm: pm(lambda x: x)(float0), pmap)
+  assert outcome.value.dtype == dtypes.float0

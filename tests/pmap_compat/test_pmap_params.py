@@ -10,7 +10,7 @@ from legacy_messages import same_message
 from pmap_compat import pmap
 from support.compare import assert_trees_equal, compare_call, compare_with_legacy
 from support.jax_lines import has
-from support.legacy_pmap import legacy_reference
+from support.legacy_pmap import has_legacy_pmap, legacy_reference
 
 
 def arr(*shape):
@@ -62,11 +62,27 @@ def test_duplicate_devices_raise_clear_error():
     pmap(lambda x: x, devices=[jax.devices()[0]] * 2)
 
 
+_LEGACY_ONLY = pytest.mark.skipif(
+    not has_legacy_pmap(), reason="where legacy pmap is gone, pmap_compat rejects an empty "
+    "device list when applied, as that release's own jax.pmap does (test below)")
+
+
+@_LEGACY_ONLY
 def test_empty_devices_accepted_when_applied_like_legacy():
   legacy = compare_with_legacy(lambda pm: callable(pm(lambda x: x, devices=[])), pmap)
   assert legacy.value is True
 
 
+@pytest.mark.skipif(has_legacy_pmap(), reason="legacy rejects it when called (tests above)")
+def test_empty_devices_rejected_when_applied_like_the_releases_pmap():
+  with pytest.raises(ValueError) as theirs:
+    jax.pmap(lambda x: x, devices=[])
+  with pytest.raises(ValueError) as ours:
+    pmap(lambda x: x, devices=[])
+  assert str(ours.value) == str(theirs.value)
+
+
+@_LEGACY_ONLY
 @pytest.mark.parametrize("use", ["call", "lower", "trace", "nested"])
 def test_empty_devices_raise_when_called_like_legacy(use):
   def program(pm):
