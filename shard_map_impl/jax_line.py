@@ -169,7 +169,8 @@ def reshard_to_spec(x: Any, mesh: Any, spec: Any) -> Any:
 def without_size_one_axes(spec: Any, mesh: Any) -> Any:
   """``spec`` as JAX types it: size-1 mesh axes dropped where its shard_map does so
   (``jax_remove_size_one_mesh_axis_from_type``, where JAX's shard_map reads it)."""
-  drop = getattr(_jax_shard_map, "remove_size_one_mesh_axis", None)
+  drop = (getattr(_jax_shard_map, "remove_size_one_mesh_axis", None)
+          or getattr(core, "remove_size_one_mesh_axis", None))
   if drop is not None and config.remove_size_one_mesh_axis_from_type.value:  # type: ignore[attr-defined, unused-ignore]
     return drop(spec, mesh)
   return spec

@@ -82,6 +82,11 @@ def remat_rule(saveable: Callable, unks_in: Sequence[bool], inst_in: Sequence[bo
   ins_known, _ = partition_list(unks_in, eqn.invars)
   names_known_in, _ = partition_list(unks_in, p.in_names)
   outs_known, _ = partition_list(unks_out, eqn.outvars)
+  # A known output forwarded as a residual is read by the staged side: one the outer
+  # jaxpr dropped needs a variable of its own.
+  forwarded = {o for o in out_fwd if o is not None}
+  outs_known = [gensym(v.aval) if i in forwarded and isinstance(v, core.DropVar) else v
+                for i, v in enumerate(outs_known)]
   names_known_out, _ = partition_list(unks_out, p.out_names)
   _, ins_staged = partition_list(inst_in, eqn.invars)
   _, names_staged_in = partition_list(inst_in, p.in_names)
