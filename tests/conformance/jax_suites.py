@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from known_failures import KNOWN_FAILURES, NOT_APPLICABLE  # this folder (on sys.path)
+from known_failures import known_failures, not_applicable  # this folder (on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -44,6 +44,7 @@ BASELINES = {
   ("0.6.0", "pmap"): "v0.6.0_pmap_legacy.txt",
   ("0.8.2", "shard_map"): "v0.8.2_shard_map_jax.txt",
   ("0.9.2", "shard_map"): "v0.9.2_shard_map_jax.txt",
+  ("0.9.2", "pmap"): "v0.9.2_pmap_legacy_flag.txt",  # JAX_PMAP_SHMAP_MERGE=false, as run
   ("0.10.2", "shard_map"): "v0.10.2_shard_map_jax.txt",
   ("0.10.2", "pmap"): "v0.10.2_pmap_jax.txt",
 }
@@ -91,6 +92,12 @@ def run_suite(release: str, suite: str, impl: str, *, workers: int = 2,
                XLA_FLAGS="--xla_force_host_platform_device_count=8",
                CONFORMANCE_OUT=out,
                CONFORMANCE_INTERNAL_TEST_UTIL=os.path.join(source, "internal_test_util"))
+    if suite == "pmap":
+      # pmap_compat keeps legacy pmap's semantics wherever the release ships legacy's
+      # runtime, which 0.8 and 0.9 run only with this flag off (their default is on;
+      # releases without the flag ignore it). JAX's own runs with it too, as the 0.9.2
+      # baseline was recorded.
+      env["JAX_PMAP_SHMAP_MERGE"] = "false"
     targets = ([f"tests/{suite}_test.py::{case}" for case in cases] if cases is not None
                else [f"tests/{suite}_test.py"])
     args = [python_for(release), "-m", "pytest", "-p", "jax_suite_plugin",
@@ -160,11 +167,11 @@ class Comparison:
 
   def report(self) -> str:
     """The summary, then every listed, not-applicable and baseline-mismatched case."""
-    known = KNOWN_FAILURES.get((self.release, self.suite), {})
+    known = known_failures(self.release, self.suite)
+    unfit = not_applicable(self.release, self.suite)
     lines = [self.summary(), *(f"  {p}" for p in self.problems())]
     lines += [f"  {c}: {known[c]}" for c in self.known]
-    lines += [f"  not applicable {c}: {NOT_APPLICABLE[self.suite][c]}"
-              for c in self.not_applicable]
+    lines += [f"  {c}: {unfit[c]}" for c in self.not_applicable]
     lines += [f"  baseline mismatch {m}" for m in self.baseline_mismatches[:20]]
     if len(self.baseline_mismatches) > 20:
       lines.append(f"  ... and {len(self.baseline_mismatches) - 20} more baseline mismatches")
@@ -179,8 +186,8 @@ class Comparison:
 
 
 def compare(release: str, suite: str, jax_run: Run, ours_run: Run) -> Comparison:
-  known = KNOWN_FAILURES.get((release, suite), {})
-  not_applicable = NOT_APPLICABLE.get(suite, {})
+  known = known_failures(release, suite)
+  unfit = not_applicable(release, suite)
   jax_out, ours_out = jax_run.outcomes, ours_run.outcomes
   c = Comparison(release, suite, seconds={"jax": jax_run.seconds, "ours": ours_run.seconds})
   c.total = len(jax_out)
@@ -190,7 +197,7 @@ def compare(release: str, suite: str, jax_run: Run, ours_run: Run) -> Comparison
                          for case, outcome in run.outcomes.items() if outcome == "error"]
   for case, outcome in sorted(jax_out.items()):
     ours = ours_out.get(case, "missing")
-    if case in not_applicable:
+    if case in unfit:
       c.not_applicable.append(case)
     elif case in known:
       if outcome != "passed":
@@ -222,7 +229,7 @@ def run_release(release: str, suite: str, *, workers: int = 2,
   baseline = read_baseline(release, suite) if focused else None
   if baseline is None:
     return compare(release, suite, run_suite(release, suite, "jax", workers=workers), ours)
-  listed = set(KNOWN_FAILURES.get((release, suite), {})) | set(NOT_APPLICABLE.get(suite, {}))
+  listed = set(known_failures(release, suite)) | set(not_applicable(release, suite))
   # Listed cases missing from ours' run (not collected there) are left to JAX's full
   # outcome below, as `compare` reports them.
   wanted = sorted({case for case, outcome in ours.outcomes.items() if outcome != "passed"}
