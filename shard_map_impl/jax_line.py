@@ -50,6 +50,32 @@ JAX_SHARD_MAP_IN_CORE = importlib.util.find_spec("jax._src.shard_map") is not No
 _jax_shard_map: Any = importlib.import_module(
     "jax._src.shard_map" if JAX_SHARD_MAP_IN_CORE else "jax.experimental.shard_map")
 
+
+# Behaviours no attribute tells apart are asked of the code of JAX's shard_map module:
+# the names a function reads and the message pieces it holds.
+def _code_of(name: str) -> list[types.CodeType]:
+  """The code of JAX's shard_map-module function ``name`` and of the functions nested
+  in it (none where it has no such function)."""
+  fn = getattr(_jax_shard_map, name, None)
+  if fn is None or not hasattr(inspect.unwrap(fn), "__code__"):
+    return []
+  codes = [inspect.unwrap(fn).__code__]
+  for code in codes:
+    codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+  return codes
+
+
+def _strings_of(name: str) -> list[str]:
+  """The string constants (message pieces) in JAX's shard_map-module function ``name``."""
+  return [k for code in _code_of(name) for k in code.co_consts if isinstance(k, str)]
+
+
+def _refers_to(name: str, attribute: str) -> bool:
+  """Whether JAX's shard_map-module function ``name`` reads the global or attribute
+  ``attribute``."""
+  return any(attribute in code.co_names for code in _code_of(name))
+
+
 # The PRNG internals: jax._src.prng, or jax._src.random.prng where random is a package.
 prng: Any = importlib.import_module(
     "jax._src.prng" if importlib.util.find_spec("jax._src.prng") is not None
@@ -77,10 +103,8 @@ EAGER_REFUSED_REF_PRIMITIVES: tuple[core.Primitive, ...] = tuple(
 def _eager_partial_sums_refusal() -> tuple[str | None, tuple[core.Primitive, ...]]:
   """Where JAX's eager shard_map refuses unreduced/reduced specs: its message (a string
   of its eager entry point) and the partial-sum casts whose eager rules raise it."""
-  impl = getattr(_jax_shard_map, "_shard_map_impl", None)
-  message = next((k for k in getattr(getattr(impl, "__code__", None), "co_consts", ())
-                  if isinstance(k, str) and k.startswith("Eager shard_map with unreduced")),
-                 None)
+  message = next((k for k in _strings_of("_shard_map_impl")
+                  if k.startswith("Eager shard_map with unreduced")), None)
   if message is None:
     return None, ()
   rules = getattr(_jax_shard_map, "eager_rules", {})
@@ -133,30 +157,12 @@ CHECK_ARG = "check_vma" if "check_vma" in _PUBLIC_PARAMS else "check_rep"
 AVALS_HAVE_MANUAL_AXIS_TYPE = hasattr(core, "ManualAxisType")
 
 
-def _code_of(name: str) -> list[types.CodeType]:
-  """The code of JAX's shard_map-module function ``name`` and of the functions nested
-  in it (none where it has no such function)."""
-  fn = getattr(_jax_shard_map, name, None)
-  if fn is None or not hasattr(inspect.unwrap(fn), "__code__"):
-    return []
-  codes = [inspect.unwrap(fn).__code__]
-  for code in codes:
-    codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-  return codes
-
-
-def _entry_point_code() -> list[types.CodeType]:
-  """The code of JAX's shard_map entry point and of the functions nested in it."""
-  return _code_of("_shard_map")
-
-
 # What JAX's fully manual shard_map over Explicit axes does with an argument sharded
 # otherwise than its in_spec, asked of its entry point's code: refuses it (its error
 # suggests `jax.reshard`), reshards it (calls reshard), or neither (older ones).
-INPUTS_MUST_MATCH_EXPLICIT_SPECS = any(
-    isinstance(k, str) and "If you want to reshard" in k
-    for code in _entry_point_code() for k in code.co_consts)
-RESHARDS_EXPLICIT_INPUTS = any("reshard" in code.co_names for code in _entry_point_code())
+INPUTS_MUST_MATCH_EXPLICIT_SPECS = any("If you want to reshard" in k
+                                       for k in _strings_of("_shard_map"))
+RESHARDS_EXPLICIT_INPUTS = _refers_to("_shard_map", "reshard")
 
 
 def reshard_to_spec(x: Any, mesh: Any, spec: Any) -> Any:
@@ -272,6 +278,8 @@ def spec_entries(spec: Any) -> tuple:
 # --- unreduced/reduced axes (partial-sum types; absent on older releases) ------
 
 NO_AXES: frozenset = frozenset()
+# No partial sums: (unreduced, reduced) both empty.
+NO_SUMS: tuple[frozenset, frozenset] = (NO_AXES, NO_AXES)
 # PartitionSpecs carry unreduced/reduced axes.
 SPECS_HAVE_PARTIAL_SUMS = hasattr(PartitionSpec(), "unreduced")
 
@@ -312,17 +320,15 @@ def with_spec_partial_sums(spec: Any, unreduced: frozenset, reduced: frozenset) 
 
 # JAX's check of unreduced/reduced specs reads both kinds (older ones, whose messages
 # say "unreduced", read only unreduced axes).
-SPEC_CHECK_READS_REDUCED = any("reduced" in c.co_names for c in _code_of("_check_unreduced"))
+SPEC_CHECK_READS_REDUCED = _refers_to("_check_unreduced", "reduced")
 
 # Where avals have no ManualAxisType but JAX's shard_map types its body values' partial
 # sums (checking in_specs against them), those are their sharding spec's unreduced/reduced
 # axes, manual or not. Before that, a body does not type them: an unreduced input just
 # varies along its unreduced axes there, and out_specs alone make a result's.
 _SUMS_IN_SHARDING = (SPECS_HAVE_PARTIAL_SUMS and not AVALS_HAVE_MANUAL_AXIS_TYPE and any(
-    isinstance(k, str) and "present on the in_aval" in k
-    for c in _code_of("_shard_shaped_array") for k in c.co_consts))
+    "present on the in_aval" in k for k in _strings_of("_shard_shaped_array")))
 BODY_TYPES_PARTIAL_SUMS = AVALS_HAVE_MANUAL_AXIS_TYPE or _SUMS_IN_SHARDING
-NO_SUMS_PAIR: tuple[frozenset, frozenset] = (NO_AXES, NO_AXES)
 
 
 def partial_sums_of(aval: Any) -> tuple[frozenset, frozenset]:
@@ -341,7 +347,7 @@ def unreplicated_sums_of(aval: Any) -> tuple[frozenset, frozenset]:
   """The partial-sum axes that count against a value's replication: its manual ones
   where avals type them; none where they sit in its sharding (JAX's check of outputs
   reads only the varying axes there, and the out_specs check names the partial sums)."""
-  return NO_SUMS_PAIR if _SUMS_IN_SHARDING else partial_sums_of(aval)
+  return NO_SUMS if _SUMS_IN_SHARDING else partial_sums_of(aval)
 
 
 def cast_to_unreduced(x: Any, axes: tuple) -> Any:
@@ -821,8 +827,7 @@ VMAPPED_AXES_LEAVE_MESH = hasattr(core.get_axis_env(), "explicit_mesh_axis_names
 
 # JAX's vmap of a shard_map reads the Explicit mesh axes a vmap maps over (its specs may
 # not name them); the experimental one ignores them.
-_BATCH_READS_EXPLICIT_AXES = any("explicit_mesh_axis" in c.co_names
-                                 for c in _code_of("_shard_map_batch"))
+_BATCH_READS_EXPLICIT_AXES = _refers_to("_shard_map_batch", "explicit_mesh_axis")
 # ... and splits the batch dimension over them as over spmd_axis_name (the releases whose
 # batching shares one helper for both); later ones leave the batch dimension unsplit.
 EXPLICIT_VMAP_AXES_SPLIT_BATCH = (_BATCH_READS_EXPLICIT_AXES

@@ -19,7 +19,7 @@ from typing import Any
 from jax._src import core
 from jax._src.mesh import AbstractMesh, Mesh
 
-from shard_map_impl.jax_line import (NO_AXES, SPECS_NAME_MESH_AXES_ONLY, spec_entries,
+from shard_map_impl.jax_line import (NO_SUMS, SPECS_NAME_MESH_AXES_ONLY, spec_entries,
                                      spec_partial_sums, with_spec_partial_sums)
 from jax.sharding import PartitionSpec
 from jax.tree_util import tree_leaves
@@ -74,10 +74,6 @@ def names_to_pspec(names: AxisNames) -> PartitionSpec:
 def spec_axes(names: AxisNames) -> frozenset:
   """Every mesh axis an input/output is split over."""
   return frozenset(a for axes in names.values() for a in axes)
-
-
-# (unreduced, reduced) axes of a spec or value: none.
-NO_SUMS: tuple[frozenset, frozenset] = (NO_AXES, NO_AXES)
 
 
 def partial_sums(names: AxisNames) -> tuple[frozenset, frozenset]:
