@@ -108,13 +108,13 @@ def programs() -> tuple[types.ModuleType, types.ModuleType, str]:
   import libcst as cst
 
   from codemod import support_module
-  from codemod.pmap_to_shmap import default_target
+  from codemod.targets import installed_target
   from codemod.runner import Options, transform_module
   flax = _module("flax", "")
   vars(flax)["jax_utils"] = _module("flax.jax_utils", FLAX_JAX_UTILS)
   _module(support_module.DEFAULT_NAME, support_module.source())
   converted = transform_module(cst.parse_module(PROGRAM),
-                               Options(target=default_target())).module.code
+                               Options(target=installed_target())).module.code
   if "first_rows(tree)" not in converted:
     raise SystemExit(f"bench/unreplicate.py: the codemod did not rewrite unreplicate:\n{converted}")
   return _module("written", PROGRAM), _module("converted", converted), converted

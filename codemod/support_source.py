@@ -9,9 +9,8 @@ import numpy as np
 
 PartitionSpec = jax.sharding.PartitionSpec
 
-
-# Whether this JAX's legacy pmap (gone in jax 0.10, its flag with it) kept the
-# arrays a function closes over as constants of its device code: jit does.
+# Legacy pmap (gone in jax 0.10, with its flag) kept the arrays a function
+# closes over as constants of its device code, as jit does.
 _PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
 
 
@@ -21,91 +20,71 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
   run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
 
-  def at_axes(change, axes, tree):
+  def at_axes(change, axes, tree):  # change(leaf, axis) of the mapped leaves
     return jax.tree.map(lambda axis, sub: sub if axis is None else jax.tree.map(
-        lambda leaf: change(leaf, axis), sub), axes, tree, is_leaf=_is_none)
+        lambda leaf: change(leaf, axis), sub), axes, tree,
+        is_leaf=lambda x: x is None)
 
   @functools.wraps(fun)
   def body(*args):
     out = run(*at_axes(jax.numpy.squeeze, in_axes, args))
     out = at_axes(jax.numpy.expand_dims, out_axes, out)
-    return jax.tree.map(lambda _, tree: _Flat(*jax.tree.flatten(tree)),
-                        out_axes, out, is_leaf=_is_none)
+    # Leaves apart from structure (placed_on joins them): shard_map before jax
+    # 0.7.2 rebuilds the tree from placeholders, which some classes reject.
+    return jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
+        sub).unflatten, jax.tree.leaves(sub)), out_axes, out,
+        is_leaf=lambda x: x is None)
 
-  named = fun  # jit names its program after it; wraps() skips partials
-  while isinstance(named, functools.partial):
-    named = named.func
-  body.__name__ = getattr(named, "__name__", body.__name__)
+  # jit names its program after __name__, which wraps() skips for a partial.
+  body.__name__ = getattr(getattr(fun, "func", fun), "__name__", "body")
   return body
 
 
-@jax.tree_util.register_pytree_node_class
-class _Flat:
-  """Outputs as leaves: shard_map before jax 0.7.2 rebuilds its output tree
-  from placeholders, which classes that check their fields reject."""
-
-  def __init__(self, leaves, treedef):
-    self.leaves, self.treedef = leaves, treedef
-
-  def tree_flatten(self):
-    return self.leaves, self.treedef
-
-  @classmethod
-  def tree_unflatten(cls, treedef, leaves):
-    return cls(leaves, treedef)
-
-
 def placed_on(mesh, in_specs):
-  """Decorator for a converted site's jit: puts its arguments where
-  ``in_specs`` says, as pmap took them whatever made them (so jit compiles
-  once), keywords by position. With several processes, each passes and gets
-  back host-local arrays, as under pmap."""
-  shardings = jax.tree.map(
-      lambda s: jax.sharding.NamedSharding(mesh, s), in_specs,
-      is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+  """Decorator for a converted site's jit: puts its arguments on ``in_specs``
+  as pmap took them, whatever made them (so jit compiles once); host-local
+  arrays in and out of each process, as under pmap."""
+  shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
+                           in_specs)
 
   def place(args):
     try:
       return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
                           shardings, args)
-    except ValueError as e:  # pmap put fewer rows on fewer devices
-      raise ValueError(f"{e}. This converted pmap site maps over all "
-                       f"{mesh.size} devices of its mesh: for fewer rows, "
-                       "build the mesh over jax.devices()[:rows]") from e
+    except ValueError as e:  # legacy pmap ran fewer rows on fewer devices
+      raise ValueError(f"{e}. This site maps over all {mesh.size} devices "
+                       "of its mesh: for fewer rows, use jax.devices()[:rows]"
+                       ) from e
 
-  def unflat(out):
-    return jax.tree.map(lambda f: f.treedef.unflatten(f.leaves), out,
-                        is_leaf=lambda x: isinstance(x, _Flat))
+  def joined(out):
+    return jax.tree.map(lambda part: part(), out, is_leaf=lambda x: isinstance(
+        x, jax.tree_util.Partial))
 
   def decorate(jitted):
-    def positional(args, kwargs):
-      bound = inspect.signature(jitted).bind(*args, **kwargs)
-      if bound.kwargs:  # after a parameter left to its default
-        raise TypeError(f"pass {', '.join(bound.kwargs)} by position: "
-                        "shard_map takes positional arguments only")
-      return bound.args
-
     @functools.wraps(jitted)
     def call(*args, **kwargs):
-      args = positional(args, kwargs) if kwargs else args
+      if kwargs:  # shard_map takes positional arguments only
+        bound = inspect.signature(jitted).bind(*args, **kwargs)
+        if bound.kwargs:  # after a parameter left to its default
+          raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
+        args = bound.args
       if jax.process_count() == 1:
-        return unflat(jitted(*place(args)))
-      from jax.experimental import multihost_utils as mh
-      out = unflat(jitted(*mh.host_local_array_to_global_array(
+        return joined(jitted(*place(args)))
+      from jax.experimental import multihost_utils as hosts
+      out = joined(jitted(*hosts.host_local_array_to_global_array(
           args, mesh, in_specs)))
-      return jax.tree.map(lambda x: mh.global_array_to_host_local_array(
+      return jax.tree.map(lambda x: hosts.global_array_to_host_local_array(
           x, mesh, x.sharding.spec), out)
 
-    call.lower = lambda *a, **k: jitted.lower(*place(positional(a, k)))
+    call.lower = lambda *args: jitted.lower(*place(args))
     return call
 
   return decorate
 
 
 def _put(sharding, x):
-  if (not isinstance(x, (jax.Array, np.ndarray, np.generic))
-      or isinstance(x, jax.core.Tracer)
-      or getattr(x, "sharding", None) == sharding):
+  if (isinstance(x, jax.core.Tracer) or getattr(x, "sharding", None) == sharding
+      or not isinstance(x, (jax.Array, np.ndarray, np.generic))):
     return x  # Python scalars stay weakly typed, as pmap left them
   return jax.device_put(x, sharding)
 
@@ -304,7 +283,7 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
 
 def specs_from_axes(axes, axis_name, outputs=False):
   """in_axes / out_axes known only at run time, as specs:
-  k -> P(None, ..., axis_name)."""
+  k -> PartitionSpec(None, ..., axis_name)."""
   if isinstance(axes, list) and not outputs:
     # pmap reads a top-level in_axes list as the argument tuple
     axes = tuple(axes)
@@ -352,51 +331,40 @@ def device_put_sharded(shards, devices):
 
 
 def first_row(x):
-  """``x[0]`` as legacy pmap gave it: a jax Array's row 0 read from the shard
-  on this process's devices that holds it whole (every bit kept, where a
-  sharded ``x[0]`` is a sum across devices, which loses ``-0.0``; one program
-  per device, not one per shape), on that shard's device. Anything else is
-  indexed as ``x[0]``: numpy arrays, Python values, tracers, PRNG keys."""
+  """``x[0]`` as legacy pmap gave it: row 0 read on a device whose shard holds
+  it whole, every bit kept (a sharded ``x[0]`` adds rows across devices, which
+  loses -0.0). Anything else is indexed as ``x[0]``."""
   shard = _row_zero_shard(x)
   return x[0] if shard is None else _rows_of([shard.data])[0]
 
 
 def first_rows(tree):
-  """``jax.tree.map(first_row, tree)``: Flax's ``unreplicate``."""
+  """Flax's ``unreplicate``: ``first_row`` of every leaf, one program per
+  device reading the rows."""
   leaves, treedef = jax.tree.flatten(tree)
-  shards = [_row_zero_shard(leaf) for leaf in leaves]
-  by_device = {}
-  for i, shard in enumerate(shards):
-    if shard is not None:
-      by_device.setdefault(shard.device, []).append(i)
-  out = [leaf[0] if shard is None else None
-         for leaf, shard in zip(leaves, shards, strict=True)]
-  for positions in by_device.values():
-    rows = _rows_of([shards[i].data for i in positions])
-    for i, row in zip(positions, rows, strict=True):
-      out[i] = row
-  return jax.tree.unflatten(treedef, out)
+  shards = [_row_zero_shard(x) for x in leaves]
+  rows = [x[0] if s is None else None
+          for x, s in zip(leaves, shards, strict=True)]
+  for d in {s.device for s in shards if s is not None}:
+    at = [i for i, s in enumerate(shards) if s is not None and s.device == d]
+    for i, row in zip(at, _rows_of([shards[i].data for i in at]), strict=True):
+      rows[i] = row
+  return jax.tree.unflatten(treedef, rows)
 
 
 @jax.jit
 def _rows_of(blocks):
-  """Row 0 of each block (blocks on one device; the result on it too)."""
-  return [jax.lax.index_in_dim(block, 0, keepdims=False) for block in blocks]
+  return [block[0] for block in blocks]
 
 
 def _row_zero_shard(x):
-  """A shard of ``x`` on this process's devices that holds ``x[0]`` whole, or
-  None."""
-  if (not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer)
-      or x.ndim == 0 or x.shape[0] == 0
-      or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):
-    return None
-  for shard in x.addressable_shards:
-    rows, *rest = shard.index
-    if isinstance(rows, slice) and rows.indices(x.shape[0])[0] == 0 and all(
-        part.indices(size) == (0, size, 1)
-        for part, size in zip(rest, x.shape[1:], strict=True)):
-      return shard
+  """A shard of jax Array ``x`` on this process's devices with all of row 0."""
+  if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.ndim
+      and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)):
+    for shard in x.addressable_shards:
+      if (shard.index[0].start in (None, 0) and shard.data.shape[0]
+          and shard.data.shape[1:] == x.shape[1:]):
+        return shard
   return None
 
 
@@ -434,10 +402,6 @@ def _is_spec(x):
   return isinstance(x, PartitionSpec)
 
 
-def _is_none(x):
-  return x is None
-
-
 # pmap's axis_name=None: the axis gets a name no user function refers to.
 _UNNAMED = "_pmap_unnamed_axis"
 
@@ -448,8 +412,8 @@ def _axis_names(axes):
 
 def _name_unnamed(specs):
   """A site's specs name the mapped axis last; a run-time axis_name of None
-  leaves None there (``P(axis_name)`` with axis_name=None), which stands for
-  pmap's unnamed axis."""
+  leaves None there (``PartitionSpec(axis_name)`` with axis_name=None), which
+  stands for pmap's unnamed axis."""
   def name(spec):
     return (PartitionSpec(*spec[:-1], _UNNAMED)
             if len(spec) and spec[-1] is None else spec)
@@ -484,7 +448,7 @@ def _dynamic(in_specs, args, static_argnums):
 
 def _mapped(spec):
   """The array axes a spec maps, with their mesh axis:
-  P(None, "i") -> [(1, "i")]."""
+  PartitionSpec(None, "i") -> [(1, "i")]."""
   return [(axis, name) for axis, name in enumerate(spec) if name is not None]
 
 

@@ -13,9 +13,10 @@ tools; a site is recognised by its parts instead:
     in a file whose first line is a support module's header (`functools.wraps(f)` hides
     everything else: its `__qualname__` is f's, its `__wrapped__` is f);
   - `body` hands each out_axes subtree of f's outputs to `placed_on` packed as one pytree
-    node (the support module's `_Flat`: its children are the subtree's leaves, its aux data
-    the subtree's treedef), which `placed_on` unpacks outside jit. `Outputs` unpacks them
-    for an observer and packs what the observer returns again.
+    node, `jax.tree_util.Partial(treedef.unflatten, leaves)` (its children the subtree's
+    leaves, its function the subtree's treedef's `unflatten`), which `placed_on` calls
+    outside jit. `Outputs` unpacks them for an observer and packs what the observer
+    returns again.
 
 Sites plain code cannot express go through `on_pmap_mesh`, whose function is recognised
 by its code (`_sharded.<locals>.sharded`, which `functools.wraps` the function it maps).
@@ -77,13 +78,13 @@ def per_device_body(fun: Any) -> Any | None:
 
 
 def _is_packed(x: Any) -> bool:
-  """One of `body`'s packed output subtrees (the support module's `_Flat`)."""
-  code = getattr(getattr(type(x), "tree_flatten", None), "__code__", None)
-  return type(x).__name__ == "_Flat" and code is not None and _support_file(code.co_filename)
+  """One of `body`'s packed output subtrees: a Partial of a treedef's `unflatten`."""
+  return (isinstance(x, jax.tree_util.Partial)
+          and isinstance(getattr(x.func, "__self__", None), jax.tree_util.PyTreeDef))
 
 
 def _unpacked(x: Any) -> Any:
-  return x.treedef.unflatten(x.leaves) if _is_packed(x) else x
+  return x() if _is_packed(x) else x
 
 
 class Outputs:
