@@ -870,7 +870,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # function of that name: the support import would redefine it (ruff F811).
     replaced = {w.name for w in wanted if w.name in removed_names.SUPPORT_CALLS.values()}
     updated_node = imports.without(updated_node, ("jax", "jax.api"), replaced)
-    return imports.add(updated_node, wanted, self._style.width)
+    path = self.context.filename
+    return imports.add(updated_node, wanted, self._style.width, style=self._style.imports,
+                       here=os.path.dirname(os.path.abspath(path)) if path else None)
 
   # ----- names newest JAX removed (--target jax) -----
 

@@ -21,12 +21,11 @@ matching sections of every .editorconfig up to one with ``root = true``, later o
 overriding earlier, ``off`` unsetting it). Without that, the limit is what the file's code
 reaches: the lengths of code, never comments, docstrings or the lines inside a multi-line
 string, 80 when shorter. The continuation indent, the block indentation unit and the
-quote style come from the file's text.
+quote style come from the file's text; the import sorting from ``import_style``.
 """
 from __future__ import annotations
 
 import collections
-import configparser
 import io
 import os
 import re
@@ -35,10 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-try:  # Python 3.11+
-  import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
-  tomllib = None  # type: ignore[assignment]
+from codemod import config_files, import_style
+from codemod.import_style import ImportStyle
 
 DEFAULT_WIDTH = 80
 FORMATTER_DEFAULT = 88  # ruff's, black's and pyink's line-length
@@ -46,7 +43,6 @@ _YAPF_STYLES = {"pep8": 79, "google": 80, "yapf": 80, "chromium": 80, "facebook"
 # Code that reaches a few columns short of a common limit was written to that limit.
 _COMMON_WIDTHS = (88, 100, 120)
 _SNAP = 4
-_STOP_AT = (".git", ".hg")  # the repository root: configuration above it is not the project's
 
 
 @dataclass(frozen=True)
@@ -55,6 +51,7 @@ class FileStyle:
   hang: str           # continuation indent after a line ending in an open parenthesis
   unit: str           # one level of block indentation
   quote: str          # the quote character the file's strings use most
+  imports: ImportStyle | None = None  # the repository's configured import sorting
 
 
 def detect(text: str, path: str | None = None,
@@ -62,40 +59,27 @@ def detect(text: str, path: str | None = None,
   """``tokens``: ``text``'s, up to where it stops tokenizing, when the caller has them."""
   width = configured_width(path) if path else None
   return FileStyle(width or width_from_text(text), _hang(text), _unit(text),
-                   _quote(text, tokens))
+                   _quote(text, tokens), import_style.configured(path) if path else None)
 
 
 def configured_width(path: str) -> int | None:
   """The line limit of the project holding ``path``, from the nearest configuration file."""
-  directory = os.path.dirname(os.path.abspath(path))
-  while True:
+  for directory in config_files.directories(path):
     width = _width_in(directory)
     if width is not None:
       return width
-    parent = os.path.dirname(directory)
-    if parent == directory or _is_root(directory):
-      return editorconfig_width(path)
-    directory = parent
-
-
-def _is_root(directory: str) -> bool:
-  return any(os.path.exists(os.path.join(directory, stop)) for stop in _STOP_AT)
+  return editorconfig_width(path)
 
 
 def _width_in(directory: str) -> int | None:
   """The limit this directory's configuration files set, by the order in the docstring."""
-  pyproject = _toml(os.path.join(directory, "pyproject.toml")) or {}
-  tool = pyproject.get("tool")
-  tool = tool if isinstance(tool, dict) else {}
-  ruff = next((data for data in (_toml(os.path.join(directory, name))
-                                 for name in (".ruff.toml", "ruff.toml")) if data is not None),
-              tool.get("ruff"))
-  ruff = _ruff_settings(ruff, directory) if isinstance(ruff, dict) else None
+  tool = config_files.pyproject_tools(directory)
+  ruff = config_files.ruff(directory)
   yapf = _yapf_settings(directory, tool)
   formatters: list[tuple[dict | None, str, int]] = [
       (ruff, "line-length", FORMATTER_DEFAULT),
-      (_table(tool, "black"), "line-length", FORMATTER_DEFAULT),
-      (_table(tool, "pyink"), "line-length", FORMATTER_DEFAULT),
+      (config_files.table(tool, "black"), "line-length", FORMATTER_DEFAULT),
+      (config_files.table(tool, "pyink"), "line-length", FORMATTER_DEFAULT),
       (yapf, "column_limit", _yapf_default(yapf))]
   for settings, key, _ in formatters:
     width = _positive((settings or {}).get(key))
@@ -108,21 +92,6 @@ def _width_in(directory: str) -> int | None:
                            _pylint_width(directory, tool)) if w is not None), None)
 
 
-def _toml(path: str) -> dict | None:
-  if tomllib is None or not os.path.isfile(path):
-    return None
-  try:
-    with open(path, "rb") as f:
-      return tomllib.load(f)
-  except (OSError, ValueError):
-    return None
-
-
-def _table(data: dict, name: str) -> dict | None:
-  value = data.get(name)
-  return value if isinstance(value, dict) else None
-
-
 def _positive(value: Any) -> int | None:
   """A configured width: an int, or a string of digits (ini files, yapf's toml)."""
   if isinstance(value, bool):
@@ -133,26 +102,12 @@ def _positive(value: Any) -> int | None:
   return value if isinstance(value, int) and value > 0 else None
 
 
-def _ruff_settings(ruff: dict, directory: str, depth: int = 0) -> dict:
-  """Ruff's settings, with what they leave unset taken from the file they ``extend``."""
-  extend = ruff.get("extend")
-  if not isinstance(extend, str) or depth > 8:
-    return ruff
-  path = os.path.join(directory, os.path.expanduser(extend))
-  base = _toml(path)
-  if base is None:
-    return ruff
-  if os.path.basename(path) == "pyproject.toml":
-    base = _table(base.get("tool") or {}, "ruff") or {}
-  base = _ruff_settings(base, os.path.dirname(path), depth + 1)
-  return {**base, **ruff, "lint": {**(_table(base, "lint") or {}), **(_table(ruff, "lint") or {})}}
-
-
 def _ruff_pycodestyle(ruff: dict | None) -> int | None:
   if ruff is None:
     return None
-  for holder in (_table(ruff, "lint") or {}, ruff):  # [lint.pycodestyle], then the old place
-    width = _positive((_table(holder, "pycodestyle") or {}).get("max-line-length"))
+  # [lint.pycodestyle], then the old place
+  for holder in (config_files.table(ruff, "lint") or {}, ruff):
+    width = _positive((config_files.table(holder, "pycodestyle") or {}).get("max-line-length"))
     if width is not None:
       return width
   return None
@@ -160,11 +115,11 @@ def _ruff_pycodestyle(ruff: dict | None) -> int | None:
 
 def _yapf_settings(directory: str, tool: dict) -> dict | None:
   """yapf's style options, from the first of its files that has a section for them."""
-  found = _table(tool, "yapf")
+  found = config_files.table(tool, "yapf")
   if found is not None:
     return found
   for name, section in ((".style.yapf", "style"), ("setup.cfg", "yapf")):
-    parser = _ini(os.path.join(directory, name))
+    parser = config_files.ini(os.path.join(directory, name))
     if parser is not None and parser.has_section(section):
       return dict(parser.items(section))
   return None
@@ -179,7 +134,7 @@ def _flake8_width(directory: str) -> int | None:
   for name, sections in (("setup.cfg", ("flake8", "pycodestyle", "pep8")),
                          ("tox.ini", ("flake8", "pycodestyle", "pep8")),
                          (".flake8", ("flake8",))):
-    parser = _ini(os.path.join(directory, name))
+    parser = config_files.ini(os.path.join(directory, name))
     for section in sections:
       if parser is None or not parser.has_section(section):
         continue
@@ -195,7 +150,7 @@ def _pylint_width(directory: str, tool: dict) -> int | None:
   # pylintrc, and from the sections named pylint* of setup.cfg and tox.ini.
   width = _pylint_width_from_tool(tool)
   for name in ("pylintrc.toml", ".pylintrc.toml"):
-    data = _toml(os.path.join(directory, name))
+    data = config_files.toml(os.path.join(directory, name))
     width = width or (_pylint_width_from_tool(data.get("tool") or {}) if data else None)
   for name in ("pylintrc", ".pylintrc"):
     width = width or _ini_option(os.path.join(directory, name), lambda section: True)
@@ -206,14 +161,14 @@ def _pylint_width(directory: str, tool: dict) -> int | None:
 
 
 def _pylint_width_from_tool(tool: dict) -> int | None:
-  pylint = _table(tool, "pylint") or {}
+  pylint = config_files.table(tool, "pylint") or {}
   values = [pylint.get("max-line-length"),
             *(t.get("max-line-length") for t in pylint.values() if isinstance(t, dict))]
   return next((w for w in map(_positive, values) if w is not None), None)
 
 
 def _ini_option(path: str, wanted: Callable[[str], bool]) -> int | None:
-  parser = _ini(path)
+  parser = config_files.ini(path)
   if parser is None:
     return None
   for section in parser.sections():
@@ -222,17 +177,6 @@ def _ini_option(path: str, wanted: Callable[[str], bool]) -> int | None:
       if width is not None:
         return width
   return None
-
-
-def _ini(path: str) -> configparser.ConfigParser | None:
-  if not os.path.isfile(path):
-    return None
-  parser = configparser.ConfigParser(interpolation=None, strict=False)
-  try:
-    parser.read(path, encoding="utf-8-sig")
-  except (configparser.Error, UnicodeDecodeError):
-    return None
-  return parser
 
 
 def editorconfig_width(path: str) -> int | None:
@@ -249,7 +193,7 @@ def editorconfig_width(path: str) -> int | None:
       if root:
         break
     parent = os.path.dirname(directory)
-    if parent == directory or _is_root(directory):
+    if parent == directory or config_files.is_root(directory):
       break
     directory = parent
   width: int | None = None

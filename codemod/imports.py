@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from codemod import site_comments
+from codemod.import_style import ImportStyle
 
 
 @dataclass(frozen=True)
@@ -222,16 +223,19 @@ def _split_leading(stmt: cst.CSTNode) -> tuple[list, list]:
   return lines[:blanks], lines[blanks:]
 
 
-def _placed(body: list, statements: list, first_party: frozenset[str]) -> list:
+def _placed(body: list, statements: list, first_party: frozenset[str],
+            force_sort: bool | None) -> list:
   """``body`` with the new import ``statements`` placed in their sections (see the module
-  docstring)."""
+  docstring); ``force_sort``: the configured ``force-sort-within-sections``, None where
+  the file's order tells."""
   start, end = _run(body)
   # In a notebook, the run's last cell: where the new imports went before they were grouped,
   # and ruff sorts each cell by itself.
   start = max((i for i in range(start, end) if _pinned(body[i])), default=start)
   nodes = [_node(stmt) for stmt in body[start:end]]
   sections = _sections(body[start:end], first_party)
-  force_sort = _force_sorted(nodes, sections)
+  if force_sort is None:
+    force_sort = _force_sorted(nodes, sections)
   by_top: dict[str, int] = {}
   for node, section in zip(nodes, sections, strict=True):
     if section not in (FUTURE, LOCAL):
@@ -294,17 +298,25 @@ def _placed(body: list, statements: list, first_party: frozenset[str]) -> list:
 
 
 def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000,
-        first_party: frozenset[str] = frozenset()) -> cst.Module:
+        first_party: frozenset[str] = frozenset(), style: ImportStyle | None = None,
+        here: str | None = None) -> cst.Module:
   """``module`` with the ``wanted`` imports: names from a module it already imports with
   ``from`` join that statement, the rest are new statements placed in their sections (see
   the module docstring); a ``from`` import longer than ``width`` continues in parentheses,
   names aligned. ``first_party`` names the top-level modules of the file's own project,
-  besides the support module (a wanted import neither jax nor standard library)."""
+  besides the support module (a wanted import neither jax nor standard library).
+  ``style``: the repository's configured sorting (``import_style``), which decides over
+  the file's order and over where the support module's import goes (first party only
+  where the sorter finds it so: a top-level support module is written in ``here``, the
+  file's directory); with ``force_single_line`` each name gets its own statement."""
+  single = style is not None and style.force_single_line
+  if style is not None:
+    first_party = first_party | style.known_first_party
   body = list(module.body)
   merged: set[Wanted] = set()
   for i, stmt in enumerate(body):
     node = _import_of(stmt)
-    if not isinstance(node, cst.ImportFrom) or isinstance(node.names, cst.ImportStar):
+    if single or not isinstance(node, cst.ImportFrom) or isinstance(node.names, cst.ImportStar):
       continue
     joining = [w for w in wanted if w.name is not None and w.alias is None and w not in merged
                and _module_of(node)[0] == "." * w.relative + w.module]
@@ -328,10 +340,15 @@ def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000,
   order = ([w for w in new if w.name is None] + [w for w in new if w.alias is not None]
            + [w for w in new if w.name is not None and w.alias is None])
   statements = [cst.parse_statement(_wrapped(w.code(), width), config=module.config_for_parsing)
-                for w in _grouped(order)]
-  support = {w.module.split(".")[0] for w in wanted if w.name and not w.relative} - {"jax"}
-  first_party = first_party | {top for top in support if top not in sys.stdlib_module_names}
-  return module.with_changes(body=_placed(body, statements, first_party))
+                for w in (list(dict.fromkeys(order)) if single else _grouped(order))]
+  support = {w.module for w in wanted if w.name and not w.relative
+             and w.module.split(".")[0] not in {"jax", *sys.stdlib_module_names}}
+  first_party = first_party | {
+      module.split(".")[0] for module in support
+      if style is None or style.first_party(module.split(".")[0], None if "." in module
+                                             else here)}
+  force_sort = None if style is None else style.force_sort_within_sections
+  return module.with_changes(body=_placed(body, statements, first_party, force_sort))
 
 
 def without(module: cst.Module, sources: tuple[str, ...], names: set) -> cst.Module:
