@@ -24,6 +24,14 @@ must still give a verdict: `supervise` runs the command in a forked child whose 
 passes on, and when the child dies from a signal it says why (`diagnose`: the collective,
 how long it waited, how many devices had arrived) and what to do, and exits with the
 command line's "nothing compared" status.
+
+Where XLA has no limit (jax 0.6's jaxlib), or the wait is not in a collective (a host
+callback waiting for something that never comes), a stuck run would wait forever. A
+stuck process does not run: `supervise` also ends the child when it and the processes it
+started used almost no CPU time (`Progress`: under 1% of one core) for twice that limit
+(past XLA's own, so XLA's message, which names the collective, comes first where it has
+one), and says so (`stalled`). A slow run on a loaded machine still gets its share of the
+cores, so this never ends one.
 """
 from __future__ import annotations
 
@@ -33,9 +41,11 @@ import importlib.util
 import mmap
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -220,14 +230,23 @@ def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str) 
   # Ctrl-C reaches the child too (same process group); the child decides.
   handlers[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
   seen: list[str] = []
+  progress = Progress(child, 2 * timeout.seconds)
+  ended_stuck = False
   try:
     pending = b""
-    while chunk := os.read(read_end, 1 << 16):  # as it comes: progress bars end in \r
-      _write_all(chunk)
-      *lines, pending = (pending + chunk).split(b"\n")
-      pending = pending[-(1 << 16):]
-      for line in lines:
-        _keep(line.decode("utf-8", "replace"), seen)
+    while True:
+      if select.select([read_end], [], [], _POLL_S)[0]:
+        chunk = os.read(read_end, 1 << 16)  # as it comes: progress bars end in \r
+        if not chunk:
+          break
+        _write_all(chunk)
+        *lines, pending = (pending + chunk).split(b"\n")
+        pending = pending[-(1 << 16):]
+        for line in lines:
+          _keep(line.decode("utf-8", "replace"), seen)
+      if not ended_stuck and progress.stuck():
+        ended_stuck = True
+        end_tree(child)
     _keep(pending.decode("utf-8", "replace"), seen)
     _, status = os.waitpid(child, 0)
   finally:
@@ -239,9 +258,100 @@ def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str) 
   signum = os.WTERMSIG(status)
   if signum in forwarded:  # stopped from outside: end as asked
     os.kill(os.getpid(), signum)
-  sys.stderr.write(diagnose(signum, seen, timeout, command) + "\n")
+  message = (stalled(progress, timeout, command) if ended_stuck
+             else diagnose(signum, seen, timeout, command))
+  sys.stderr.write(message + "\n")
   sys.stderr.flush()
   return NOT_COMPARED
+
+
+_POLL_S = 5.0  # how often the supervisor looks at the child's CPU time
+_IDLE_SHARE = 0.01  # of one core: less than this over the limit is a stuck run
+
+
+class Progress:
+  """Whether a process tree still runs: the CPU time it used (Linux /proc), sampled as the
+  supervisor polls; stuck when it used under `_IDLE_SHARE` of one core over `seconds`."""
+
+  def __init__(self, root: int, seconds: float):
+    self.root, self.seconds = root, seconds
+    self.samples: list[tuple[float, float]] = []  # (monotonic time, CPU seconds)
+
+  def stuck(self) -> bool:
+    now = time.monotonic()
+    if self.samples and now - self.samples[-1][0] < _POLL_S:
+      return False
+    used = cpu_seconds(self.root)
+    if used is None:  # gone, or no /proc: nothing to judge
+      return False
+    self.samples.append((now, used))
+    old = [sample for sample in self.samples if now - sample[0] >= self.seconds]
+    if not old:
+      return False
+    self.samples = self.samples[len(old) - 1:]  # the latest sample a window back, and after
+    start_time, start_used = old[-1]
+    return used - start_used < _IDLE_SHARE * (now - start_time)
+
+  @property
+  def idle_for(self) -> float:
+    return self.samples[-1][0] - self.samples[0][0] if self.samples else 0.0
+
+
+def cpu_seconds(root: int) -> float | None:
+  """CPU time used so far by process `root` and the processes under it, from /proc; None
+  where `root` is not there."""
+  tree = _process_tree(root)
+  if tree is None:
+    return None
+  return sum(tree.values()) / os.sysconf("SC_CLK_TCK")
+
+
+def end_tree(root: int) -> None:
+  """Kills `root` and the processes under it (a calibrating interpreter, say)."""
+  for pid in sorted(_process_tree(root) or {root: 0}, key=lambda p: p != root):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+      os.kill(pid, signal.SIGKILL)
+
+
+def _process_tree(root: int) -> dict[int, int] | None:
+  """The processes under `root` (itself included), each with the CPU clock ticks it and
+  its waited-for children used; None where `root` is not in /proc."""
+  parent_of: dict[int, int] = {}
+  ticks: dict[int, int] = {}
+  try:
+    entries = [e for e in os.listdir("/proc") if e.isdigit()]
+  except OSError:
+    return None
+  for entry in entries:
+    try:
+      with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+      continue  # ended meanwhile
+    # after the command's name: state, ppid, ..., utime, stime, cutime, cstime (14-17)
+    parent_of[int(entry)] = int(fields[1])
+    ticks[int(entry)] = sum(int(x) for x in fields[11:15])
+  if root not in ticks:
+    return None
+  tree = {}
+  for pid, used in ticks.items():
+    up, hops = pid, 0
+    while up != root and up in parent_of and hops < 64:
+      up, hops = parent_of[up], hops + 1
+    if up == root:
+      tree[pid] = used
+  return tree
+
+
+def stalled(progress: Progress, timeout: CollectiveTimeout, command: str) -> str:
+  """What to tell the user when the supervisor ended a run that stopped running."""
+  return "\n".join([
+      f"error: the run was stuck: for {progress.idle_for:.0f} s it used almost no CPU time "
+      "(its devices waiting for each other in a collective, or the program waiting for "
+      "something that did not come), so it was ended. That says nothing about the "
+      f"results: nothing was {command}ed.",
+      "hint: a program that waits that long on purpose needs a longer limit: "
+      f"--collective-timeout SECONDS (this run: {timeout.seconds} s)"])
 
 
 def _write_all(data: bytes) -> None:

@@ -249,6 +249,85 @@ def test_the_run_ends_with_the_command_line(tmp_path):
       cli.kill()
 
 
+# Device 7's host callback waits for an event nothing sets, before a psum the others wait
+# at: a real deadlock, which jax 0.6.0's XLA waits out forever.
+DEADLOCK = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import threading
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def run():
+  def host(i, x):
+    if int(i) == 7:
+      threading.Event().wait()
+    return x
+
+  def step(x):
+    y = jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          lax.axis_index("i"), x)
+    return lax.psum(y, "i")
+
+  return jax.pmap(step, "i")(jnp.arange(8.0))
+"""
+
+
+def _stuck_verdict(r: subprocess.CompletedProcess, seconds: int) -> None:
+  assert r.returncode == 2, output(r)
+  error, hint = r.stderr.strip().splitlines()[-2:]
+  assert error.startswith("error: the run was stuck: for "), r.stderr
+  assert error.endswith("That says nothing about the results: nothing was recorded."), r.stderr
+  assert hint == ("hint: a program that waits that long on purpose needs a longer limit: "
+                  f"--collective-timeout SECONDS (this run: {seconds} s)"), r.stderr
+
+
+def test_a_deadlock_xla_waits_out_forever_ends_with_a_verdict(tmp_path):
+  """jax 0.6.0 has no limit on a collective's wait: the supervisor ends a run whose
+  processes stopped using the CPU (here for 2 x 2 s), and says so."""
+  program = tmp_path / "deadlock.py"
+  program.write_text(DEADLOCK)
+  started = time.monotonic()
+  r = _record(venvs.LEGACY, str(program), str(tmp_path / "rec"), "--collective-timeout", "2",
+              timeout=240)
+  _stuck_verdict(r, 2)
+  assert time.monotonic() - started < 120
+  assert not os.path.exists(tmp_path / "rec" / "manifest.json")
+
+
+def test_a_program_waiting_outside_jax_ends_with_a_verdict(tmp_path):
+  """A wait XLA's limit cannot see (no collective): on every release."""
+  program = tmp_path / "waits.py"
+  program.write_text("import threading\n\n\ndef run():\n  threading.Event().wait()\n")
+  for version in (venvs.LEGACY, venvs.NEWEST):
+    _stuck_verdict(_record(version, str(program), str(tmp_path / version),
+                           "--collective-timeout", "2", timeout=240), 2)
+
+
+def test_a_busy_run_past_the_limit_is_not_ended(tmp_path):
+  """A run that uses the CPU is running, however long it takes."""
+  program = tmp_path / "busy.py"
+  program.write_text("import time\n\n\ndef run():\n  end = time.time() + 15\n"
+                     "  while time.time() < end:\n    pass\n  return 1.0\n")
+  r = _record(venvs.LEGACY, str(program), str(tmp_path / "rec"), "--collective-timeout", "2")
+  assert r.returncode == 0, output(r)
+
+
+def test_cpu_seconds_counts_the_processes_a_run_started():
+  child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run("
+                            "[sys.executable, '-c', 'import time\\nend = time.time() + 3\\n"
+                            "while time.time() < end: pass'])"])
+  try:
+    time.sleep(2.5)
+    used = supervision.cpu_seconds(child.pid)
+    assert used is not None and used > 1.0, used  # the grandchild's spinning
+  finally:
+    child.wait()
+  assert supervision.cpu_seconds(child.pid) is None  # gone
+
+
 def _alive(pid: int) -> bool:
   try:
     with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
