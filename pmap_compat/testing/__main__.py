@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="S", help="on the CPU backend, how long a collective may wait "
                    "for its slowest device, after XLA's warning that it may be stuck, before "
                    "XLA ends the process (XLA's own 40 s are short on a loaded machine), "
-                   "where this jaxlib lets it be set (default "
+                   "where this jaxlib lets it be set; a run that uses no CPU for twice as "
+                   "long is ended as stuck (default "
                    f"{supervision.DEFAULT_TIMEOUT_S})")
 
   rec = sub.add_parser("record", help="run PROGRAM and store its outputs in DIR")
