@@ -40,7 +40,7 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (edits, file_style, imports, removed_names, site_comments,
+from codemod import (edits, file_style, imports, reaching, removed_names, site_comments,
                      matcher_setup, site_meshes, support_module, targets, together,
                      unreplicate, unused_imports)
 from codemod.edits import Arg, Call, Copied, Value, breakable
@@ -495,7 +495,25 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     called = self._line(end.line)[end.column:].lstrip().startswith("(")
     scope = self.get_metadata(ScopeProvider, site.node, None)
     inside = scope is not None and not isinstance(scope, cst.metadata.GlobalScope)
-    return "and called inside a function, on each call of it" if called and inside else None
+    if not (called and inside) or self._made_per_call(site.fun, scope):
+      return None
+    return "and called inside a function, on each call of it"
+
+  def _made_per_call(self, fun: cst.BaseExpression, scope: Any) -> bool:
+    """Whether ``fun`` names, wherever it is bound before the site, a function its
+    enclosing function makes on each call (a def, lambda or partial there): legacy pmap
+    compiled such a function again on each call too."""
+    if not isinstance(fun, cst.Name) or self._module is None:
+      return False
+    reach = reaching.reaching(self._module, self.get_metadata, fun)
+    if reach is None or reach.outside or not reach.bindings:
+      return False
+    values: dict[cst.CSTNode, cst.BaseExpression] = {}
+    scope.node.visit(_AssignedValues(values))
+    return all(isinstance(b, cst.FunctionDef) or isinstance(values.get(b), cst.Lambda)
+               or (isinstance(value := values.get(b), cst.Call)
+                   and bool(qualified(self.get_metadata, value.func) & PARTIAL_NAMES))
+               for b in reach.bindings)
 
   def _axis_names(self, site: Site) -> list[str]:
     levels = site.levels()
@@ -1058,3 +1076,27 @@ def _string_starts(tokens: list[tokenize.TokenInfo]) -> dict[int, int]:
 def _code(node: cst.CSTNode | None) -> str:
   assert node is not None  # callers pass arguments the site was checked to have
   return cst.Module([]).code_for_node(node)
+
+
+class _AssignedValues(cst.CSTVisitor):
+  """Each name a plain ``name = value`` binds in a body, with its value (nested function
+  and class bodies are other scopes)."""
+
+  def __init__(self, values: dict[cst.CSTNode, cst.BaseExpression]):
+    self.values = values
+    self.depth = 0
+
+  def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+    self.depth += 1
+    return self.depth == 1
+
+  def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+    self.depth -= 1
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+    return False
+
+  def visit_Assign(self, node: cst.Assign) -> None:
+    for target in node.targets:
+      if isinstance(target.target, cst.Name):
+        self.values[target.target] = node.value

@@ -118,6 +118,33 @@ def test_a_lambda_built_each_time_is_not_reported():
   assert not [f for f in findings if f.severity.name == "WARNING"], findings
 
 
+MADE_PER_CALL = {
+    "a_def": "  def f(v):\n    TRACES.append(1)\n    return v * k\n",
+    "a_partial": "  f = functools.partial(scale, k=k)\n",
+    "a_lambda": "  f = lambda v: scale(v, k)\n",
+}
+
+
+@pytest.mark.parametrize("made", sorted(MADE_PER_CALL))
+def test_a_function_made_on_each_call_is_not_reported_legacy_traced_it_again_too(made):
+  """A def, partial or lambda the enclosing function makes: legacy pmap traced it again on
+  each call of that function, as the converted site does, so there is nothing to report."""
+  source = ("import functools\n\nimport jax\nimport numpy as np\n\nTRACES = []\n\n\n"
+            "def scale(v, k):\n  TRACES.append(1)\n  return v * k\n\n\n"
+            "def run(k):\n  x = np.ones((jax.local_device_count(), 2), np.float32)\n"
+            + MADE_PER_CALL[made] + "  return jax.pmap(f, 'i')(x)\n")
+  legacy = load(source, f"per_call_legacy_{made}")
+  legacy.run(2.0)
+  legacy.run(2.0)
+  assert len(legacy.TRACES) == 2  # legacy traced it on each call
+  new, findings = rewrite(source, target="experimental")
+  assert not [f for f in findings if f.severity.name == "WARNING"], findings
+  converted = load(new, f"per_call_converted_{made}")
+  converted.run(2.0)
+  converted.run(2.0)
+  assert len(converted.TRACES) == 2
+
+
 COMPILES = '''\
 import jax
 import numpy as np
