@@ -38,12 +38,14 @@ def import_of(spelling: str | None) -> tuple[str, int] | None:
   return module, len(spelling) - len(module)
 
 
-# The header line: the version, and a digest of the body's syntax tree (what a
-# formatter cannot change: see tree_digest), so a copy that the repository's
-# formatter rewrote is still recognised as ours. Within 80 columns, like the body.
-_HEADER = "# pmap-to-shmap support module v{version} sha256:{digest}. Do not edit.\n"
+# The header line, also the module's docstring: the version, and a digest of the
+# body's syntax tree (what a formatter cannot change: see tree_digest), so a copy
+# that the repository's formatter rewrote is still recognised as ours. Within 80
+# columns, like the body. v3 to v5 wrote it as a comment.
+_HEADER = '"""pmap-to-shmap support v{version} sha256:{digest}. Do not edit."""\n'
 _HEADER_RE = re.compile(
-    r"# pmap-to-shmap support module v(\d+) sha256:([0-9a-f]{24})\. Do not edit\.")
+    r'"""pmap-to-shmap support v(\d+) sha256:([0-9a-f]{24})\. Do not edit\."""'
+    r"|# pmap-to-shmap support module v(\d+) sha256:([0-9a-f]{24})\. Do not edit\.")
 # v1 and v2 headers: the sha256 of the body's text, which a formatter changes.
 _OLD_HEADER_RE = re.compile(
     r"# Written by pmap-to-shmap: support module v(\d+) sha256:([0-9a-f]{64})\. Do not edit\.")
@@ -299,11 +301,13 @@ def status_of(text: str | None, names: Collection[str] = ()) -> Status:
       return Status.STALE
     return Status.FOREIGN
   match = _HEADER_RE.fullmatch(first)
-  if not match or _tree_digest_cached(body_text) != match.group(2):
+  version, digest = (match.group(1, 2) if match and match.group(1) else
+                     match.group(3, 4) if match else (None, None))
+  if digest is None or _tree_digest_cached(body_text) != digest:
     return Status.FOREIGN
   has = held(body_text)
-  current = match.group(2) in (_tree_digest_cached(_body()), _tree_digest_cached(cut(has)))
-  if int(match.group(1)) == VERSION and current and has >= set(names):
+  current = digest in (_tree_digest_cached(_body()), _tree_digest_cached(cut(has)))
+  if int(version) == VERSION and current and has >= set(names):
     return Status.CURRENT  # possibly reformatted: left as the repository's formatter made it
   return Status.STALE
 

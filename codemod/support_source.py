@@ -1,5 +1,3 @@
-"""What code pmap-to-shmap converted from jax.pmap needs besides jax.jit and
-jax.shard_map: pmap's view of the arguments, their placement, its x[0]."""
 import functools
 import inspect
 import math
@@ -9,15 +7,13 @@ import numpy as np
 
 PartitionSpec = jax.sharding.PartitionSpec
 
-# Legacy pmap (gone in jax 0.10, with its flag) kept the arrays a function
-# closes over as constants of its device code, as jit does.
+# Legacy pmap kept closed-over arrays as constants of device code, as jit does.
 _PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
 
 
 def per_device(fun, *, in_axes=0, out_axes=0):
   """``fun`` as pmap called it, inside jax.shard_map: arguments without the
-  mapped axis (of size 1 there), results with it."""
-  in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+  mapped axis, results with it; named after fun, as jit names its program."""
   run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
 
   def at_axes(change, axes, tree):  # change(leaf, axis) of the mapped leaves
@@ -29,21 +25,18 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   def body(*args):
     out = run(*at_axes(jax.numpy.squeeze, in_axes, args))
     out = at_axes(jax.numpy.expand_dims, out_axes, out)
-    # Leaves apart from structure (placed_on joins them): shard_map before jax
-    # 0.7.2 rebuilds the tree from placeholders, which some classes reject.
+    # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
     return jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
         sub).unflatten, jax.tree.leaves(sub)), out_axes, out,
         is_leaf=lambda x: x is None)
 
-  # jit names its program after __name__, which wraps() skips for a partial.
   body.__name__ = getattr(getattr(fun, "func", fun), "__name__", "body")
   return body
 
 
 def placed_on(mesh, in_specs):
-  """Decorator for a converted site's jit: puts its arguments on ``in_specs``
-  as pmap took them, whatever made them (so jit compiles once); host-local
-  arrays in and out of each process, as under pmap."""
+  """Decorator for a site's jit: arguments put on ``in_specs`` (so it compiles
+  once), and host-local arrays in and out of each process, as under pmap."""
   shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
                            in_specs)
 
@@ -52,13 +45,12 @@ def placed_on(mesh, in_specs):
       return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
                           shardings, args)
     except ValueError as e:  # legacy pmap ran fewer rows on fewer devices
-      raise ValueError(f"{e}. This site maps over all {mesh.size} devices "
-                       "of its mesh: for fewer rows, use jax.devices()[:rows]"
-                       ) from e
+      raise ValueError(f"{e}. This site maps over all {mesh.size} devices; for"
+                       " fewer rows, use jax.devices()[:rows]") from e
 
   def joined(out):
-    return jax.tree.map(lambda part: part(), out, is_leaf=lambda x: isinstance(
-        x, jax.tree_util.Partial))
+    return jax.tree.map(lambda part: part(), out,
+                        is_leaf=lambda x: isinstance(x, jax.tree_util.Partial))
 
   def decorate(jitted):
     @functools.wraps(jitted)
