@@ -315,15 +315,23 @@ def test_a_busy_run_past_the_limit_is_not_ended(tmp_path):
   assert r.returncode == 0, output(r)
 
 
-def test_cpu_seconds_counts_the_processes_a_run_started():
+def test_cpu_seconds_counts_the_processes_a_run_started(tmp_path):
+  """A process whose child used 1.5 s of CPU time (of its own clock, whatever the load)
+  and then waits: the child's time counts."""
+  marker = tmp_path / "spun"
+  grandchild = ("import time\nwhile time.process_time() < 1.5:\n  pass\n"
+                f"open({str(marker)!r}, 'w').close()\ntime.sleep(60)\n")
   child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run("
-                            "[sys.executable, '-c', 'import time\\nend = time.time() + 3\\n"
-                            "while time.time() < end: pass'])"])
+                            f"[sys.executable, '-c', {grandchild!r}])"])
   try:
-    time.sleep(2.5)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+      assert time.monotonic() < deadline
+      time.sleep(0.2)
     used = supervision.cpu_seconds(child.pid)
-    assert used is not None and used > 1.0, used  # the grandchild's spinning
+    assert used is not None and used >= 1.5, used
   finally:
+    supervision.end_tree(child.pid)
     child.wait()
   assert supervision.cpu_seconds(child.pid) is None  # gone
 
