@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -163,9 +164,11 @@ def main(argv: Sequence[str] | None = None, *, supervised: bool = False) -> int:
   """Runs the command line. `supervised` (the `python -m` entry point): in a child process
   that XLA may end, with the CPU collectives' time limit raised first (supervision)."""
   args = _parser().parse_args(argv)
-  if supervised:
+  if supervised and supervision.RESPAWNED not in os.environ:
     timeout = supervision.CollectiveTimeout.for_this_jax(args.collective_timeout)
-    return supervision.supervise(lambda: _main(args), timeout, args.command)
+    respawn = [sys.executable, "-m", "pmap_compat.testing",
+               *(sys.argv[1:] if argv is None else argv)]
+    return supervision.supervise(lambda: _main(args), timeout, args.command, respawn)
   return _main(args)
 
 

@@ -20,8 +20,8 @@ which makes a run slow, not stuck. So the command line raises the limit where XL
 starts its backend, and again after importing the program when the program replaced
 ``XLA_FLAGS`` (programs often set the device count there). A limit still reached (a real
 deadlock, a jaxlib without the flag, a program that starts JAX with its own flags at import)
-must still give a verdict: `supervise` runs the command in a forked child whose stderr it
-passes on, and when the child dies from a signal it says why (`diagnose`: the collective,
+must still give a verdict: `supervise` runs the command in a child process (forked on
+Linux, a new interpreter elsewhere) whose stderr it passes on, and when the child dies from a signal it says why (`diagnose`: the collective,
 how long it waited, how many devices had arrived) and what to do, and exits with the
 command line's "nothing compared" status.
 
@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 TERMINATE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
 # Ten minutes: no fairly scheduled thread falls that far behind; a real deadlock still
@@ -197,28 +197,44 @@ def _die_with_parent(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str) -> int:
-  """`run()` (the command) in a forked child, with `timeout` applied; its status, or when
-  a signal ends it, NOT_COMPARED and a message saying why (see the module docstring).
-  Without fork (not Linux), `run()` here."""
+# Set in the environment of a child that `supervise` starts as a new interpreter: that
+# one runs the command itself.
+RESPAWNED = "PMAP_COMPAT_TESTING_SUPERVISED"
+
+
+def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str,
+              respawn: Sequence[str], fork: bool | None = None) -> int:
+  """The command in a child process, with `timeout` applied; its status, or when a
+  signal ends it, NOT_COMPARED and a message saying why (see the module docstring).
+  The child is `run()` in a fork of this process where forking is safe (Linux; `fork`
+  overrides), else a new interpreter running `respawn`, the same command line, with
+  `RESPAWNED` set."""
   global _active  # pylint: disable=global-statement
   timeout.apply()
   _active = timeout
-  if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-    return run()
-  read_end, write_end = os.pipe()
+  if fork is None:
+    fork = sys.platform.startswith("linux") and hasattr(os, "fork")
   sys.stdout.flush()
   sys.stderr.flush()
-  parent = os.getpid()
-  with _no_fork_warning():
-    child = os.fork()
-  if child == 0:
-    os.close(read_end)
-    _die_with_parent(parent)
-    os.dup2(write_end, 2)
+  spawned: subprocess.Popen | None = None
+  if fork:
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    with _no_fork_warning():
+      child = os.fork()
+    if child == 0:
+      os.close(read_end)
+      _die_with_parent(parent)
+      os.dup2(write_end, 2)
+      os.close(write_end)
+      return run()
     os.close(write_end)
-    return run()
-  os.close(write_end)
+  else:
+    spawned = subprocess.Popen(list(respawn), stderr=subprocess.PIPE,
+                               env=dict(os.environ, **{RESPAWNED: "1"}))
+    assert spawned.stderr is not None
+    child, read_end = spawned.pid, os.dup(spawned.stderr.fileno())
+    spawned.stderr.close()
   forwarded: list[int] = []
 
   def forward(signum: int, _frame: object) -> None:
@@ -226,7 +242,8 @@ def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str) 
     with contextlib.suppress(ProcessLookupError):
       os.kill(child, signum)
 
-  handlers = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+  handlers = {s: signal.signal(s, forward)
+              for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None}
   # Ctrl-C reaches the child too (same process group); the child decides.
   handlers[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
   seen: list[str] = []
@@ -235,7 +252,7 @@ def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str) 
   try:
     pending = b""
     while True:
-      if select.select([read_end], [], [], _POLL_S)[0]:
+      if _readable(read_end):
         chunk = os.read(read_end, 1 << 16)  # as it comes: progress bars end in \r
         if not chunk:
           break
@@ -248,14 +265,16 @@ def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str) 
         ended_stuck = True
         end_tree(child)
     _keep(pending.decode("utf-8", "replace"), seen)
-    _, status = os.waitpid(child, 0)
+    # Negative: ended by that signal (a waitpid status in Popen's convention).
+    code = (spawned.wait() if spawned is not None
+            else os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
   finally:
     os.close(read_end)
     for s, handler in handlers.items():
       signal.signal(s, handler)
-  if os.WIFEXITED(status):
-    return os.WEXITSTATUS(status)
-  signum = os.WTERMSIG(status)
+  if code >= 0:
+    return code
+  signum = -code
   if signum in forwarded:  # stopped from outside: end as asked
     os.kill(os.getpid(), signum)
   message = (stalled(progress, timeout, command) if ended_stuck
@@ -263,6 +282,15 @@ def supervise(run: Callable[[], int], timeout: CollectiveTimeout, command: str) 
   sys.stderr.write(message + "\n")
   sys.stderr.flush()
   return NOT_COMPARED
+
+
+def _readable(fd: int) -> bool:
+  """Whether `fd` has data, or its end, within a poll; always where a pipe cannot be
+  polled (Windows: the read then waits, and a stuck run is not watched)."""
+  try:
+    return bool(select.select([fd], [], [], _POLL_S)[0])
+  except (OSError, ValueError):
+    return True
 
 
 _POLL_S = 5.0  # how often the supervisor looks at the child's CPU time

@@ -315,6 +315,54 @@ def test_a_busy_run_past_the_limit_is_not_ended(tmp_path):
   assert r.returncode == 0, output(r)
 
 
+# The command line as where a process cannot fork (not Linux): `supervise` starts the
+# command in a new interpreter instead (its `run` callable, 99, is never called).
+WITHOUT_FORK = """
+import sys
+from pmap_compat.testing import supervision
+argv = sys.argv[1:]
+timeout = supervision.CollectiveTimeout.for_this_jax(
+    int(argv[argv.index("--collective-timeout") + 1]))
+sys.exit(supervision.supervise(lambda: 99, timeout, argv[0],
+                               [sys.executable, "-m", "pmap_compat.testing", *argv],
+                               fork=False))
+"""
+
+
+def _without_fork(version: str, *argv: str) -> subprocess.CompletedProcess:
+  return venvs.run_python(version, ["-W", "error::DeprecationWarning", "-c", WITHOUT_FORK,
+                                    *argv], timeout=300)
+
+
+def test_without_fork_xla_abort_still_gives_a_verdict(tmp_path):
+  """The late device of the test above, supervised from a new interpreter: the same
+  verdict, and the limit set there too."""
+  program = _late_device(tmp_path)
+  r = _without_fork(venvs.NEWEST, "record", program, "--out", str(tmp_path / "rec"),
+                    "--kwargs", '{"delay": 6}', "--collective-timeout", "2")
+  assert r.returncode == 2, output(r)
+  assert "Termination timeout for `all reduce" in r.stderr  # XLA's own lines, passed on
+  last = r.stderr.strip().splitlines()[-3:]
+  assert last[0].startswith("error: XLA ended the run: a collective of the program (all "
+                            "reduce) on the CPU backend: it waited 3 s"), r.stderr
+  assert last[1].endswith("nothing was recorded."), r.stderr
+
+
+def test_without_fork_a_run_gives_its_own_status_and_output(tmp_path):
+  program = _late_device(tmp_path)
+  r = _without_fork(venvs.NEWEST, "record", program, "--out", str(tmp_path / "rec"),
+                    "--collective-timeout", "30")
+  assert r.returncode == 0, output(r)
+  assert "recorded 1 leaves of" in r.stdout
+
+
+def test_without_fork_a_stuck_run_ends_with_a_verdict(tmp_path):
+  program = tmp_path / "deadlock.py"
+  program.write_text(DEADLOCK)
+  _stuck_verdict(_without_fork(venvs.LEGACY, "record", str(program), "--out",
+                               str(tmp_path / "rec"), "--collective-timeout", "2"), 2)
+
+
 def test_cpu_seconds_counts_the_processes_a_run_started(tmp_path):
   """A process whose child used 1.5 s of CPU time (of its own clock, whatever the load)
   and then waits: the child's time counts."""
