@@ -301,9 +301,11 @@ def status_of(text: str | None, names: Collection[str] = ()) -> Status:
       return Status.STALE
     return Status.FOREIGN
   match = _HEADER_RE.fullmatch(first)
-  version, digest = (match.group(1, 2) if match and match.group(1) else
-                     match.group(3, 4) if match else (None, None))
-  if digest is None or _tree_digest_cached(body_text) != digest:
+  if not match:
+    return Status.FOREIGN
+  # (version, digest): the docstring header's groups, or the comment header's (v3-v5)
+  version, digest = match.group(1, 2) if match.group(1) else match.group(3, 4)
+  if _tree_digest_cached(body_text) != digest:
     return Status.FOREIGN
   has = held(body_text)
   current = digest in (_tree_digest_cached(_body()), _tree_digest_cached(cut(has)))
