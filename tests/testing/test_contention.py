@@ -35,23 +35,23 @@ import program_catalog as catalog  # noqa: E402  pylint: disable=wrong-import-po
 FLAG = supervision.TERMINATE_FLAG
 WARN_FLAG = "xla_cpu_collective_call_warn_stuck_timeout_seconds"
 
-# Device 7 sleeps `delay` seconds in a host callback before a psum the others wait at. The
-# program sets XLA_FLAGS itself, as programs do, dropping what the command line put there
-# (and asks XLA to warn after 1 s instead of 20, so the limit is reached soon).
-LATE_DEVICE = f'''
+# Device 7 waits `delay` seconds (None: for ever, a deadlock) in a host callback before a
+# psum the others wait at. The program sets XLA_FLAGS itself, as programs do, dropping what
+# the command line put there (and, given `warn`, asks XLA to warn after 1 s instead of 20,
+# so the limit is reached soon: a flag jax 0.6.0's XLA, which has no limit, lacks).
+LATE_DEVICE = '''
 import os
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           "--{WARN_FLAG}=1")
-import time
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8{warn}"
+import threading
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 
-def run(delay: float = 0.0):
+def run(delay=0.0):
   def host(i, x):
     if int(i) == 7:
-      time.sleep(delay)
+      threading.Event().wait(delay)
     return x
 
   def step(x):
@@ -63,11 +63,10 @@ def run(delay: float = 0.0):
 '''
 
 
-def _late_device(tmp_path) -> str:
-  program = str(tmp_path / "late_device.py")
-  with open(program, "w", encoding="utf-8") as f:
-    f.write(LATE_DEVICE)
-  return program
+def _late_device(tmp_path, warn: bool = True) -> str:
+  program = tmp_path / "late_device.py"
+  program.write_text(LATE_DEVICE.format(warn=f" --{WARN_FLAG}=1" if warn else ""))
+  return str(program)
 
 
 def _record(version: str, program: str, out: str, *extra: str,
@@ -249,32 +248,6 @@ def test_the_run_ends_with_the_command_line(tmp_path):
       cli.kill()
 
 
-# Device 7's host callback waits for an event nothing sets, before a psum the others wait
-# at: a real deadlock, which jax 0.6.0's XLA waits out forever.
-DEADLOCK = """
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-import threading
-import jax
-import jax.numpy as jnp
-from jax import lax
-
-
-def run():
-  def host(i, x):
-    if int(i) == 7:
-      threading.Event().wait()
-    return x
-
-  def step(x):
-    y = jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          lax.axis_index("i"), x)
-    return lax.psum(y, "i")
-
-  return jax.pmap(step, "i")(jnp.arange(8.0))
-"""
-
-
 def _stuck_verdict(r: subprocess.CompletedProcess, seconds: int) -> None:
   assert r.returncode == 2, output(r)
   error, hint = r.stderr.strip().splitlines()[-2:]
@@ -287,11 +260,10 @@ def _stuck_verdict(r: subprocess.CompletedProcess, seconds: int) -> None:
 def test_a_deadlock_xla_waits_out_forever_ends_with_a_verdict(tmp_path):
   """jax 0.6.0 has no limit on a collective's wait: the supervisor ends a run whose
   processes stopped using the CPU (here for 2 x 2 s), and says so."""
-  program = tmp_path / "deadlock.py"
-  program.write_text(DEADLOCK)
+  program = _late_device(tmp_path, warn=False)
   started = time.monotonic()
-  r = _record(venvs.LEGACY, str(program), str(tmp_path / "rec"), "--collective-timeout", "2",
-              timeout=240)
+  r = _record(venvs.LEGACY, program, str(tmp_path / "rec"), "--kwargs", '{"delay": null}',
+              "--collective-timeout", "2", timeout=240)
   _stuck_verdict(r, 2)
   assert time.monotonic() - started < 120
   assert not os.path.exists(tmp_path / "rec" / "manifest.json")
@@ -357,10 +329,9 @@ def test_without_fork_a_run_gives_its_own_status_and_output(tmp_path):
 
 
 def test_without_fork_a_stuck_run_ends_with_a_verdict(tmp_path):
-  program = tmp_path / "deadlock.py"
-  program.write_text(DEADLOCK)
-  _stuck_verdict(_without_fork(venvs.LEGACY, "record", str(program), "--out",
-                               str(tmp_path / "rec"), "--collective-timeout", "2"), 2)
+  program = _late_device(tmp_path, warn=False)
+  _stuck_verdict(_without_fork(venvs.LEGACY, "record", program, "--out", str(tmp_path / "rec"),
+                               "--kwargs", '{"delay": null}', "--collective-timeout", "2"), 2)
 
 
 def test_cpu_seconds_counts_the_processes_a_run_started(tmp_path):
