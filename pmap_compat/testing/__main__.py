@@ -160,15 +160,19 @@ def _run(args: argparse.Namespace) -> int:
   return (_record if args.command == "record" else _check)(args, kwargs)
 
 
-def main(argv: Sequence[str] | None = None, *, supervised: bool = False) -> int:
+def main(argv: Sequence[str] | None = None, *, supervised: bool = False,
+         fork: bool | None = None) -> int:
   """Runs the command line. `supervised` (the `python -m` entry point): in a child process
-  that XLA may end, with the CPU collectives' time limit raised first (supervision)."""
+  that XLA may end, with the CPU collectives' time limit raised first (supervision);
+  `fork`: whether that child is a fork or a new interpreter (default: as the platform
+  allows)."""
   args = _parser().parse_args(argv)
   if supervised and supervision.RESPAWNED not in os.environ:
     timeout = supervision.CollectiveTimeout.for_this_jax(args.collective_timeout)
-    respawn = [sys.executable, "-m", "pmap_compat.testing",
-               *(sys.argv[1:] if argv is None else argv)]
-    return supervision.supervise(lambda: _main(args), timeout, args.command, respawn)
+    respawn = [sys.executable, *(f"-W{option}" for option in sys.warnoptions), "-m",
+               "pmap_compat.testing", *(sys.argv[1:] if argv is None else argv)]
+    return supervision.supervise(lambda: _main(args), timeout, args.command, respawn,
+                                 fork)
   return _main(args)
 
 

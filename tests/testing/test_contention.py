@@ -287,17 +287,12 @@ def test_a_busy_run_past_the_limit_is_not_ended(tmp_path):
   assert r.returncode == 0, output(r)
 
 
-# The command line as where a process cannot fork (not Linux): `supervise` starts the
-# command in a new interpreter instead (its `run` callable, 99, is never called).
+# The command line as where a process cannot fork (not Linux): it supervises the command
+# run in a new interpreter.
 WITHOUT_FORK = """
 import sys
-from pmap_compat.testing import supervision
-argv = sys.argv[1:]
-timeout = supervision.CollectiveTimeout.for_this_jax(
-    int(argv[argv.index("--collective-timeout") + 1]))
-sys.exit(supervision.supervise(lambda: 99, timeout, argv[0],
-                               [sys.executable, "-m", "pmap_compat.testing", *argv],
-                               fork=False))
+from pmap_compat.testing.__main__ import main
+sys.exit(main(sys.argv[1:], supervised=True, fork=False))
 """
 
 
@@ -320,11 +315,16 @@ def test_without_fork_xla_abort_still_gives_a_verdict(tmp_path):
   assert last[1].endswith("nothing was recorded."), r.stderr
 
 
-def test_without_fork_a_run_gives_its_own_status_and_output(tmp_path):
-  program = _late_device(tmp_path)
-  r = _without_fork(venvs.NEWEST, "record", program, "--out", str(tmp_path / "rec"),
-                    "--collective-timeout", "30")
+def test_without_fork_a_new_interpreter_runs_the_command_as_given(tmp_path):
+  """The command runs in a new interpreter (marked, and with this one's warning options),
+  and its status and output are the command's."""
+  program = tmp_path / "where.py"
+  program.write_text("import os, sys\n\n\ndef run():\n"
+                     "  print('child:', os.environ.get('PMAP_COMPAT_TESTING_SUPERVISED'),"
+                     " sys.warnoptions)\n  return 1.0\n")
+  r = _without_fork(venvs.LEGACY, "record", str(program), "--out", str(tmp_path / "rec"))
   assert r.returncode == 0, output(r)
+  assert "child: 1 ['error::DeprecationWarning']" in r.stdout, r.stdout
   assert "recorded 1 leaves of" in r.stdout
 
 
