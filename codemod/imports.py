@@ -306,9 +306,9 @@ def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000,
   names aligned. ``first_party`` names the top-level modules of the file's own project,
   besides the support module (a wanted import neither jax nor standard library).
   ``style``: the repository's configured sorting (``import_style``), which decides over
-  the file's order and over where the support module's import goes (first party only
-  where the sorter finds it so: a top-level support module is written in ``here``, the
-  file's directory); with ``force_single_line`` each name gets its own statement."""
+  the file's order and over where the support module's import goes (a top-level one,
+  written in ``here``, the file's directory, is first party only where the sorter finds
+  it so); with ``force_single_line`` each name gets its own statement."""
   single = style is not None and style.force_single_line
   if style is not None:
     first_party = first_party | style.known_first_party
@@ -343,10 +343,11 @@ def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000,
                 for w in (list(dict.fromkeys(order)) if single else _grouped(order))]
   support = {w.module for w in wanted if w.name and not w.relative
              and w.module.split(".")[0] not in {"jax", *sys.stdlib_module_names}}
+  # A support module inside the file's own package is first party (ruff's
+  # detect-same-package); a top-level one, written in ``here``, where the sorter finds it.
   first_party = first_party | {
       module.split(".")[0] for module in support
-      if style is None or style.first_party(module.split(".")[0], None if "." in module
-                                             else here)}
+      if style is None or "." in module or style.first_party(module, here)}
   force_sort = None if style is None else style.force_sort_within_sections
   return module.with_changes(body=_placed(body, statements, first_party, force_sort))
 

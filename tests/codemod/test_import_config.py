@@ -163,3 +163,25 @@ def test_the_nearest_configuration_wins_and_nothing_above_the_root_counts(tmp_pa
   style = import_style.configured(str(root / "pkg" / "train.py"))
   assert style is not None and not style.force_sort_within_sections  # ruff's, in pkg/
   assert style.source_roots == (str(root / "pkg"), str(root / "pkg" / "src"))
+
+
+def test_a_support_module_in_the_files_own_package_is_first_party(tmp_path):
+  """Outside the source roots too: ruff counts the file's own package as first party
+  (detect-same-package)."""
+  root = _repository(tmp_path, {"pyproject.toml": RUFF_FORCE_SORT})
+  package = root / "libs" / "trainer"
+  package.mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "train.py").write_text(SITE.replace("import mylib\n", "from trainer import util\n")
+                                    .replace("mylib.one()", "util.one()"))
+  assert _ruff_isort(root, package / "train.py").returncode == 0
+  run = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", str(package),
+                        "--in-place"], capture_output=True, text=True, timeout=300,
+                       check=False, cwd=pathlib.Path(__file__).resolve().parents[2])
+  assert run.returncode == 0, run.stdout + run.stderr
+  after = (package / "train.py").read_text()
+  blocks = [block.splitlines() for block in after.split("\n\n")]
+  first_party = next(b for b in blocks if "from trainer import util" in b)
+  assert any(line.startswith("from trainer._pmap_shard_map import ") for line in first_party), after
+  check = _ruff_isort(root, package / "train.py")
+  assert check.returncode == 0, check.stdout + "\n" + after
