@@ -6,6 +6,7 @@ same files through these."""
 from __future__ import annotations
 
 import configparser
+import functools
 import os
 from collections.abc import Iterator
 
@@ -21,9 +22,9 @@ def is_root(directory: str) -> bool:
   return any(os.path.exists(os.path.join(directory, stop)) for stop in _STOP_AT)
 
 
-def directories(path: str) -> Iterator[str]:
-  """The directory holding ``path``, then each above it, up to the repository root."""
-  directory = os.path.dirname(os.path.abspath(path))
+def directories(start: str) -> Iterator[str]:
+  """The directory ``start``, then each above it, up to the repository root."""
+  directory = os.path.abspath(start)
   while True:
     yield directory
     parent = os.path.dirname(directory)
@@ -33,8 +34,20 @@ def directories(path: str) -> Iterator[str]:
 
 
 def toml(path: str) -> dict | None:
-  if tomllib is None or not os.path.isfile(path):
+  """The TOML file's tables (None where it is missing or not TOML); each file version is
+  parsed once, though every converted file's walk reads it for each setting."""
+  if tomllib is None:
     return None
+  try:
+    stat = os.stat(path)
+  except OSError:
+    return None
+  return _parsed_toml(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_toml(path: str, mtime_ns: int, size: int) -> dict | None:
+  del mtime_ns, size  # the cache key: a changed file is parsed again
   try:
     with open(path, "rb") as f:
       return tomllib.load(f)

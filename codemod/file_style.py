@@ -64,7 +64,7 @@ def detect(text: str, path: str | None = None,
 
 def configured_width(path: str) -> int | None:
   """The line limit of the project holding ``path``, from the nearest configuration file."""
-  for directory in config_files.directories(path):
+  for directory in config_files.directories(os.path.dirname(os.path.abspath(path))):
     width = _width_in(directory)
     if width is not None:
       return width

@@ -51,7 +51,7 @@ _ISORT_INI = ((".isort.cfg", ("settings", "isort", "tool:isort")),
 
 def configured(path: str) -> ImportStyle | None:
   """The import sorting the project holding ``path`` configures, or None."""
-  for directory in config_files.directories(path):
+  for directory in config_files.directories(os.path.dirname(os.path.abspath(path))):
     style = _ruff_style(directory) or _isort_style(directory)
     if style is not None:
       return style

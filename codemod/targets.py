@@ -16,17 +16,13 @@ file whose repository declares nothing.
 from __future__ import annotations
 
 import ast
-import configparser
 import functools
 import glob
 import os
 import re
 from dataclasses import dataclass
 
-try:  # Python 3.11+
-  import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
-  tomllib = None  # type: ignore[assignment]
+from codemod import config_files
 
 Version = tuple[int, ...]
 
@@ -36,7 +32,6 @@ FORMS: dict[str, tuple[Version, Version | None]] = {
     "jax": ((0, 6, 1), None),
 }
 TARGETS = tuple(FORMS)
-_STOP_AT = (".git", ".hg")
 # A requirement on jax itself (not jaxlib): extras, a specifier (PEP 508, poetry's ^ and ~,
 # the old parenthesised form), then markers or a comment.
 _REQUIREMENT = re.compile(
@@ -104,15 +99,8 @@ def installed_target() -> str:
 def declared_jax(directory: str) -> Declared | None:
   """The nearest jax requirement declared in ``directory`` or above it, up to the
   repository root."""
-  while True:
-    found = _declared_in(directory)
-    if found is not None:
-      return found
-    parent = os.path.dirname(directory)
-    if parent == directory or any(os.path.exists(os.path.join(directory, stop))
-                                  for stop in _STOP_AT):
-      return None
-    directory = parent
+  return next((found for d in config_files.directories(directory)
+               if (found := _declared_in(d)) is not None), None)
 
 
 def _declared_in(directory: str) -> Declared | None:
@@ -199,12 +187,8 @@ def _dotted(version: Version) -> str:
 
 
 def _pyproject(path: str) -> list[str]:
-  if tomllib is None:
-    return []
-  try:
-    with open(path, "rb") as f:
-      data = tomllib.load(f)
-  except (OSError, tomllib.TOMLDecodeError):
+  data = config_files.toml(path)
+  if data is None:
     return []
   found = [d for d in data.get("project", {}).get("dependencies", []) if isinstance(d, str)]
   poetry = data.get("tool", {}).get("poetry", {}).get("dependencies", {})
@@ -217,12 +201,10 @@ def _pyproject(path: str) -> list[str]:
 
 
 def _setup_cfg(path: str) -> list[str]:
-  parser = configparser.ConfigParser(interpolation=None)
-  try:
-    parser.read(path, encoding="utf-8")
-    return parser.get("options", "install_requires", fallback="").splitlines()
-  except (configparser.Error, UnicodeDecodeError):
+  parser = config_files.ini(path)
+  if parser is None:
     return []
+  return parser.get("options", "install_requires", fallback="").splitlines()
 
 
 def _setup_py(path: str) -> list[str]:
