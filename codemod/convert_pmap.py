@@ -543,7 +543,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     in_specs = self._specs(levels, names, "in_axes")
     out_specs = self._specs(levels, names, "out_axes")
     static = outer.get("static_broadcasted_argnums")
-    int_tuple(static, "static_broadcasted_argnums")
+    static_nums = () if is_none(static) else int_tuple(static, "static_broadcasted_argnums")
     int_tuple(outer.get("donate_argnums"), "donate_argnums")
 
     partial = self._partial_spelling(levels)
@@ -580,11 +580,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
     plain_mesh, devices = self._mesh_devices(site, extra)
-    if (len(levels) == 1 and (static is None or is_none(static)) and plain_mesh
+    if (len(levels) == 1 and static_nums is not None and plain_mesh
         and "specs_from_axes(" not in in_specs + out_specs
         and not (self._meshes.at_module_level(site.node) and self._imported_before_jax_starts)):
-      self._build_plain(site, names, roles, in_specs, in_arg, out_arg, jit_kw, partial,
-                        devices)
+      self._build_plain(site, names, roles, (in_specs, static_nums), in_arg, out_arg, jit_kw,
+                        partial, devices)
       return
     smap = Call(partial, (shard_map, in_arg, out_arg, check))
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
@@ -610,42 +610,52 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _mesh_devices(self, site: Site, extra: dict[str, cst.BaseExpression | None]
                     ) -> tuple[bool, str | None]:
     """(whether a mesh statement can say which devices the site maps over, the source of
-    that device list where pmap's ``devices=`` or ``backend=`` chose it, else None for
-    ``jax.devices()``). It cannot for ``axis_size``, or for a value (or an axis name that is
-    not a literal) that spans lines or means something else before the site's statement."""
-    if "axis_size" in extra:
-      return False, None
+    that device list where pmap's ``devices=``, ``backend=`` or ``axis_size=`` chose it,
+    else None for ``jax.devices()``). It cannot for ``devices`` with ``axis_size``, or for
+    a value (or an axis name that is not a literal) that spans lines or means something
+    else before the site's statement."""
     axis = site.options.get("axis_name")
     if (axis is not None and not is_none(axis) and not isinstance(axis, cst.SimpleString)
         and not self._meshes.hoistable(site.node, axis, mutable=False)):
       return False, None
-    value = extra.get("devices", extra.get("backend"))
-    if value is None:
-      return True, None
-    pos = self.get_metadata(PositionProvider, value)
-    if pos.start.line != pos.end.line or not self._meshes.hoistable(site.node, value):
+    if "devices" in extra and "axis_size" in extra:
       return False, None
-    return True, _code(value) if "devices" in extra else f"jax.devices({_code(value)})"
+    for name, value in extra.items():
+      assert value is not None  # extra holds the options the site sets
+      pos = self.get_metadata(PositionProvider, value)
+      if (pos.start.line != pos.end.line
+          or not self._meshes.hoistable(site.node, value, mutable=name == "devices")):
+        return False, None
+    if "devices" in extra:
+      return True, _code(extra["devices"])
+    pool = f"jax.devices({_code(extra['backend'])})" if "backend" in extra else None
+    if "axis_size" in extra:  # pmap took the first axis_size devices
+      pool = f"{pool or 'jax.devices()'}[:{_code(extra['axis_size'])}]"
+    return True, pool
 
-  def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg], in_specs: str,
-                   in_arg: Arg, out_arg: Arg, jit_kw: list[Arg], partial: str,
-                   devices: str | None) -> None:
+  def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg],
+                   placement: tuple[str, tuple[int, ...]], in_arg: Arg, out_arg: Arg,
+                   jit_kw: list[Arg], partial: str, devices: str | None) -> None:
     """The site as a JAX engineer writes it: ``jax.jit`` over ``jax.shard_map`` on a mesh
     the file builds (``site_meshes``), the function through ``per_device`` (pmap's view
-    of its arguments), and ``placed_on`` putting the arguments on the mesh first."""
+    of its arguments), and ``placed_on`` putting the arguments on the mesh first
+    (``placement``: the in_specs, and pmap's static_broadcasted_argnums, which it holds
+    as they are through shard_map)."""
+    in_specs, static = placement
     options = site.options
     given = options.get("axis_name")
     literal = given is None or is_none(given) or isinstance(given, cst.SimpleString)
     mesh = self._meshes.mesh_for(site.node, names, literal, devices)
     # Comments on devices= / backend= go with the mesh statement, which says them now.
-    chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend")
+    chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
               if devices is not None and options.get(name) is not None]
     self._plain[site.node] = (mesh, devices or "jax.devices()")
     shard_map, check = _SHARD_MAP[self.target]
     axes_kw = [self._copied(value, f"{name}=") for name in ("in_axes", "out_axes")
                if (value := options.get(name)) is not None
                and not (isinstance(value, cst.Integer) and value.value == "0")]
-    place = Call("placed_on", (mesh, breakable(in_specs)))
+    place = Call("placed_on", (mesh, breakable(in_specs),
+                               *([f"static_argnums={_tuple_source(static)}"] if static else [])))
     mesh_kw = f"mesh={mesh}"
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
@@ -1019,6 +1029,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       elif i not in skip:
         out.append(dec)
     return updated_node.with_changes(decorators=out)
+
+
+def _tuple_source(values: tuple[int, ...]) -> str:
+  return f"({values[0]},)" if len(values) == 1 else f"({', '.join(map(str, values))})"
 
 
 def _keyword(arg: Arg) -> str:

@@ -23,7 +23,7 @@ import libcst as cst
 
 from codemod import files
 
-VERSION = 6  # 6: shorter plain-form helpers; 5: public JAX only; 4: cut to what files call
+VERSION = 7  # 7: static arguments in the plain form; 6: shorter plain-form helpers; 5: public JAX only
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 

@@ -11,11 +11,13 @@ PartitionSpec = jax.sharding.PartitionSpec
 _PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
 
 
-def per_device(fun, *, in_axes=0, out_axes=0):
-  """``fun`` as pmap called it, inside jax.shard_map: arguments without the
-  mapped axis, results with it; named after fun, as jit names its program."""
-  run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
+@jax.tree_util.register_static
+class _Static(tuple):
+  """(value,) of pmap's static argument: a pytree with no leaves, by value."""
 
+
+def per_device(fun, *, in_axes=0, out_axes=0):
+  """``fun`` as pmap called it, in shard_map: no mapped axis in, and it out."""
   def at_axes(change, axes, tree):  # change(leaf, axis) of the mapped leaves
     return jax.tree.map(lambda axis, sub: sub if axis is None else jax.tree.map(
         lambda leaf: change(leaf, axis), sub), axes, tree,
@@ -23,7 +25,10 @@ def per_device(fun, *, in_axes=0, out_axes=0):
 
   @functools.wraps(fun)
   def body(*args):
-    out = run(*at_axes(jax.numpy.squeeze, in_axes, args))
+    args = at_axes(jax.numpy.squeeze, in_axes, args)
+    static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
+    run = jax.jit(fun, static_argnums=static) if _PMAP_EMBEDS_CONSTANTS else fun
+    out = run(*(a[0] if i in static else a for i, a in enumerate(args)))
     out = at_axes(jax.numpy.expand_dims, out_axes, out)
     # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
     return jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
@@ -34,23 +39,21 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   return body
 
 
-def placed_on(mesh, in_specs):
-  """Decorator for a site's jit: arguments put on ``in_specs`` (so it compiles
-  once), and host-local arrays in and out of each process, as under pmap."""
-  shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s),
-                           in_specs)
+def placed_on(mesh, in_specs, static_argnums=()):
+  """Decorator for a site's jit: arguments and results placed as pmap did."""
+  named = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), in_specs)
+  from jax.experimental import multihost_utils as hosts
 
   def place(args):
+    args = tuple(_Static((a,)) if i in static_argnums else a
+                 for i, a in enumerate(args))
+    if jax.process_count() > 1:
+      return hosts.host_local_array_to_global_array(args, mesh, in_specs)
     try:
       return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
-                          shardings, args)
+                          named, args)
     except ValueError as e:  # legacy pmap ran fewer rows on fewer devices
-      raise ValueError(f"{e}. This site maps over all {mesh.size} devices; for"
-                       " fewer rows, use jax.devices()[:rows]") from e
-
-  def joined(out):
-    return jax.tree.map(lambda part: part(), out,
-                        is_leaf=lambda x: isinstance(x, jax.tree_util.Partial))
+      raise ValueError(f"{e}; for fewer rows, use jax.devices()[:rows]") from e
 
   def decorate(jitted):
     @functools.wraps(jitted)
@@ -60,11 +63,10 @@ def placed_on(mesh, in_specs):
         if bound.kwargs:  # after a parameter left to its default
           raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
         args = bound.args
+      out = jax.tree.map(lambda part: part(), jitted(*place(args)),
+                         is_leaf=lambda x: isinstance(x, jax.tree_util.Partial))
       if jax.process_count() == 1:
-        return joined(jitted(*place(args)))
-      from jax.experimental import multihost_utils as hosts
-      out = joined(jitted(*hosts.host_local_array_to_global_array(
-          args, mesh, in_specs)))
+        return out
       return jax.tree.map(lambda x: hosts.global_array_to_host_local_array(
           x, mesh, x.sharding.spec), out)
 
@@ -74,11 +76,10 @@ def placed_on(mesh, in_specs):
   return decorate
 
 
-def _put(sharding, x):
-  if (isinstance(x, jax.core.Tracer) or getattr(x, "sharding", None) == sharding
-      or not isinstance(x, (jax.Array, np.ndarray, np.generic))):
-    return x  # Python scalars stay weakly typed, as pmap left them
-  return jax.device_put(x, sharding)
+def _put(sharding, x):  # Python scalars stay weakly typed, as pmap left them
+  if isinstance(x, jax.core.Tracer) or getattr(x, "sharding", 0) == sharding:
+    return x
+  return jax.device_put(x, sharding) if hasattr(x, "__array__") else x
 
 
 def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None,

@@ -16,7 +16,9 @@ tools; a site is recognised by its parts instead:
     node, `jax.tree_util.Partial(treedef.unflatten, leaves)` (its children the subtree's
     leaves, its function the subtree's treedef's `unflatten`), which `placed_on` calls
     outside jit. `Outputs` unpacks them for an observer and packs what the observer
-    returns again.
+    returns again;
+  - `placed_on` holds static arguments in the support module's `_Static` (a tuple, a
+    pytree without leaves) through jit and shard_map: observers get their values.
 
 Sites plain code cannot express go through `on_pmap_mesh`, whose function is recognised
 by its code (`_sharded.<locals>.sharded`, which `functools.wraps` the function it maps).
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import linecache
+import sys
 import warnings
 import weakref
 from typing import Any
@@ -87,11 +90,32 @@ def _unpacked(x: Any) -> Any:
   return x() if _is_packed(x) else x
 
 
+def _is_static(x: Any) -> bool:
+  """A static argument as `placed_on` holds it: `(value,)` in the support module's
+  `_Static`, a tuple registered as a pytree without leaves."""
+  kind = type(x)
+  module = sys.modules.get(kind.__module__)
+  return (isinstance(x, tuple) and kind.__qualname__ == "_Static"
+          and _support_file(getattr(module, "__file__", None) or ""))
+
+
 class Outputs:
-  """A plain site's outputs: unpacked for observers, packed again for `placed_on`."""
+  """A plain site's outputs: unpacked for observers, packed again for `placed_on`; and
+  its static arguments, which observers see as their values and the site gets held."""
 
   def __init__(self) -> None:
     self._packed: Any = None  # the treedef of the last outputs as `body` packed them
+    self._static: dict[int, type] = {}  # position -> the class holding it, last call
+
+  def observed_args(self, args: tuple) -> tuple:
+    """`args` as the program passed them to the site: static ones as their values."""
+    self._static = {i: type(x) for i, x in enumerate(args) if _is_static(x)}
+    return tuple(x[0] if i in self._static else x for i, x in enumerate(args))
+
+  def held_args(self, args: tuple) -> tuple:
+    """`args` as `placed_on` passes them: the static positions of the last call held."""
+    return tuple(self._static[i]((x,)) if i in self._static else x
+                 for i, x in enumerate(args))
 
   def unpacked(self, out: Any) -> Any:
     self._packed = jax.tree_util.tree_structure(out)
@@ -114,7 +138,7 @@ class _Unpacking:
     self._fun, self._outputs = fun, outputs
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    return self._outputs.unpacked(self._fun(*args, **kwargs))
+    return self._outputs.unpacked(self._fun(*self._outputs.held_args(args), **kwargs))
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._fun, name)

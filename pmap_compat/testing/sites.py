@@ -95,6 +95,8 @@ class SiteCaller:
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     if self._observer.active and not _traced(args, kwargs):
+      if self._outputs is not None:
+        args = self._outputs.observed_args(args)
       out = self._observer.call(self, args, kwargs)
       return out if self._outputs is None else self._outputs.packed(out)
     return self._implementation(*args, **kwargs)

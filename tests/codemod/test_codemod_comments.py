@@ -221,8 +221,8 @@ def test_own_line_comments_stay_before_what_they_preceded(name, comment, next_co
 
 
 class ExactLayoutTest(PmapCodemodTest):
-  """Two sites as a reviewer reads them (libcst CodemodTest: before and after): one kept
-  in the old form by static_broadcasted_argnums, one in the plain form."""
+  """Two sites as a reviewer reads them (libcst CodemodTest: before and after), in the
+  plain form: one with static_broadcasted_argnums, one with donate_argnums."""
 
   def test_scenic_site(self):
     self.assertCodemod(textwrap.dedent('''
@@ -235,26 +235,20 @@ class ExactLayoutTest(PmapCodemodTest):
               static_broadcasted_argnums=(0, 1, 2),  # Task, dataset and modality args.
           )
         '''), textwrap.dedent('''
-        import functools
-
         import jax
         from jax.experimental.shard_map import shard_map
         from jax.sharding import PartitionSpec as P
 
-        from pmap_shard_map import host_local_io, on_pmap_mesh
+        from pmap_shard_map import per_device, placed_on
 
         def build(eval_step):
-          return host_local_io(
+          mesh = jax.sharding.Mesh(jax.devices(), ('batch',))
+          return placed_on(mesh, P('batch'), static_argnums=(0, 1, 2))(
               jax.jit(
-                  on_pmap_mesh(functools.partial(shard_map, in_specs=P('batch'),
-                                                 out_specs=P('batch'), check_rep=False),
-                               drop_device_axis=True, static_argnums=(0, 1, 2),
-                               across_hosts=True)(eval_step),
+                  shard_map(per_device(eval_step), mesh=mesh, in_specs=P('batch'),
+                            out_specs=P('batch'), check_rep=False),
                   static_argnums=(0, 1, 2),  # Task, dataset and modality args.
               ),
-              in_specs=P('batch'),
-              out_specs=P('batch'),
-              static_argnums=(0, 1, 2),
           )
         '''), target="experimental")
 

@@ -105,9 +105,8 @@ def test_a_converted_site_over_fewer_rows_than_devices_raises_naming_the_fix():
   np.testing.assert_array_equal(legacy, np.full(legacy.shape, jax.device_count() // 2))
   new, _ = rewrite(source)
   assert "placed_on(mesh, P('h'))(" in new and "on_pmap_mesh" not in new
-  with pytest.raises(ValueError, match=re.escape("jax.devices()[:rows]")) as raised:
+  with pytest.raises(ValueError, match=re.escape("; for fewer rows, use jax.devices()[:rows]")):
     load(new, "fewer_rows_rewritten").run()
-  assert f"maps over all {jax.device_count()} devices" in str(raised.value)
 
 
 def test_a_site_evaluated_again_reuses_its_trace():

@@ -9,10 +9,11 @@ class OptionsTest(SiteTest):
 
   def test_static_argnums_go_to_jit_and_the_helper(self):
     self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=(2,))', '''
-        g = host_local_io(
-            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=(2,), across_hosts=True)(f),
-                    static_argnums=(2,)),
-            in_specs=P("i"), out_specs=P("i"), static_argnums=(2,))''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"), static_argnums=(2,))(
+            jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"),
+                              out_specs=P("i"), check_rep=False),
+                    static_argnums=(2,)))''')
 
   def test_donate_argnums_go_to_jit(self):
     self.assertSite('g = jax.pmap(f, "i", donate_argnums=(0, 1))', '''
@@ -22,10 +23,11 @@ class OptionsTest(SiteTest):
 
   def test_static_and_donate_together(self):
     self.assertSite('g = jax.pmap(f, "i", static_broadcasted_argnums=1, donate_argnums=0)', '''
-        g = host_local_io(
-            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, static_argnums=1, across_hosts=True)(f),
-                    static_argnums=1, donate_argnums=0),
-            in_specs=P("i"), out_specs=P("i"), static_argnums=1)''')
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        g = placed_on(mesh, P("i"), static_argnums=(1,))(
+            jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"),
+                              out_specs=P("i"), check_rep=False),
+                    static_argnums=1, donate_argnums=0))''')
 
   def test_devices_go_to_the_mesh(self):
     self.assertSite('g = jax.pmap(f, "i", devices=jax.devices()[:4])', '''
@@ -42,10 +44,18 @@ class OptionsTest(SiteTest):
                                                       check_rep=False)))''')
 
   def test_backend_and_axis_size(self):
-    self.assertSite('g = jax.pmap(f, "i", in_axes=None, axis_size=4, backend="cpu")', '''
+    self.assertSite('g = jax.pmap(f, "i", axis_size=4, backend="cpu")', '''
+        mesh = jax.sharding.Mesh(jax.devices("cpu")[:4], ("i",))
+        g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh,
+                                                      in_specs=P("i"), out_specs=P("i"),
+                                                      check_rep=False)))''')
+
+  def test_axis_size_with_devices_keeps_the_run_time_mesh(self):
+    # pmap checked the two against each other when called: the mesh is built then.
+    self.assertSite('g = jax.pmap(f, "i", axis_size=4, devices=jax.devices()[:4])', '''
         g = host_local_io(
-            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P(), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, backend="cpu", across_hosts=True)(f)),
-            in_specs=P(), out_specs=P("i"), axes=("i",))''')
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, devices=jax.devices()[:4], across_hosts=True)(f)),
+            in_specs=P("i"), out_specs=P("i"), axes=("i",), devices=jax.devices()[:4])''')
 
   def test_explicit_none_axis_name_gets_the_default(self):
     self.assertSite('g = jax.pmap(f, axis_name=None, out_axes=None)', '''

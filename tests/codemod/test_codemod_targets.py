@@ -35,7 +35,7 @@ class TargetTest(SiteTest):
     self.assertConverts("""
         import jax
 
-        g = jax.pmap(f, "i", in_axes=None, axis_size=4)
+        g = jax.pmap(f, "i", axis_size=4, devices=jax.devices()[:4])
         """, """
         import jax
         import functools
@@ -43,9 +43,12 @@ class TargetTest(SiteTest):
         from jax.experimental.shard_map import shard_map
         from pmap_shard_map import host_local_io, on_pmap_mesh
 
-        g = host_local_io(jax.jit(
-            on_pmap_mesh(functools.partial(shard_map, in_specs=P(), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, across_hosts=True)(f)),
-            in_specs=P(), out_specs=P("i"), axes=("i",))
+        g = host_local_io(
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"),
+                                                   out_specs=P("i"), check_rep=False),
+                                 drop_device_axis=True, axes=("i",), axis_size=4,
+                                 devices=jax.devices()[:4], across_hosts=True)(f)),
+            in_specs=P("i"), out_specs=P("i"), axes=("i",), devices=jax.devices()[:4])
         """)
 
   def test_old_form_decorator_gets_an_outer_host_local_io_decorator(self):
@@ -53,19 +56,30 @@ class TargetTest(SiteTest):
         import functools
         import jax
 
-        @functools.partial(jax.pmap, static_broadcasted_argnums=1)
+        AXES = (0, None)
+
+        @functools.partial(jax.pmap, in_axes=AXES)
         def step(x, n):
             return x
         """, """
         import functools
         import jax
-        from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
-        from pmap_shard_map import host_local_io, on_pmap_mesh
+        from jax.sharding import PartitionSpec as P
 
-        @functools.partial(host_local_io, in_specs=P("devices"), out_specs=P("devices"), static_argnums=1)
-        @functools.partial(jax.jit, static_argnums=1)
-        @on_pmap_mesh(functools.partial(shard_map, in_specs=P("devices"), out_specs=P("devices"), check_rep=False), drop_device_axis=True, static_argnums=1, across_hosts=True)
+        from pmap_shard_map import host_local_io, on_pmap_mesh, specs_from_axes
+
+        AXES = (0, None)
+
+        @functools.partial(host_local_io,
+                           in_specs=specs_from_axes(AXES, "devices", outputs=False),
+                           out_specs=P("devices"))
+        @jax.jit
+        @on_pmap_mesh(
+            functools.partial(shard_map,
+                              in_specs=specs_from_axes(AXES, "devices", outputs=False),
+                              out_specs=P("devices"), check_rep=False),
+            drop_device_axis=True, across_hosts=True)
         def step(x, n):
             return x
         """)

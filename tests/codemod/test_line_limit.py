@@ -173,6 +173,8 @@ import unittest
 import jax
 import jax.numpy as jnp
 
+TRAIN_STEP_AXES = (0, None)
+
 
 class TrainStepTest(unittest.TestCase):PYTYPE
 
@@ -190,7 +192,7 @@ class TrainStepTest(unittest.TestCase):PYTYPE
                       axis_name="batch", in_axes=(0, 0))
       self.assertIsNotNone(step)
 
-  @functools.partial(jax.pmap, axis_name="i", static_broadcasted_argnums=(1,))
+  @functools.partial(jax.pmap, axis_name="i", in_axes=TRAIN_STEP_AXES)
   def _train_step(self, params, learning_rate):
     return params * learning_rate
 '''.replace("PYTYPE", PYTYPE)
@@ -234,7 +236,7 @@ def test_no_added_line_beyond_the_limit_through_the_command_line(config, width, 
   added = [line[1:] for line in difflib.unified_diff(STEP_TEST.splitlines(), after.splitlines(),
                                                      lineterm="", n=0)
            if line.startswith("+") and not line.startswith("+++")]
-  # Plain sites, and one kept in the old form by static_broadcasted_argnums.
+  # Plain sites, and one kept in the old form by in_axes known only at run time.
   assert "placed_on(" in after and "on_pmap_mesh(" in after, after
   assert "jax.pmap" not in after, after
   assert [line for line in added if len(line) > width] == [], after

@@ -390,3 +390,62 @@ def test_pmap_bound_or_deleted_is_reported_not_rewritten():
   new, findings = rewrite(source, target="experimental")
   assert new == source
   assert any(f.severity.name == "ERROR" and "bound or deleted" in f.message for f in findings)
+
+
+STATIC = '''\
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def step(state, batch, repeats, mode):
+  y = state + batch
+  if mode == "mean":
+    y = jax.lax.pmean(y, "batch")
+  for _ in range(repeats):
+    y = y * 1.5
+  return y, {"sum": jnp.sum(y), "mode": jnp.float32(len(mode))}
+
+
+@functools.partial(jax.pmap, axis_name="i", in_axes=(0, None, 0),
+                   static_broadcasted_argnums=1, donate_argnums=0)
+def scaled(x, k, w):
+  return jax.lax.psum(x * k, "i") + w
+
+
+def run():
+  n = jax.local_device_count()
+  p_step = jax.pmap(step, axis_name="batch", static_broadcasted_argnums=(2, 3))
+  x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+  s, aux = p_step(x, x, 2, "mean")
+  s, aux = p_step(s, x, 3, "sum")
+  s, aux = p_step(s, x, 3, "sum")
+  kept = np.asarray(s)  # scaled donates s
+  u = scaled(s, 2, x)
+  u = scaled(u, 2, x)
+  u = scaled(u, 2.5, x)
+  quarter = jax.pmap(lambda v: v - jax.lax.axis_index("q"), axis_name="q", axis_size=n // 2)
+  return kept, aux, u, quarter(x[: n // 2])
+'''
+
+
+def test_static_arguments_and_axis_size_in_the_plain_form():
+  """static_broadcasted_argnums go to jit and to placed_on, which passes them through
+  shard_map as they are (strings, loop counts); axis_size gives the mesh its first
+  devices. Results are legacy's, and each site compiles once per static value, as legacy
+  pmap did."""
+  new = _converted(STATIC)
+  assert "on_pmap_mesh" not in new and "host_local_io" not in new, new
+  assert "placed_on(batch_mesh, P(\"batch\"), static_argnums=(2, 3))(" in new, new
+  assert "@placed_on(i_mesh, (P(\"i\"), P(), P(\"i\")), static_argnums=(1,))" in new, new
+  assert "@functools.partial(jax.jit, static_argnums=1, donate_argnums=0)" in new, new
+  assert "jax.sharding.Mesh(jax.devices()[:n // 2], (\"q\",))" in new, new
+  legacy, legacy_compiles = _run_counting(load(STATIC, "static_legacy"))
+  ours, our_compiles = _run_counting(load(new, "static_converted"))
+  assert_trees_equal(legacy, ours)
+  for name in ("step", "scaled", "lambda"):
+    assert (len([n for n in our_compiles if name in n])
+            == len([n for n in legacy_compiles if name in n])), (legacy_compiles, our_compiles)
+  assert len([n for n in legacy_compiles if "step" in n]) == 2, legacy_compiles

@@ -90,12 +90,14 @@ def recorded(tmp_path_factory) -> tuple[str, str]:
 
 
 def _converted(program: str, directory, target: str) -> str:
-  """The codemod's rewrite: three sites in the plain form, `power` (static arguments) not."""
+  """The codemod's rewrite: every site in the plain form, `power`'s static argument held
+  by placed_on."""
   tree = equivalence.rewrite_files({program: ()}, target, str(directory))
   assert tree.error is None, tree.report
   converted = os.path.join(str(directory), os.path.basename(program))
   text = open(converted, encoding="utf-8").read()
-  assert text.count("per_device") == 4 and text.count("on_pmap_mesh(") == 1, text
+  assert text.count("per_device") == 5 and "on_pmap_mesh" not in text, text
+  assert "static_argnums=(1,))(" in text, text
   assert "jax.pmap" not in text
   return converted
 
