@@ -644,7 +644,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     in_specs, static = placement
     options = site.options
     given = options.get("axis_name")
-    literal = given is None or is_none(given) or isinstance(given, cst.SimpleString)
+    literal = (given is None or is_none(given) or isinstance(given, cst.SimpleString)
+               or self._module_constant(given))
     mesh = self._meshes.mesh_for(site.node, names, literal, devices)
     # Comments on devices= / backend= go with the mesh statement, which says them now.
     chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
@@ -678,6 +679,25 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._replace_decorators(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, _comments_of(chosen))
     self._add_imports(partial, ["per_device", "placed_on"])
+
+  def _module_constant(self, node: cst.BaseExpression) -> bool:
+    """Whether ``node`` is a name the module binds once, to a string literal, and nothing
+    binds again (no ``global`` rebinding, no local of that name where it is read): it
+    means the same wherever the file reads it, as a literal does."""
+    if not isinstance(node, cst.Name):
+      return False
+    scope = self.get_metadata(ScopeProvider, node, None)
+    if scope is None:
+      return False
+    assignments = list(scope[node.value])
+    if len(assignments) != 1 or not isinstance(assignments[0].scope, cst.metadata.GlobalScope):
+      return False
+    bound = assignments[0].node
+    return any(isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1
+               and isinstance(st.body[0], cst.Assign) and len(st.body[0].targets) == 1
+               and st.body[0].targets[0].target is bound
+               and isinstance(st.body[0].value, cst.SimpleString)
+               for st in self._module.body)
 
   def _plan_call_site(self, site: Site, roles: dict[str, Arg], fun_arg: Arg, call: Call,
                       moved: Sequence[Arg] = ()) -> None:

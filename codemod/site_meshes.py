@@ -6,13 +6,15 @@ body is passed over for the function or module around it), placed before the sta
 of that body that holds the site. Building it there, not at the top of the module, keeps
 a converted library from starting JAX's backend when it is imported (which would come
 before a program's ``jax.distributed.initialize``). Sites of one body with the same
-literal axis names share one mesh, built before the first of them; an axis name that is
-not a literal (a variable), or pmap's ``devices=`` / ``backend=`` (the mesh then spans
-those devices, ``jax.devices(backend)``), gets its mesh just before its own statement,
-where those values hold (``hoistable`` says where they would not: then the site keeps
-the form whose mesh is built on its first call). The name is ``mesh`` (``<axis>_mesh`` in a file whose sites use
-several axis names) unless the file already uses that identifier, then the other one,
-then a numbered one.
+literal axis names (or module constants bound once to a string) share one mesh, built
+before the first of them; an axis name that is not a literal (a variable), or pmap's
+``devices=`` / ``backend=`` / ``axis_size=`` (the mesh then spans those devices,
+``jax.devices(backend)``, the first ``axis_size`` of them), gets its mesh just before its
+own statement, where those values hold (``hoistable`` says where they would not: then
+the site keeps the form whose mesh is built on its first call). The name is ``mesh``
+(``<axis>_mesh`` in a file whose sites use several axis names, in lower case for a
+constant) unless the file already uses that identifier, then the other one, then a
+numbered one.
 """
 from __future__ import annotations
 
@@ -197,7 +199,9 @@ class MeshPlan:
 
   def _name(self, owner: cst.CSTNode, axes: list[str]) -> str:
     used = {m.name for m in self._meshes.values() if m.owner is owner}
+    # An axis given by a constant (_PMAP_AXIS_NAME) names its mesh in lower case.
     axis = re.sub(r"\W", "", axes[0].strip("'\"")) if len(axes) == 1 else ""
+    axis = axis.lower().strip("_") if axis.isupper() else axis
     candidates = ["mesh"] + ([f"{axis}_mesh"] if axis.isidentifier() else [])
     if self._by_axis and len(candidates) > 1:
       candidates.reverse()

@@ -82,6 +82,37 @@ def test_call_sites_in_a_function_share_its_mesh_per_axis_name():
   assert 'placed_on(model_mesh, P("model"))' in body
 
 
+@pytest.mark.parametrize("rebinds", [False, True])
+def test_sites_with_the_same_module_constant_axis_share_a_mesh(rebinds):
+  """An axis name held in a module constant means the same at each site, as a literal
+  does: one mesh per function, named after the constant. A constant something rebinds
+  (``global``) gets a mesh before each site's own statement."""
+  new = _converted('''\
+      import jax
+
+      _PMAP_AXIS_NAME = "i"
+
+
+      def train(f, g, x, flag):
+        reset = jax.pmap(f, axis_name=_PMAP_AXIS_NAME)
+        if flag:
+          x = reset(x)
+        step = jax.pmap(g, axis_name=_PMAP_AXIS_NAME, in_axes=(0, None))
+        return jax.pmap(f, "j")(step(x, 1.0))
+      ''' + (textwrap.indent("\n\ndef rename():\n  global _PMAP_AXIS_NAME\n"
+                             "  _PMAP_AXIS_NAME = 'k'\n", "      ") if rebinds else ""))
+  body = new[new.index("def train"):]
+  meshes = [line.strip() for line in body.splitlines() if "jax.sharding.Mesh(" in line]
+  if rebinds:
+    assert meshes == ["pmap_axis_name_mesh = jax.sharding.Mesh(jax.devices(), (_PMAP_AXIS_NAME,))",
+                      "mesh = jax.sharding.Mesh(jax.devices(), (_PMAP_AXIS_NAME,))",
+                      'j_mesh = jax.sharding.Mesh(jax.devices(), ("j",))'], body
+  else:
+    assert meshes == ["pmap_axis_name_mesh = jax.sharding.Mesh(jax.devices(), (_PMAP_AXIS_NAME,))",
+                      'j_mesh = jax.sharding.Mesh(jax.devices(), ("j",))'], body
+    assert body.count("placed_on(pmap_axis_name_mesh, ") == 2, body
+
+
 def test_mesh_name_the_file_uses_is_not_taken_and_a_variable_axis_waits_for_its_value():
   new = _converted('''\
       import jax
