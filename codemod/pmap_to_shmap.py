@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
   mode.add_argument("--diff", action="store_true", help="print a unified diff (default)")
   mode.add_argument("--check", action="store_true", help="exit 1 if anything would change")
   mode.add_argument("--in-place", action="store_true", help="rewrite files in place")
-  p.add_argument("--report", metavar="FILE", help="write the site report to FILE (default: stderr)")
+  p.add_argument("--report", metavar="FILE",
+                 help="write the site report to FILE, '-' for stdout (default: stderr)")
   p.add_argument("--follow-symlinks", action="store_true",
                  help="also convert files and walk directories that symlinks lead to outside "
                       "the given paths (the link's target is written, never the link); by "
@@ -271,8 +272,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _write_report(path: str | None, report: str) -> bool:
-  """Writes the report to ``path`` (stderr if None); False if it could not (it then goes
-  to stderr, with the reason)."""
+  """Writes the report to ``path`` (stderr if None, stdout if "-"); False if it could not
+  (it then goes to stderr, with the reason)."""
+  if path == "-":
+    sys.stdout.write(report)
+    return True
   if path is not None:
     try:
       with open(path, "w", encoding="utf-8") as f:

@@ -49,6 +49,15 @@ def test_report_lines_and_totals(tree, capsys):
   assert lines[-1].startswith("2 files scanned, 1 changed; 1 pmap sites found, 1 converted, 0 reported")
 
 
+def test_report_dash_goes_to_stdout_after_the_changes(tree, capsys, monkeypatch):
+  monkeypatch.chdir(tree)
+  code, out, err = run_cli("--check", tree, "--report", "-", capsys=capsys)
+  assert code == 1 and err == "" and not (tree / "-").exists()
+  assert out.splitlines()[-1].startswith("2 files scanned, 1 changed; 1 pmap sites found")
+  _, diff_and_report, _ = run_cli(tree, "--report", "-", capsys=capsys)
+  assert diff_and_report.startswith("--- a/") and "INFO pmap converted" in diff_and_report
+
+
 def test_check_exits_1_when_something_would_change(tree, capsys):
   code, out, _ = run_cli("--check", tree, capsys=capsys)
   assert code == 1 and out == ""
