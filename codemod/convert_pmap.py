@@ -14,10 +14,13 @@ and a call ``placed_on(mesh, P("i"))(jax.jit(jax.shard_map(per_device(f), mesh=m
 ...)))``: the specs are pmap's in_axes / out_axes, the mesh a statement the file gets
 where it builds the pmap (``site_meshes``), and ``per_device`` / ``placed_on`` (from the
 support module the converted tree gets once, see ``codemod.support_module``) pmap's view
-of the arguments and its placement of them. A site plain code cannot express (nested
-pmaps, static_broadcasted_argnums, devices, backend, axis_size, axes held in variables)
-becomes ``host_local_io(jax.jit(on_pmap_mesh(...)(f)), ...)``, which builds pmap's mesh on
-the first call. A site that cannot be converted exactly is left as it is and reported as
+of the arguments and its placement of them; static_broadcasted_argnums go to both jit
+and placed_on, devices / backend / axis_size to the mesh's devices. A module-level site
+of a library module (or of a program calling jax.distributed.initialize) is that code in
+``on_first_call(lambda f: ...)``, over a mesh a cached function builds. A site plain code
+cannot express (nested pmaps, axes held in variables) becomes
+``host_local_io(jax.jit(on_pmap_mesh(...)(f)), ...)``, which builds pmap's mesh on the
+first call. A site that cannot be converted exactly is left as it is and reported as
 an ERROR with the reason. With ``--target jax`` the names newest JAX removed are rewritten
 (the ``jax.tree_map`` family, ``device_put_replicated`` / ``device_put_sharded``) or
 reported. Findings go to the context's warnings (``self.warn``), one
@@ -212,7 +215,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         by_axis=len(axes) > 1)
     # A module-level mesh starts JAX's backend at import: not in a library module (whoever
     # imports it may call jax.distributed.initialize after) nor in a program that calls
-    # it. Their module-level sites build pmap's mesh on the first call (on_pmap_mesh).
+    # it. Their module-level sites are made on their first call (on_first_call).
     path = self.context.filename
     self._imported_before_jax_starts = bool(
         (path and os.path.isfile(path) and support_module.package_of(path) is not None)
@@ -461,7 +464,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       why = ""
       if self._meshes.at_module_level(site.node) and self._imported_before_jax_starts:
         why = ("; at module level in a library module or a program that calls "
-               "jax.distributed.initialize, so its mesh is built on the first call, not when "
+               "jax.distributed.initialize: its mesh is built on the first call, not when "
                "the module is imported")
       self._report(site.node, Severity.INFO,
                    f"pmap converted to jax.jit(shard_map) over mesh axes {names}{why}")
@@ -581,10 +584,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     indent = len(self._indent_of(pos.line))
     plain_mesh, devices = self._mesh_devices(site, extra)
     if (len(levels) == 1 and static_nums is not None and plain_mesh
-        and "specs_from_axes(" not in in_specs + out_specs
-        and not (self._meshes.at_module_level(site.node) and self._imported_before_jax_starts)):
+        and "specs_from_axes(" not in in_specs + out_specs):
+      # A module-level site of a library module, or of a program that calls
+      # jax.distributed.initialize, must not ask JAX for its devices at import.
+      lazy = self._meshes.at_module_level(site.node) and self._imported_before_jax_starts
       self._build_plain(site, names, roles, (in_specs, static_nums), in_arg, out_arg, jit_kw,
-                        partial, devices)
+                        partial, devices, lazy)
       return
     smap = Call(partial, (shard_map, in_arg, out_arg, check))
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
@@ -635,18 +640,21 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg],
                    placement: tuple[str, tuple[int, ...]], in_arg: Arg, out_arg: Arg,
-                   jit_kw: list[Arg], partial: str, devices: str | None) -> None:
+                   jit_kw: list[Arg], partial: str, devices: str | None,
+                   lazy: bool = False) -> None:
     """The site as a JAX engineer writes it: ``jax.jit`` over ``jax.shard_map`` on a mesh
     the file builds (``site_meshes``), the function through ``per_device`` (pmap's view
     of its arguments), and ``placed_on`` putting the arguments on the mesh first
     (``placement``: the in_specs, and pmap's static_broadcasted_argnums, which it holds
-    as they are through shard_map)."""
+    as they are through shard_map). A ``lazy`` site is that code in
+    ``on_first_call(lambda f: ...)``, over a mesh a cached function makes: nothing asks
+    JAX for its devices before the site's first call."""
     in_specs, static = placement
     options = site.options
     given = options.get("axis_name")
     literal = (given is None or is_none(given) or isinstance(given, cst.SimpleString)
                or self._module_constant(given))
-    mesh = self._meshes.mesh_for(site.node, names, literal, devices)
+    mesh = self._meshes.mesh_for(site.node, names, literal, devices, lazy)
     # Comments on devices= / backend= go with the mesh statement, which says them now.
     chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
               if devices is not None and options.get(name) is not None]
@@ -655,12 +663,25 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     axes_kw = [self._copied(value, f"{name}=") for name in ("in_axes", "out_axes")
                if (value := options.get(name)) is not None
                and not (isinstance(value, cst.Integer) and value.value == "0")]
-    place = Call("placed_on", (mesh, breakable(in_specs),
-                               *([f"static_argnums={_tuple_source(static)}"] if static else [])))
-    mesh_kw = f"mesh={mesh}"
+    made = f"{mesh}()" if lazy else mesh
+    place = Call("lambda f: placed_on" if lazy else "placed_on", (
+        made, breakable(in_specs),
+        *([f"static_argnums={_tuple_source(static)}"] if static else [])))
+    mesh_kw = f"mesh={made}"
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
-    if site.fundef is None:
+    if lazy:
+      jit = Call("jax.jit", (Call(shard_map, (Call("per_device", ("f", *axes_kw)), mesh_kw, in_arg,
+                                               out_arg, check)), *jit_kw))
+      build = Call("on_first_call", (Call(place, (jit,)),))
+      if site.fundef is None:
+        assert site.fun is not None  # a call site without a function is reported, not built
+        fun_arg = Arg(self._copied(site.fun))
+        self._plan_call_site(site, roles, fun_arg, Call(build, (fun_arg,)), chosen)
+      else:
+        fallback = self._attach_comments(site, roles, None, None)
+        self._replace_decorators(site, [build], fallback, indent, chosen)
+    elif site.fundef is None:
       fun = site.fun
       assert fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(Call("per_device", (self._copied(fun), *axes_kw)))
@@ -678,7 +699,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
       self._replace_decorators(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, _comments_of(chosen))
-    self._add_imports(partial, ["per_device", "placed_on"])
+    self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if lazy else []))
 
   def _module_constant(self, node: cst.BaseExpression) -> bool:
     """Whether ``node`` is a name the module binds once, to a string literal, and nothing
@@ -690,7 +711,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if scope is None:
       return False
     assignments = list(scope[node.value])
-    if len(assignments) != 1 or not isinstance(assignments[0].scope, cst.metadata.GlobalScope):
+    if (len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment)
+        or not isinstance(assignments[0].scope, cst.metadata.GlobalScope)
+        or self._module is None):
       return False
     bound = assignments[0].node
     return any(isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1
@@ -896,6 +919,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     written += self._unreplicate.code()
     written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
                 for d in new]
+    written += self._meshes.decorators()
     text = "\n".join(written)
     candidates = [imports.Wanted("jax"), imports.Wanted("functools"),
                   imports.Wanted("jax.sharding", "PartitionSpec", "P"),
@@ -1029,8 +1053,16 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     blank = pinned[-1] + 1 if pinned else 0
     while blank < len(lines) and lines[blank].comment is None:
       blank += 1
-    meshes[0] = meshes[0].with_changes(leading_lines=lines[:blank])
     kept = lines[:blank] if isinstance(updated, (cst.FunctionDef, cst.ClassDef)) else []
+    if any(isinstance(m, cst.FunctionDef) for m in meshes):
+      # A mesh made by a function: two blank lines around each def, as at module level.
+      two = [cst.EmptyLine(indent=False)] * 2
+      meshes = [m.with_changes(leading_lines=(lines[:blank - 2] if i == 0 and blank > 2 else [])
+                               + two + list(cast(cst.FunctionDef, m).leading_lines))
+                for i, m in enumerate(meshes)]
+      kept = two
+    else:
+      meshes[0] = meshes[0].with_changes(leading_lines=lines[:blank])
     return cst.FlattenSentinel([*meshes, updated.with_changes(leading_lines=kept + lines[blank:])])
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef,

@@ -39,6 +39,7 @@ class _Mesh:
   axes: tuple[str, ...]  # the axis names' source
   owner: cst.CSTNode  # the Module or FunctionDef whose body gets the statement
   devices: str  # the source of the mesh's device list
+  lazy: bool = False  # a cached function making it, called on the sites' first call
   statements: list[cst.BaseStatement] = field(default_factory=list)  # its sites' statements
   comments: list[str] = field(default_factory=list)  # on what its devices came from
 
@@ -58,17 +59,18 @@ class MeshPlan:
     self._of_site: dict[cst.CSTNode, _Mesh] = {}
 
   def mesh_for(self, node: cst.CSTNode, axes: list[str], literal: bool,
-               devices: str | None = None) -> str:
+               devices: str | None = None, lazy: bool = False) -> str:
     """The name of the mesh the site at ``node`` (a call, or a def's decorator) runs on:
     over ``jax.devices()``, or over ``devices`` (source of pmap's ``devices=`` list, or
-    ``jax.devices(backend)``), evaluated where the mesh is built (``hoistable``)."""
+    ``jax.devices(backend)``), evaluated where the mesh is built (``hoistable``); a
+    ``lazy`` one is a function, ``@functools.cache`` over that statement's value."""
     owner, statement = self._place(node)
     shared = literal and devices is None
-    key = (id(owner) if shared else id(statement), tuple(axes), devices)
+    key = (id(owner) if shared else id(statement), tuple(axes), devices, lazy)
     mesh = self._meshes.get(key)
     if mesh is None:
       mesh = self._meshes[key] = _Mesh(self._name(owner, axes), tuple(axes), owner,
-                                       devices or "jax.devices()")
+                                       devices or "jax.devices()", lazy)
     mesh.statements.append(statement)
     self._of_site[node] = mesh
     self._before = None
@@ -112,8 +114,17 @@ class MeshPlan:
     except Unconvertible:
       return False
 
+  def decorators(self) -> list[str]:
+    """The source of the decorators the mesh statements carry (for the imports)."""
+    return ["@functools.cache" for mesh in self._meshes.values() if mesh.lazy]
+
   def where(self, node: cst.CSTNode) -> str:
-    """For the report: a note when the site's mesh is built at import."""
+    """For the report: a note when the site's mesh is built at import, or made on the
+    first call."""
+    if node in self._of_site and self._of_site[node].lazy:
+      return ("; at module level in a library module or a program that calls "
+              "jax.distributed.initialize: the site and its mesh are made on its first call, "
+              "not when the module is imported")
     if not self.at_module_level(node):
       return ""
     return ("; the mesh is built when the module is imported, which starts JAX's backend "
@@ -149,7 +160,12 @@ class MeshPlan:
     for mesh in self._firsts().get(original, ()):
       axes = f"({', '.join(mesh.axes)},)" if len(mesh.axes) == 1 else f"({', '.join(mesh.axes)})"
       call = edits.Call(MESH, (mesh.devices, axes))
-      text = f"{mesh.name} = " + edits.render(call, indent + len(mesh.name) + 3, indent, style)
+      if mesh.lazy:
+        inner = indent + len(style.unit)
+        text = (f"@functools.cache\ndef {mesh.name}():\n{' ' * inner}return "
+                + edits.render(call, inner + 7, inner, style))
+      else:
+        text = f"{mesh.name} = " + edits.render(call, indent + len(mesh.name) + 3, indent, style)
       above, after = list(mesh.comments), ""
       last = text.rsplit("\n", 1)[-1]
       if above and (indent if "\n" not in text else 0) + len(last) + 2 + len(

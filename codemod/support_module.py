@@ -23,7 +23,8 @@ import libcst as cst
 
 from codemod import files
 
-VERSION = 7  # 7: static arguments in the plain form; 6: shorter plain-form helpers; 5: public JAX only
+# 7: static arguments and on_first_call in the plain form; 6: shorter plain-form helpers
+VERSION = 7
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 

@@ -489,3 +489,25 @@ def _restore_mapped_axes(specs, tree):
     return (jax.tree.map(lambda leaf: jax.lax.expand_dims(leaf, axes), subtree)
             if axes else subtree)
   return jax.tree.map(restore, specs, tree, is_leaf=_is_spec)
+
+
+def on_first_call(build):
+  """Decorator: the site ``build(fun)`` makes, made on its first call instead of
+  at import, since its mesh asks JAX for the devices: a program may do that only
+  after jax.distributed.initialize."""
+  def decorate(fun):
+    made = []
+
+    def site():
+      if not made:
+        made.append(build(fun))
+      return made[0]
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+      return site()(*args, **kwargs)
+
+    call.lower = lambda *args, **kwargs: site().lower(*args, **kwargs)
+    return call
+
+  return decorate

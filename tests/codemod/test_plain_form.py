@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -304,23 +305,99 @@ def test_a_script_runs_from_its_own_directory_as_its_readme_says(tmp_path):
   assert run_script() == legacy
 
 
-def test_a_program_that_initializes_jax_distributed_builds_no_mesh_at_import():
-  # Its module-level sites get pmap's mesh on the first call, after initialize ran.
-  new = _converted('''\
-      import jax
+LIBRARY = '''\
+"""Helpers a program imports before it calls jax.distributed.initialize."""
+import functools
+
+import jax
+from jax import lax
+
+pmap_mean = jax.pmap(lambda x: lax.pmean(x, "i"), axis_name="i")  # the mean
 
 
-      @jax.pmap
-      def double(x):
-        return x * 2
+@functools.partial(jax.pmap, axis_name="i", donate_argnums=0)
+def scaled(x, k):
+  return lax.psum(x * k, "i")
+'''
+
+PROGRAM = '''\
+import os
+import pickle
+import socket
+import sys
+
+import numpy as np
+
+from pkg import helpers
+from jax._src import xla_bridge
+
+started = xla_bridge.backends_are_initialized()
+with socket.socket() as s:
+  s.bind(("127.0.0.1", 0))
+  port = s.getsockname()[1]
+import jax
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
+x = np.arange(24, dtype=np.float32).reshape(8, 3)
+mean = helpers.pmap_mean(x)
+kept = np.asarray(mean)
+out = helpers.scaled(helpers.scaled(mean, np.full((8, 1), 2.0, np.float32)),
+                     np.full((8, 1), 0.5, np.float32))
+lowered = helpers.scaled.lower(x, np.ones((8, 1), np.float32)) is not None
+sys.stdout.buffer.write(pickle.dumps((started, lowered, kept, np.asarray(out))))
+'''
 
 
-      def main():
-        jax.distributed.initialize()
-        return double
-      ''')
-  assert "jax.sharding.Mesh(" not in new and "@on_pmap_mesh(" in new
-  assert "@functools.partial(host_local_io" in new
+def test_module_level_sites_of_a_library_are_made_on_their_first_call(tmp_path):
+  """A module-level site in a library module (or in a program that calls
+  jax.distributed.initialize) asks JAX for no device at import: its mesh is a cached
+  function and the site, the plain form's code, is made by on_first_call. A program
+  importing the library first still initializes, and gets legacy's results."""
+  results, converted = [], ""
+  for name, text in (("legacy", LIBRARY), ("converted", None)):
+    root = tmp_path / name
+    (root / "pkg").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "helpers.py").write_text(LIBRARY)
+    (root / "program.py").write_text(PROGRAM)
+    if text is None:
+      subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--in-place",
+                      "--target", "experimental", str(root / "pkg")], cwd=ROOT, check=True,
+                     capture_output=True)
+      converted = (root / "pkg" / "helpers.py").read_text()
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "program.py"], cwd=root, env=env,
+                          capture_output=True, check=True, timeout=300)
+    results.append(pickle.loads(done.stdout))
+  legacy, ours = results
+  assert ours[:2] == legacy[:2] == (False, True)
+  assert_trees_equal(legacy[2:], ours[2:])
+  support_import = "from pkg._pmap_shard_map import on_first_call, per_device, placed_on\n"
+  assert converted.split(support_import)[1] == (
+      textwrap.dedent('''
+
+      @functools.cache
+      def mesh():
+        return jax.sharding.Mesh(jax.devices(), ("i",))
+
+
+      pmap_mean = on_first_call(
+          lambda f: placed_on(mesh(), P("i"))(
+              jax.jit(
+                  shard_map(
+                      per_device(f), mesh=mesh(), in_specs=P("i"), out_specs=P("i"),
+                      check_rep=False))))(lambda x: lax.pmean(x, "i"))  # the mean
+
+
+      @on_first_call(
+          lambda f: placed_on(mesh(), P("i"))(
+              jax.jit(shard_map(per_device(f), mesh=mesh(), in_specs=P("i"),
+                                out_specs=P("i"), check_rep=False),
+                      donate_argnums=0)))
+      def scaled(x, k):
+        return lax.psum(x * k, "i")
+      ''')), converted
 
 
 DEVICES = '''\
