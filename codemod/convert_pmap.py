@@ -474,7 +474,15 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                    f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh over {devices} "
                    f"with axis {names}" + self._meshes.where(site.node))
       again = self._evaluated_again(site)
-      if again is not None:
+      if again is not None and isinstance(site.fun, cst.Attribute):
+        # A bound method is a new object on each access: legacy pmap compiled it again
+        # too; a function held in an attribute is the same object, which it reused.
+        self._report(site.node, Severity.WARNING,
+                     f"the converted site is built {again}: each time makes a new jax.jit, "
+                     f"which traces and compiles again; legacy pmap did too if {_code(site.fun)} "
+                     "is a bound method (a new object on each access), but reused its compile "
+                     "if it is a function: then build the site once, outside")
+      elif again is not None:
         self._report(site.node, Severity.WARNING,
                      f"the converted site is built {again}: each time makes a new jax.jit, "
                      "which traces and compiles again where legacy pmap reused its compile "
