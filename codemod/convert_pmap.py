@@ -17,10 +17,11 @@ support module the converted tree gets once, see ``codemod.support_module``) pma
 of the arguments and its placement of them; static_broadcasted_argnums go to both jit
 and placed_on, devices / backend / axis_size to the mesh's devices. A module-level site
 of a library module (or of a program calling jax.distributed.initialize) is that code in
-``on_first_call(lambda f: ...)``, over a mesh a cached function builds. A site plain code
-cannot express (nested pmaps, axes held in variables) becomes
-``host_local_io(jax.jit(on_pmap_mesh(...)(f)), ...)``, which builds pmap's mesh on the
-first call. A site that cannot be converted exactly is left as it is and reported as
+``on_first_call(lambda f: ...)``, over a mesh a cached function builds. A site whose
+options plain code cannot express (axes held in variables, ...) keeps pmap's call, its
+arguments as written, on ``pmap_via_shard_map`` (the support module's function with
+pmap's signature); nested pmaps become ``host_local_io(jax.jit(on_pmap_mesh(...)(f)),
+...)``, which builds pmap's mesh on the first call. A site that cannot be converted exactly is left as it is and reported as
 an ERROR with the reason. With ``--target jax`` the names newest JAX removed are rewritten
 (the ``jax.tree_map`` family, ``device_put_replicated`` / ``device_put_sharded``) or
 reported. Findings go to the context's warnings (``self.warn``), one
@@ -146,6 +147,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._meshes = site_meshes.MeshPlan(cst.Module([]), self.get_metadata, set())
     # sites in the plain form -> (their mesh, the source of its devices)
     self._plain: dict[cst.CSTNode, tuple[str, str]] = {}
+    self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
     self._imported_before_jax_starts = False  # see visit_Module
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -460,7 +462,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.sites_converted += 1
     names = ", ".join(self._axis_names(site))
     plain = self._plain.get(site.node)
-    if plain is None:
+    if site.node in self._via:
+      self._report(site.node, Severity.INFO,
+                   f"pmap converted to {_VALUE_PMAP} (support module) with the same arguments: "
+                   "pmap's signature over jax.jit and shard_map, for options known only at run "
+                   "time")
+    elif plain is None:
       why = ""
       if self._meshes.at_module_level(site.node) and self._imported_before_jax_starts:
         why = ("; at module level in a library module or a program that calls "
@@ -599,6 +606,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._build_plain(site, names, roles, (in_specs, static_nums), in_arg, out_arg, jit_kw,
                         partial, devices, lazy)
       return
+    if len(levels) == 1:
+      # Options known only at run time: pmap's own arguments, to the function that gives
+      # pmap's signature over jax.jit and shard_map.
+      self._build_via(site, indent, partial)
+      return
     smap = Call(partial, (shard_map, in_arg, out_arg, check))
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
     if site.fundef is None:
@@ -619,6 +631,25 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if "specs_from_axes(" in in_specs + out_specs:
       support.append("specs_from_axes")
     self._add_imports(partial, support)
+
+  def _build_via(self, site: Site, indent: int, partial: str) -> None:
+    """``pmap_via_shard_map(f, <pmap's arguments as written>)``, or the decorator
+    ``partial(pmap_via_shard_map, ...)``: pmap's own call on a function of the support
+    module with pmap's signature, each argument (and its comments) copied."""
+    roles = {name: Arg(self._copied(value, f"{name}="))
+             for name, value in site.options.values.items() if name != "fun"}
+    if site.fundef is None:
+      assert site.fun is not None  # a call site without a function is reported, not built
+      fun_arg = Arg(self._copied(site.fun))
+      self._plan_call_site(site, roles, fun_arg, Call(_VALUE_PMAP, (fun_arg, *roles.values())))
+    else:
+      decorator = Call(partial, (Arg(_VALUE_PMAP), *roles.values()))
+      fallback = self._attach_comments(site, roles, None, decorator)
+      self._replace_decorators(site, [decorator], fallback, indent)
+    self._via.add(site.node)
+    self._add_imports(partial, [_VALUE_PMAP])
+    # `import jax` may have served jax.pmap alone.
+    RemoveImportsVisitor.remove_unused_import(self.context, "jax")
 
   def _mesh_devices(self, site: Site, extra: dict[str, cst.BaseExpression | None]
                     ) -> tuple[bool, str | None]:
@@ -1102,6 +1133,7 @@ def _keyword(arg: Arg) -> str:
 
 # What a pmap handed around as a value becomes (the support module's function).
 _VALUE_PMAP = "pmap_via_shard_map"
+
 
 
 def _comments_of(args: Sequence[Arg]) -> list[str]:

@@ -59,29 +59,24 @@ class InAxesTest(SiteTest):
   def test_negative_axis_inside_tuple_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", in_axes=(0, -2))', "negative in_axes -2")
 
-  def test_non_literal_axes_become_specs_at_run_time(self):
+  def test_non_literal_axes_go_to_pmap_via_shard_map(self):
+    # pmap's own arguments, to the support function with pmap's signature (which reads
+    # the axes when it runs); `import jax` served jax.pmap alone.
     self.assertConverts("""
         import jax
 
         g = jax.pmap(f, "i", in_axes=my_axes)
         """, """
-        import jax
-        import functools
-        from jax.sharding import PartitionSpec as P
-        from jax.experimental.shard_map import shard_map
-        from pmap_shard_map import host_local_io, on_pmap_mesh, specs_from_axes
+        from pmap_shard_map import pmap_via_shard_map
 
-        g = host_local_io(
-            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=specs_from_axes(my_axes, "i", outputs=False), out_specs=P("i"), check_rep=False), drop_device_axis=True, across_hosts=True)(f)),
-            in_specs=specs_from_axes(my_axes, "i", outputs=False), out_specs=P("i"))
+        g = pmap_via_shard_map(f, axis_name="i", in_axes=my_axes)
         """)
 
-  def test_computed_out_axes_become_specs_at_run_time(self):
+  def test_computed_out_axes_go_to_pmap_via_shard_map(self):
     source = 'import jax\n\ng = jax.pmap(f, "i", out_axes=(0,) * 3)\n'
     new, findings = rewrite(source)
-    assert 'out_specs=specs_from_axes((0,) * 3, "i", outputs=True)' in new
-    assert "on_pmap_mesh(" in new  # axes only known at run time keep the old form
-    assert "from pmap_shard_map import host_local_io, on_pmap_mesh, specs_from_axes" in new
+    assert 'g = pmap_via_shard_map(f, axis_name="i", out_axes=(0,) * 3)' in new
+    assert "from pmap_shard_map import pmap_via_shard_map" in new
     assert [f.severity.value for f in findings] == ["INFO"]
 
   def test_non_literal_axes_in_nested_pmaps_are_reported(self):

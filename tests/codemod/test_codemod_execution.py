@@ -131,12 +131,12 @@ def test_rerun_on_a_converted_file_with_a_new_site_adds_only_missing_imports():
              if isinstance(node, (ast.Import, ast.ImportFrom))]
   support_imports = [node for node in imports if getattr(node, "module", None) == "pmap_shard_map"]
   assert len(support_imports) == 1
-  # The new site (axes known only at run time) keeps the old form: its names join the
-  # plain site's in the one import, and functools.partial is the only new import.
+  # The new site (axes known only at run time) goes to pmap_via_shard_map: its name joins
+  # the plain site's in the one import, and no other import is added.
   assert {a.name for a in support_imports[0].names} == {
-      "per_device", "placed_on", "host_local_io", "on_pmap_mesh", "specs_from_axes"}
+      "per_device", "placed_on", "pmap_via_shard_map"}
   added = [ast.unparse(node) for node in imports
            if ast.unparse(node) not in once and node not in support_imports]
-  assert added == ["import functools"], added
+  assert added == [], added
   module = load(twice.replace("\nmesh = jax", "\nAXES = 0\nf = abs\nmesh = jax"), "rerun_imports")
   assert callable(module.h)

@@ -50,12 +50,20 @@ class OptionsTest(SiteTest):
                                                       in_specs=P("i"), out_specs=P("i"),
                                                       check_rep=False)))''')
 
-  def test_axis_size_with_devices_keeps_the_run_time_mesh(self):
-    # pmap checked the two against each other when called: the mesh is built then.
-    self.assertSite('g = jax.pmap(f, "i", axis_size=4, devices=jax.devices()[:4])', '''
-        g = host_local_io(
-            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"), out_specs=P("i"), check_rep=False), drop_device_axis=True, axes=("i",), axis_size=4, devices=jax.devices()[:4], across_hosts=True)(f)),
-            in_specs=P("i"), out_specs=P("i"), axes=("i",), devices=jax.devices()[:4])''')
+  def test_axis_size_with_devices_goes_to_pmap_via_shard_map(self):
+    # pmap checked the two against each other when called: pmap's own call, on the
+    # support function with its signature.
+    self.assertConverts("""
+        import jax
+
+        g = jax.pmap(f, "i", axis_size=4, devices=jax.devices()[:4])
+        """, """
+        import jax
+
+        from pmap_shard_map import pmap_via_shard_map
+
+        g = pmap_via_shard_map(f, axis_name="i", axis_size=4, devices=jax.devices()[:4])
+        """)
 
   def test_explicit_none_axis_name_gets_the_default(self):
     self.assertSite('g = jax.pmap(f, axis_name=None, out_axes=None)', '''

@@ -235,16 +235,15 @@ def test_converted_notebook_runs_from_its_directory_as_legacy_did(tmp_path):
   # cell: a converted notebook adds one import line for it, no support cell.
   assert sorted(os.listdir(tmp_path)) == ["demo.ipynb", "legacy", "pmap_shard_map.py"]
   held = support_module.held((tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2])
-  # double is a plain site; run's axes are known only at run time (the old form).
-  assert held >= {"host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes"}
+  # double is a plain site; run's axes are known only at run time (pmap_via_shard_map).
+  assert held >= {"per_device", "placed_on", "pmap_via_shard_map"}
   assert "first_row" not in held and "device_put_replicated" not in held
   cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
   assert len(cells) == len(NOTEBOOK_CELLS) and cells[0] == NOTEBOOK_CELLS[0]
-  assert cells[1].startswith("import functools\n" + NOTEBOOK_CELLS[1])  # in its group
+  assert cells[1].startswith(NOTEBOOK_CELLS[1])
   assert "from jax.sharding import" in cells[1]
-  assert cells[1].rstrip().endswith("from pmap_shard_map import (host_local_io, on_pmap_mesh, "
-                                    "per_device, placed_on,\n                            "
-                                    "specs_from_axes)"), cells[1]
+  assert cells[1].rstrip().endswith(
+      "from pmap_shard_map import per_device, placed_on, pmap_via_shard_map"), cells[1]
   assert "jax.pmap" not in cells[2]
   assert _execute(path, tmp_path) == _execute(original, legacy)
   # A second run leaves it alone.
@@ -271,10 +270,10 @@ def test_a_support_cell_from_an_earlier_run_is_kept_and_grows(tmp_path):
   cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
   assert len(cells) == 4 and not (tmp_path / "pmap_shard_map.py").exists()
   assert "pmap_shard_map" not in "".join(cells)
-  # g's axes are known only at run time: the old form's helpers join the cell.
+  # g's axes are known only at run time: pmap_via_shard_map and its helpers join the cell.
   assert notebook_support.names_in(cells[1]) == (
-      "host_local_io", "on_pmap_mesh", "per_device", "placed_on", "specs_from_axes")
-  assert "def specs_from_axes" in cells[1]
+      "per_device", "placed_on", "pmap_via_shard_map")
+  assert "def pmap_via_shard_map" in cells[1] and "def on_pmap_mesh" in cells[1]
 
 
 def test_markdown_notebook_imports_the_module_next_to_it(tmp_path):

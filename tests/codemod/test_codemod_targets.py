@@ -31,11 +31,11 @@ class TargetTest(SiteTest):
       self.assertIn("placed_on(mesh, P(", plain)
       self.assertNotIn("host_local_io", plain)
 
-  def test_old_form_call_site_is_wrapped_in_host_local_io(self):
+  def test_nested_call_site_is_wrapped_in_host_local_io(self):
     self.assertConverts("""
         import jax
 
-        g = jax.pmap(f, "i", axis_size=4, devices=jax.devices()[:4])
+        g = jax.pmap(jax.pmap(f, "j"), "i")
         """, """
         import jax
         import functools
@@ -44,14 +44,14 @@ class TargetTest(SiteTest):
         from pmap_shard_map import host_local_io, on_pmap_mesh
 
         g = host_local_io(
-            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i"),
-                                                   out_specs=P("i"), check_rep=False),
-                                 drop_device_axis=True, axes=("i",), axis_size=4,
-                                 devices=jax.devices()[:4], across_hosts=True)(f)),
-            in_specs=P("i"), out_specs=P("i"), axes=("i",), devices=jax.devices()[:4])
+            jax.jit(on_pmap_mesh(functools.partial(shard_map, in_specs=P("i", "j"),
+                                                   out_specs=P("i", "j"), check_rep=False),
+                                 drop_device_axis=True, axes=("i", "j"),
+                                 across_hosts=True)(f)),
+            in_specs=P("i", "j"), out_specs=P("i", "j"), axes=("i", "j"))
         """)
 
-  def test_old_form_decorator_gets_an_outer_host_local_io_decorator(self):
+  def test_run_time_axes_decorator_becomes_a_pmap_via_shard_map_decorator(self):
     self.assertConverts("""
         import functools
         import jax
@@ -63,23 +63,12 @@ class TargetTest(SiteTest):
             return x
         """, """
         import functools
-        import jax
-        from jax.experimental.shard_map import shard_map
-        from jax.sharding import PartitionSpec as P
 
-        from pmap_shard_map import host_local_io, on_pmap_mesh, specs_from_axes
+        from pmap_shard_map import pmap_via_shard_map
 
         AXES = (0, None)
 
-        @functools.partial(host_local_io,
-                           in_specs=specs_from_axes(AXES, "devices", outputs=False),
-                           out_specs=P("devices"))
-        @jax.jit
-        @on_pmap_mesh(
-            functools.partial(shard_map,
-                              in_specs=specs_from_axes(AXES, "devices", outputs=False),
-                              out_specs=P("devices"), check_rep=False),
-            drop_device_axis=True, across_hosts=True)
+        @functools.partial(pmap_via_shard_map, in_axes=AXES)
         def step(x, n):
             return x
         """)

@@ -329,16 +329,14 @@ import numpy as np
 
 from mypkg import util
 
-AXES = (0, None)
-scale = jax.pmap(lambda v, n: v * n, axis_name="i", in_axes=AXES)
+nested = jax.pmap(jax.pmap(lambda v: v * 2, axis_name="j"), axis_name="i")
 '''
   assert _isort_clean(before, ())
   for target in ("experimental", "jax"):
     after, _ = rewrite(before, target=target)
-    # functools.partial (the old form's, for in_axes known at run time) joins the standard
+    # functools.partial (the old form's, for nested pmaps) joins the standard
     # library's group; the support module the first-party one.
     assert "jax.pmap" not in after and "import functools\nimport os\n" in after
     assert ("from mypkg import util\n"
-            "from pmap_shard_map import host_local_io, on_pmap_mesh, specs_from_axes\n"
-            ) in after
+            "from pmap_shard_map import host_local_io, on_pmap_mesh\n") in after
     assert _isort_clean(after, ())

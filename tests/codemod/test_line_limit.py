@@ -191,6 +191,9 @@ class TrainStepTest(unittest.TestCase):PYTYPE
       step = jax.pmap(lambda p, b: jax.lax.pmean(p * b, "batch"),
                       axis_name="batch", in_axes=(0, 0))
       self.assertIsNotNone(step)
+      nested = jax.pmap(jax.pmap(lambda p: jax.lax.psum(p, "model"), axis_name="model"),
+                        axis_name="batch")
+      self.assertIsNotNone(nested)
 
   @functools.partial(jax.pmap, axis_name="i", in_axes=TRAIN_STEP_AXES)
   def _train_step(self, params, learning_rate):
@@ -236,8 +239,10 @@ def test_no_added_line_beyond_the_limit_through_the_command_line(config, width, 
   added = [line[1:] for line in difflib.unified_diff(STEP_TEST.splitlines(), after.splitlines(),
                                                      lineterm="", n=0)
            if line.startswith("+") and not line.startswith("+++")]
-  # Plain sites, and one kept in the old form by in_axes known only at run time.
-  assert "placed_on(" in after and "on_pmap_mesh(" in after, after
+  # Plain sites, one given to pmap_via_shard_map (in_axes known only at run time) and
+  # nested pmaps in the old form.
+  assert "placed_on(" in after and "pmap_via_shard_map," in after, after
+  assert "on_pmap_mesh(" in after, after
   assert "jax.pmap" not in after, after
   assert [line for line in added if len(line) > width] == [], after
   assert _left_of_their_statement(after) == [], after

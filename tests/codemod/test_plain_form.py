@@ -427,12 +427,12 @@ def run():
 def test_devices_and_backend_give_the_mesh_its_devices():
   """pmap's devices= (and backend=) become the devices of the site's mesh, which is
   built right before the site's statement (where the list has its value); a devices=
-  that names a comprehension's variable keeps the form plain code cannot express."""
+  that names a comprehension's variable goes to pmap_via_shard_map, pmap's own call."""
   new = _converted(DEVICES)
   assert "i_mesh = jax.sharding.Mesh(devices, (\"i\",))" in new
   assert "jax.sharding.Mesh(jax.devices(\"cpu\"), (\"devices\",))" in new
   assert "j_mesh = jax.sharding.Mesh(jax.devices()[:4], (\"j\",))" in new
-  assert new.count("on_pmap_mesh(") == 1 and "devices=[d]" in new
+  assert new.count("pmap_via_shard_map(") == 1 and "devices=[d]" in new
   legacy = load(DEVICES, "devices_legacy").run()
   ours = load(new, "devices_converted").run()
   assert ours[1] == legacy[1] == [d.id for d in jax.devices()[::-1]]
@@ -444,7 +444,7 @@ def test_devices_and_backend_give_the_mesh_its_devices():
     "  random.shuffle(devices)\n",          # changed by a call
     "  devices.reverse()\n",                # changed by a method
 ])
-def test_devices_the_statement_may_change_keep_the_form_built_on_the_first_call(between):
+def test_devices_the_statement_may_change_go_to_pmap_via_shard_map(between):
   source = ("import random\n\nimport jax\n\n\ndef run(f, x, devices, flag):\n"
             "  other = jax.pmap(f, 'i')\n"
             "  if flag:\n  " + between.replace("\n", "\n  ").rstrip(" ")
@@ -453,7 +453,8 @@ def test_devices_the_statement_may_change_keep_the_form_built_on_the_first_call(
             "    return g(x), h(x), other(x)\n")
   new = _converted(source)
   assert "Mesh(devices" not in new and "devices=devices" in new, new
-  assert new.count("on_pmap_mesh(") == 1 and new.count("per_device(f)") == 2, new
+  assert new.count("pmap_via_shard_map(f, axis_name='i', devices=devices)") == 1, new
+  assert new.count("per_device(f)") == 2, new
 
 
 VALUES = '''\
