@@ -21,10 +21,10 @@ of a library module (or of a program calling jax.distributed.initialize) is that
 options plain code cannot express (axes held in variables, ...) keeps pmap's call, its
 arguments as written, on ``pmap_via_shard_map`` (the support module's function with
 pmap's signature); nested pmaps become ``host_local_io(jax.jit(on_pmap_mesh(...)(f)),
-...)``, which builds pmap's mesh on the first call. A site that cannot be converted exactly is left as it is and reported as
-an ERROR with the reason. With ``--target jax`` the names newest JAX removed are rewritten
-(the ``jax.tree_map`` family, ``device_put_replicated`` / ``device_put_sharded``) or
-reported. Findings go to the context's warnings (``self.warn``), one
+...)``, which builds pmap's mesh on the first call. A site that cannot be converted
+exactly is left as it is and reported as an ERROR with the reason. With ``--target jax``
+the names newest JAX removed are rewritten (the ``jax.tree_map`` family,
+``device_put_replicated`` / ``device_put_sharded``) or reported. Findings go to the context's warnings (``self.warn``), one
 ``line:col SEVERITY message`` each; the site counts to ``context.scratch``.
 """
 from __future__ import annotations
@@ -627,10 +627,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       fallback = self._attach_comments(site, roles, jit_arg if jit_kw else None,
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
       self._replace_decorators(site, list(reversed(decorators)), fallback, indent)
-    support = ["on_pmap_mesh", "host_local_io"]
-    if "specs_from_axes(" in in_specs + out_specs:
-      support.append("specs_from_axes")
-    self._add_imports(partial, support)
+    # Nested pmaps (axes known only at run time are reported there, see _specs).
+    self._add_imports(partial, ["on_pmap_mesh", "host_local_io"])
 
   def _build_via(self, site: Site, indent: int, partial: str) -> None:
     """``pmap_via_shard_map(f, <pmap's arguments as written>)``, or the decorator
@@ -1133,7 +1131,6 @@ def _keyword(arg: Arg) -> str:
 
 # What a pmap handed around as a value becomes (the support module's function).
 _VALUE_PMAP = "pmap_via_shard_map"
-
 
 
 def _comments_of(args: Sequence[Arg]) -> list[str]:
