@@ -24,8 +24,9 @@ pmap's signature); nested pmaps become ``host_local_io(jax.jit(on_pmap_mesh(...)
 ...)``, which builds pmap's mesh on the first call. A site that cannot be converted
 exactly is left as it is and reported as an ERROR with the reason. With ``--target jax``
 the names newest JAX removed are rewritten (the ``jax.tree_map`` family,
-``device_put_replicated`` / ``device_put_sharded``) or reported. Findings go to the context's warnings (``self.warn``), one
-``line:col SEVERITY message`` each; the site counts to ``context.scratch``.
+``device_put_replicated`` / ``device_put_sharded``) or reported. Findings go to the
+context's warnings (``self.warn``), one ``line:col SEVERITY message`` each; the site
+counts to ``context.scratch``.
 """
 from __future__ import annotations
 
