@@ -564,8 +564,20 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     static = outer.get("static_broadcasted_argnums")
     static_nums = () if is_none(static) else int_tuple(static, "static_broadcasted_argnums")
     int_tuple(outer.get("donate_argnums"), "donate_argnums")
+    extra = {name: outer.get(name) for name in ("axis_size", "devices", "backend")
+             if outer.get(name) is not None and not is_none(outer.get(name))}
 
     partial = self._partial_spelling(levels)
+    pos = self.get_metadata(PositionProvider, site.node).start
+    indent = len(self._indent_of(pos.line))
+    plain_mesh, devices = self._mesh_devices(site, extra)
+    if len(levels) == 1 and (in_specs is None or out_specs is None or static_nums is None
+                             or not plain_mesh):
+      # Options known only at run time: pmap's own arguments, to the function that gives
+      # pmap's signature over jax.jit and shard_map.
+      self._build_via(site, indent, partial)
+      return
+    assert in_specs is not None and out_specs is not None  # nested: literal or reported
     shard_map, check = _SHARD_MAP[self.target]
     # Each generated argument is an Arg, so the comments around the pmap argument it
     # replaces can be attached to it (``_attach_comments``).
@@ -573,8 +585,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     in_arg = roles["in_axes"] = roles["axis_name"] = Arg(breakable(f"in_specs={in_specs}"))
     out_arg = roles["out_axes"] = Arg(breakable(f"out_specs={out_specs}"))
     mesh_kw: list[Arg] = [Arg("drop_device_axis=True")]
-    extra = {name: outer.get(name) for name in ("axis_size", "devices", "backend")
-             if outer.get(name) is not None and not is_none(outer.get(name))}
     axes = f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
     if len(names) > 1 or "axis_size" in extra:
       mesh_kw.append(Arg(f"axes={axes}"))
@@ -596,21 +606,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     mesh_kw.append(Arg("across_hosts=True"))
     io_kw += [Arg(kw.value) for kw in mesh_kw if _keyword(kw) in ("axes", "static_argnums", "devices")]
 
-    pos = self.get_metadata(PositionProvider, site.node).start
-    indent = len(self._indent_of(pos.line))
-    plain_mesh, devices = self._mesh_devices(site, extra)
-    if (len(levels) == 1 and static_nums is not None and plain_mesh
-        and "specs_from_axes(" not in in_specs + out_specs):
+    if len(levels) == 1:
+      assert static_nums is not None  # else built by _build_via above
       # A module-level site of a library module, or of a program that calls
       # jax.distributed.initialize, must not ask JAX for its devices at import.
       lazy = self._meshes.at_module_level(site.node) and self._imported_before_jax_starts
       self._build_plain(site, names, roles, (in_specs, static_nums), in_arg, out_arg, jit_kw,
                         partial, devices, lazy)
-      return
-    if len(levels) == 1:
-      # Options known only at run time: pmap's own arguments, to the function that gives
-      # pmap's signature over jax.jit and shard_map.
-      self._build_via(site, indent, partial)
       return
     smap = Call(partial, (shard_map, in_arg, out_arg, check))
     on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
@@ -915,15 +917,15 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     text = self._lines[line - 1] if line - 1 < len(self._lines) else ""
     return text[:len(text) - len(text.lstrip())]
 
-  def _specs(self, levels: list[Site], names: list[str], what: str) -> str:
-    """Spec source for in_axes / out_axes: literal when they are, else converted at run time."""
+  def _specs(self, levels: list[Site], names: list[str], what: str) -> str | None:
+    """Spec source for in_axes / out_axes; None for a single pmap's axes that are known
+    only at run time (nested pmaps' are reported)."""
     try:
       trees = [self._axes(level.options, what) for level in levels]
     except NotLiteral:
       if len(levels) > 1:
         raise
-      expr = _code(levels[0].options.get(what))
-      return f"specs_from_axes({expr}, {names[0]}, outputs={what == 'out_axes'})"
+      return None
     return specs_source(trees, names, self._p, outputs=what == "out_axes", what=what)
 
   def _axes(self, options: PmapOptions, name: str):

@@ -23,8 +23,9 @@ import libcst as cst
 
 from codemod import files
 
-# 7: static arguments and on_first_call in the plain form; 6: shorter plain-form helpers
-VERSION = 7
+# 8: pmap_via_shard_map over per_device and placed_on; 7: static arguments and
+# on_first_call in the plain form; 6: shorter plain-form helpers
+VERSION = 8
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 

@@ -249,48 +249,64 @@ def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
 
 def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
                        static_broadcasted_argnums=(), devices=None,
-                       backend=None, axis_size=None, donate_argnums=(),
-                       global_arg_shapes=None):
-  """``jax.pmap``'s signature over jax.jit and shard_map, for code that hands
-  pmap around as a value (the codemod converts the sites it sees called)."""
-  if global_arg_shapes is not None:
-    raise ValueError("global_arg_shapes is not supported")
-  static = ((static_broadcasted_argnums,)
-            if isinstance(static_broadcasted_argnums, int)
-            else tuple(static_broadcasted_argnums))
-  specs = dict(in_specs=specs_from_axes(in_axes, axis_name),
-               out_specs=specs_from_axes(out_axes, axis_name, outputs=True))
+                       backend=None, axis_size=None, donate_argnums=()):
+  """``jax.pmap`` for options known only at run time: ``jax.jit`` over
+  shard_map of ``per_device(fun)``, on ``devices``, else on as many devices as
+  the arguments have rows (each process's first ones)."""
+  static = tuple(jax.tree.leaves(static_broadcasted_argnums))
+  name = "_pmap_unnamed_axis" if axis_name is None else axis_name
+  in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+
+  def spec(axis):  # pmap's axis k: the mesh axis at dimension k
+    if axis is not None and (not isinstance(axis, int) or axis < 0):
+      raise ValueError(f"pmap axes must be ints >= 0 or None, got {axis!r}")
+    return (PartitionSpec() if axis is None
+            else PartitionSpec(*[None] * axis, name))
+
+  in_specs, out_specs = (jax.tree.map(spec, a, is_leaf=lambda a: a is None)
+                         for a in (in_axes, out_axes))
   if hasattr(jax, "shard_map"):
-    smap = functools.partial(jax.shard_map, **specs, check_vma=False)
+    shard_map = functools.partial(jax.shard_map, check_vma=False)
   else:
-    from jax.experimental.shard_map import shard_map
-    smap = functools.partial(shard_map, **specs, check_rep=False)
-  mapped = on_pmap_mesh(smap, drop_device_axis=True, axes=(axis_name,),
-                        static_argnums=static, axis_size=axis_size,
-                        devices=devices, backend=backend, across_hosts=True)
-  jitted = jax.jit(mapped(fun), static_argnums=static,
-                   donate_argnums=donate_argnums)
-  return host_local_io(jitted, **specs, axes=(axis_name,),
-                       static_argnums=static, devices=devices)
+    from jax.experimental.shard_map import shard_map as experimental
+    shard_map = functools.partial(experimental, check_rep=False)
 
+  @functools.cache
+  def on(pool):
+    mesh = jax.sharding.Mesh(pool, (name,))
+    mapped = shard_map(per_device(fun, in_axes=in_axes, out_axes=out_axes),
+                       mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    return placed_on(mesh, in_specs, static)(jax.jit(
+        mapped, static_argnums=static, donate_argnums=donate_argnums))
 
-def specs_from_axes(axes, axis_name, outputs=False):
-  """in_axes / out_axes known only at run time, as specs:
-  k -> PartitionSpec(None, ..., axis_name)."""
-  if isinstance(axes, list) and not outputs:
-    # pmap reads a top-level in_axes list as the argument tuple
-    axes = tuple(axes)
-  axis_name = _UNNAMED if axis_name is None else axis_name
-
-  def to_spec(axis):
-    if axis is None:
-      return PartitionSpec()
-    if not isinstance(axis, int) or axis < 0:
+  def site(args):
+    if devices is not None:
+      return on(tuple(devices))
+    axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
+    held = tuple(_Static((a,)) if i in static else a
+                 for i, a in enumerate(args))
+    rows = {np.shape(x)[a] if a < np.ndim(x)
+            else f"(axis {a} of a rank-{np.ndim(x)} argument)"
+            for a, sub in zip(axes, tree.flatten_up_to(held), strict=True)
+            if a is not None for x in jax.tree.leaves(sub)}
+    rows |= set() if axis_size is None else {axis_size}
+    local = jax.local_devices(backend=backend)
+    n = rows.pop() if len(rows) == 1 else rows
+    if not isinstance(n, int) or n > len(local) or (
+        jax.process_count() > 1 and n != len(local)):
       raise ValueError(
-          f"pmap axes must be non-negative ints or None, got {axis!r}")
-    return PartitionSpec(*([None] * axis), axis_name)
+          f"pmap got mapped axes of sizes {n}: it needs one size, at most "
+          f"this process's {len(local)} devices (all of them with more "
+          "processes), or axis_size where nothing is mapped")
+    return on(tuple(local[:n]) if jax.process_count() == 1 else tuple(
+        sorted(jax.devices(backend), key=lambda d: d.process_index)))
 
-  return jax.tree.map(to_spec, axes, is_leaf=lambda x: x is None)
+  @functools.wraps(fun)
+  def call(*args, **kwargs):
+    return site(args)(*args, **kwargs)
+
+  call.lower = lambda *args: site(args).lower(*args)
+  return call
 
 
 def device_put_replicated(x, devices=None, axis_name="devices"):

@@ -3,7 +3,8 @@ per process) runs a pmap program as written under legacy jax.pmap, as converted 
 --multihost, and as converted with it (accepted for old command lines; it changes
 nothing). Either way each process passes and gets back host-local arrays, the collectives
 span every process's devices (never one host's only), and the result equals legacy's bit
-for bit: placed_on does it for plain sites, host_local_io for the old form (devices=).
+for bit: placed_on does it for plain sites and for pmap_via_shard_map's (options known only
+at run time).
 Bounded: the job is killed after TIMEOUT seconds."""
 import os
 
@@ -29,7 +30,10 @@ def run():
   n = jax.local_device_count()
   x = np.arange(n * 3, dtype=np.float32).reshape(n, 3) + 100 * jax.process_index()
   total = jax.pmap(lambda v: (jax.lax.psum(v, "i"), jax.lax.axis_index("i")), "i")(x)
-  return np.concatenate([total[0], total[1][:, None].astype(np.float32), no_name(x)], axis=1)
+  axes = 0  # an option known only at run time
+  sums = jax.pmap(lambda v: jax.lax.psum(v, "i"), "i", in_axes=axes)(x)
+  return np.concatenate([np.ravel(a).astype(np.float32)
+                         for a in (total[0], total[1], no_name(x), sums)])
 '''
 
 
@@ -59,6 +63,8 @@ def test_the_program_converts_to_plain_sites():
   # The decorator site and the call site.
   assert new.count("@placed_on(") == 1 and new.count("placed_on(") == 2, new
   assert "on_pmap_mesh" not in new, new
+  # The site whose in_axes is known only at run time.
+  assert new.count("pmap_via_shard_map(") == 1, new
   assert rewrite(PROGRAM, target="experimental", multihost=True)[0] == new
 
 
@@ -70,7 +76,7 @@ def test_converted_matches_legacy_on_every_process(job):
     assert results["converted_default"] == legacy, (pid, results)
     assert results["converted_multihost"] == legacy, pid
   # The collectives spanned both processes: their psums agree although their inputs differ.
-  assert job[0]["legacy"]["value"][0][:3] == job[1]["legacy"]["value"][0][:3]
+  assert job[0]["legacy"]["value"][:3] == job[1]["legacy"]["value"][:3]
 
 
 # flax's wmt example sums a value over hosts with a pmap over one device per process.

@@ -11,10 +11,11 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 import pytest
 
 from codemod import support_module
-from codemod_testing import load, rewrite
+from codemod_testing import load, rewrite, support
 from support.compare import assert_trees_equal
 
 pytestmark = pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
@@ -492,6 +493,60 @@ def test_pmap_handed_around_as_a_value_becomes_pmap_via_shard_map():
   assert "per_device(lambda v: jax.lax.pmean" in new
   assert [f.severity.name for f in findings].count("ERROR") == 0, findings
   assert_trees_equal(load(VALUES, "values_legacy").run(), load(new, "values_converted").run())
+
+
+RUN_TIME = '''\
+import jax
+import numpy as np
+
+
+def scaled(v, s):
+  return jax.lax.psum(v * s, "i")
+
+
+def ids(v):
+  return v + jax.lax.axis_index("i")
+
+
+def run(axes=(0, None), static=1, size=3, replicated=None):
+  x = np.arange(12.0, dtype=np.float32).reshape(3, 4)  # 3 rows: 3 of the 8 devices
+  add = jax.pmap(scaled, "i", in_axes=axes, static_broadcasted_argnums=static)
+  counted = jax.pmap(ids, "i", axis_size=size)
+  mean = jax.pmap(lambda v: jax.lax.pmean(v, "i"), "i", out_axes=replicated)
+  once = add(x, 2.0)
+  return (once, add(once, 2.0), add(x, 3.0), counted(x), mean(x),
+          [s.device.id for s in once.addressable_shards])
+'''
+
+
+def test_options_known_only_at_run_time_run_as_legacy_pmap():
+  """pmap_via_shard_map takes the options a site's statement cannot say: run-time
+  in_axes, out_axes and static arguments (an axis_size variable is the plain form's
+  mesh). Like legacy pmap, it maps as many devices as the arguments have rows (3 of 8
+  here), compiles once per static value, and its outputs feed it again without a new
+  compile."""
+  new = _converted(RUN_TIME)
+  assert new.count("pmap_via_shard_map(") == 2 and "Mesh(jax.devices()[:size]" in new, new
+  legacy, legacy_compiles = _run_counting(load(RUN_TIME, "run_time_legacy"))
+  ours, our_compiles = _run_counting(load(new, "run_time_converted"))
+  assert_trees_equal(legacy, ours)
+  assert ours[-1] == [d.id for d in jax.devices()[:3]]
+  for name in ("scaled", "ids", "lambda"):
+    assert (len([n for n in our_compiles if name in n])
+            == len([n for n in legacy_compiles if name in n])), (legacy_compiles, our_compiles)
+  assert len([n for n in legacy_compiles if "scaled" in n]) == 2, legacy_compiles
+
+
+@pytest.mark.parametrize("args, options, says", [
+    ((np.ones(3), np.ones(4)), {}, "sizes {3, 4}"),
+    ((np.ones(9),), {}, "sizes 9: it needs one size, at most this process's 8 devices"),
+    ((np.float32(1),), {}, "(axis 0 of a rank-0 argument)"),
+    ((np.ones(3),), {"in_axes": -1}, "pmap axes must be ints >= 0 or None, got -1"),
+])
+def test_pmap_via_shard_map_names_what_is_wrong(args, options, says):
+  with pytest.raises(ValueError) as raised:
+    support().pmap_via_shard_map(lambda *a: a[0], "i", **options)(*args)
+  assert says in str(raised.value)
 
 
 def test_pmap_bound_or_deleted_is_reported_not_rewritten():
