@@ -51,8 +51,8 @@ from codemod import (edits, file_style, imports, reaching, removed_names, site_c
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
-from codemod.sites import (PARTIAL_NAMES, PmapOptions, References, Site, contains, int_tuple,
-                           is_none, qualified)
+from codemod.sites import (PARTIAL_NAMES, PMAP_NAMES, PmapOptions, References, Site, contains,
+                           int_tuple, is_none, qualified)
 
 DEFAULT_AXIS = "devices"
 TARGETS = targets.TARGETS
@@ -495,7 +495,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                      f"the converted site is built {again}: each time makes a new jax.jit, "
                      "which traces and compiles again where legacy pmap reused its compile "
                      "of the same function; build it once, outside")
-    for shapes in _forwarded_global_arg_shapes(site.levels()):
+    # pmap_via_shard_map takes global_arg_shapes as legacy pmap did.
+    for shapes in [] if site.node in self._via else _forwarded_global_arg_shapes(site.levels()):
       self._report(shapes, Severity.WARNING,
                    f"global_arg_shapes={_code(shapes)} dropped: legacy pmap raised ValueError "
                    "unless it was None, the converted site ignores it")
@@ -639,7 +640,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     module with pmap's signature, each argument (and its comments) copied."""
     roles = {name: Arg(self._copied(value, f"{name}="))
              for name, value in site.options.values.items() if name != "fun"}
-    if site.fundef is None:
+    ref = self._pmap_named_in(site)
+    if ref is not None:
+      # Only the name changes: the call, its layout and its comments stay as written.
+      self._renames[ref] = cst.Name(_VALUE_PMAP)
+    elif site.fundef is None:
       assert site.fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(self._copied(site.fun))
       self._plan_call_site(site, roles, fun_arg, Call(_VALUE_PMAP, (fun_arg, *roles.values())))
@@ -651,6 +656,20 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._add_imports(partial, [_VALUE_PMAP])
     # `import jax` may have served jax.pmap alone.
     RemoveImportsVisitor.remove_unused_import(self.context, "jax")
+
+  def _pmap_named_in(self, site: Site) -> cst.CSTNode | None:
+    """The expression naming pmap in the site's call (``jax.pmap(f, ...)``,
+    ``partial(jax.pmap, ...)``), if renaming it keeps its line within the file's limit."""
+    node = site.node.decorator if isinstance(site.node, cst.Decorator) else site.node
+    while isinstance(node, cst.Call):
+      for ref in (node.func, *[arg.value for arg in node.args[:1]]):
+        if isinstance(ref, (cst.Name, cst.Attribute)) and qualified(
+            self.get_metadata, ref) & PMAP_NAMES:
+          pos = self.get_metadata(PositionProvider, ref).start
+          grown = len(self._line(pos.line)) - len(_code(ref)) + len(_VALUE_PMAP)
+          return ref if grown <= self._style.width else None
+      node = node.func
+    return None
 
   def _mesh_devices(self, site: Site, extra: dict[str, cst.BaseExpression | None]
                     ) -> tuple[bool, str | None]:

@@ -3,7 +3,9 @@
 A site's mesh is one statement, ``mesh = jax.sharding.Mesh(jax.devices(), ("batch",))``,
 in the function that builds the pmap (the module for a site outside functions; a class
 body is passed over for the function or module around it), placed before the statement
-of that body that holds the site. Building it there, not at the top of the module, keeps
+of that body that holds the site; where one branch of that statement (an if's, a with's or
+a try's block) holds all the mesh's sites, before the first statement there that holds
+one, and so on down (a loop's body is not entered). Building it there, not at the top of the module, keeps
 a converted library from starting JAX's backend when it is imported (which would come
 before a program's ``jax.distributed.initialize``). Sites of one body with the same
 literal axis names (or module constants bound once to a string) share one mesh, built
@@ -41,6 +43,7 @@ class _Mesh:
   devices: str  # the source of the mesh's device list
   lazy: bool = False  # a cached function making it, called on the sites' first call
   statements: list[cst.BaseStatement] = field(default_factory=list)  # its sites' statements
+  sites: list[cst.CSTNode] = field(default_factory=list)
   comments: list[str] = field(default_factory=list)  # on what its devices came from
 
 
@@ -72,6 +75,7 @@ class MeshPlan:
       mesh = self._meshes[key] = _Mesh(self._name(owner, axes), tuple(axes), owner,
                                        devices or "jax.devices()", lazy)
     mesh.statements.append(statement)
+    mesh.sites.append(node)
     self._of_site[node] = mesh
     self._before = None
     return mesh.name
@@ -150,8 +154,26 @@ class MeshPlan:
       self._before = {}
       for mesh in self._meshes.values():
         first = min(mesh.statements, key=self._line)
+        if not mesh.lazy:  # a def making the mesh stays in the owner's body
+          first = self._innermost(first, mesh.sites)
         self._before.setdefault(first, []).append(mesh)
     return self._before
+
+  def _innermost(self, statement: cst.BaseStatement, sites: list[cst.CSTNode]
+                 ) -> cst.BaseStatement:
+    """The statement the mesh goes before: ``statement``, or, where one branch of it (of
+    an if, with or try) holds all the mesh's sites, the first statement there that holds
+    one, and so on down. A loop's body is not entered: the mesh is built once, before
+    it."""
+    while True:
+      block = next((b for b in _blocks(statement)
+                    if all(self._inside(site, b) for site in sites)), None)
+      if block is None:
+        return statement
+      holding = [st for st in block.body if any(self._inside(site, st) for site in sites)]
+      statement = holding[0]
+      if len(holding) > 1:
+        return statement
 
   def statements_before(self, original: cst.CSTNode, style: file_style.FileStyle,
                         indent: int) -> list[cst.BaseStatement]:
@@ -226,6 +248,21 @@ class MeshPlan:
       if name not in self._taken and name not in used:
         return name
     raise Unconvertible("no free name for the site's mesh")
+
+
+def _blocks(statement: cst.CSTNode) -> list[cst.IndentedBlock]:
+  """The indented blocks of an if (with its elif and else), with or try statement."""
+  blocks: list[cst.BaseSuite] = []
+  if isinstance(statement, cst.If):
+    branch: cst.If | cst.Else | None = statement
+    while isinstance(branch, cst.If):
+      blocks.append(branch.body)
+      branch = branch.orelse
+    if branch is not None:
+      blocks.append(branch.body)
+  elif isinstance(statement, (cst.With, cst.Try)):
+    blocks.append(statement.body)
+  return [b for b in blocks if isinstance(b, cst.IndentedBlock)]
 
 
 class _Names(cst.CSTVisitor):

@@ -249,10 +249,13 @@ def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
 
 def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
                        static_broadcasted_argnums=(), devices=None,
-                       backend=None, axis_size=None, donate_argnums=()):
+                       backend=None, axis_size=None, donate_argnums=(),
+                       global_arg_shapes=None):
   """``jax.pmap`` for options known only at run time: ``jax.jit`` over
   shard_map of ``per_device(fun)``, on ``devices``, else on as many devices as
   the arguments have rows (each process's first ones)."""
+  if global_arg_shapes is not None:
+    raise ValueError("global_arg_shapes is not supported: remove it from pmap")
   static = tuple(jax.tree.leaves(static_broadcasted_argnums))
   name = "_pmap_unnamed_axis" if axis_name is None else axis_name
   in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes

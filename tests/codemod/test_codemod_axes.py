@@ -1,5 +1,7 @@
 """Rule: in_axes / out_axes become in_specs / out_specs, leaf by leaf; what cannot be derived
 statically is reported and left unchanged."""
+import textwrap
+
 from codemod_testing import SiteTest, rewrite
 
 
@@ -60,8 +62,8 @@ class InAxesTest(SiteTest):
     self.assertSiteError('g = jax.pmap(f, "i", in_axes=(0, -2))', "negative in_axes -2")
 
   def test_non_literal_axes_go_to_pmap_via_shard_map(self):
-    # pmap's own arguments, to the support function with pmap's signature (which reads
-    # the axes when it runs); `import jax` served jax.pmap alone.
+    # pmap's own call, renamed to the support function with pmap's signature (which
+    # reads the axes when it runs); `import jax` served jax.pmap alone.
     self.assertConverts("""
         import jax
 
@@ -69,15 +71,49 @@ class InAxesTest(SiteTest):
         """, """
         from pmap_shard_map import pmap_via_shard_map
 
-        g = pmap_via_shard_map(f, axis_name="i", in_axes=my_axes)
+        g = pmap_via_shard_map(f, "i", in_axes=my_axes)
         """)
 
   def test_computed_out_axes_go_to_pmap_via_shard_map(self):
     source = 'import jax\n\ng = jax.pmap(f, "i", out_axes=(0,) * 3)\n'
     new, findings = rewrite(source)
-    assert 'g = pmap_via_shard_map(f, axis_name="i", out_axes=(0,) * 3)' in new
+    assert 'g = pmap_via_shard_map(f, "i", out_axes=(0,) * 3)' in new
     assert "from pmap_shard_map import pmap_via_shard_map" in new
     assert [f.severity.value for f in findings] == ["INFO"]
+
+  def test_only_the_name_changes_where_the_line_allows(self):
+    # The call keeps its layout (a 4-space hang in a 2-space file) and its comments; a
+    # decorator's partial(jax.pmap, ...) too; a line the new name would take past the
+    # limit is laid out again.
+    source = textwrap.dedent("""\
+        import functools
+
+        import jax
+
+
+        def build(f, in_axes, name):
+          g = jax.pmap(
+              f,
+              axis_name=name,  # the caller's axis
+              in_axes=in_axes,
+          )
+          return g
+
+
+        @functools.partial(jax.pmap, axis_name="i", in_axes=AXES)
+        def h(x):
+          return x
+
+
+        long_name_for_the_site_so_that_renaming_passes_the_limit = jax.pmap(f, "i", in_axes=ax)
+        """)
+    new, _ = rewrite(source)
+    renamed = source.replace("jax.pmap", "pmap_via_shard_map").replace(
+        "import jax\n", "from pmap_shard_map import pmap_via_shard_map\n")
+    kept, _, last = renamed.rpartition("\n\n\n")
+    assert new.startswith(kept), new
+    assert new.endswith("long_name_for_the_site_so_that_renaming_passes_the_limit = "
+                        "pmap_via_shard_map(\n    f, axis_name=\"i\", in_axes=ax)\n"), new
 
   def test_non_literal_axes_in_nested_pmaps_are_reported(self):
     self.assertSiteError('g = jax.pmap(jax.pmap(f, "j", in_axes=ax), "i")', "in_axes=ax is not a literal")

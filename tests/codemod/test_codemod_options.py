@@ -1,8 +1,11 @@
 """Rule: pmap's other options -- static_broadcasted_argnums, donate_argnums, devices,
 backend, axis_size -- move to jax.jit or to the mesh; the rest are reported. donate_argnums
-(to jax.jit), devices and backend (the devices of the site's mesh) fit the plain form;
-static_broadcasted_argnums and axis_size keep the old on_pmap_mesh form."""
-from codemod_testing import SiteTest, rewrite
+(to jax.jit), devices, backend and axis_size (the devices of the site's mesh) and literal
+static_broadcasted_argnums (to jax.jit and placed_on) fit the plain form; options known only
+at run time keep pmap's own call, on pmap_via_shard_map."""
+import numpy as np
+
+from codemod_testing import SiteTest, rewrite, support
 
 
 class OptionsTest(SiteTest):
@@ -62,7 +65,7 @@ class OptionsTest(SiteTest):
 
         from pmap_shard_map import pmap_via_shard_map
 
-        g = pmap_via_shard_map(f, axis_name="i", axis_size=4, devices=jax.devices()[:4])
+        g = pmap_via_shard_map(f, "i", axis_size=4, devices=jax.devices()[:4])
         """)
 
   def test_explicit_none_axis_name_gets_the_default(self):
@@ -94,6 +97,18 @@ class OptionsTest(SiteTest):
     warnings = [f.message for f in findings if f.severity.value == "WARNING"]
     self.assertEqual(len(warnings), 1, findings)
     self.assertIn("global_arg_shapes=global_arg_shapes dropped", warnings[0])
+
+  def test_forwarded_global_arg_shapes_goes_with_pmaps_own_call(self):
+    # pmap_via_shard_map takes it as legacy pmap did (None passes, anything else raises).
+    source = 'import jax\ng = jax.pmap(f, "i", in_axes=axes, global_arg_shapes=shapes)\n'
+    new, findings = rewrite(source)
+    self.assertIn('g = pmap_via_shard_map(f, "i", in_axes=axes, global_arg_shapes=shapes)', new)
+    self.assertEqual([f.severity.value for f in findings], ["INFO"], findings)
+    support_functions = support()
+    self.assertEqual(support_functions.pmap_via_shard_map(
+        lambda x: x, global_arg_shapes=None)(np.ones(1)).tolist(), [1.0])
+    with self.assertRaisesRegex(ValueError, "global_arg_shapes is not supported"):
+      support_functions.pmap_via_shard_map(lambda x: x, global_arg_shapes=((1,),))
 
   def test_star_kwargs_are_reported(self):
     self.assertSiteError('g = jax.pmap(f, **pmap_kwargs)', "passed with * or **")

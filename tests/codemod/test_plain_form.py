@@ -84,6 +84,49 @@ def test_call_sites_in_a_function_share_its_mesh_per_axis_name():
   assert 'placed_on(model_mesh, P("model"))' in body
 
 
+def test_a_mesh_goes_into_the_branch_that_holds_its_sites_not_into_a_loop():
+  source = textwrap.dedent('''\
+      import jax
+
+
+      def sample(run, x, method):
+        if method == "sequential":
+          return run(x)
+        elif method == "parallel":
+          # one chain per device
+          return jax.pmap(run)(x)
+
+
+      def both(f, g, x, flag):
+        out = None
+        if flag:
+          with jax.default_matmul_precision("float32"):
+            a = jax.pmap(f)(x)
+            out = a, jax.pmap(g)(a)
+        return out
+
+
+      def each(f, xs):
+        for x in xs:
+          if x is not None:
+            y = jax.pmap(f)(x)
+        return y
+      ''')
+  new = _converted(source)
+  mesh = 'mesh = jax.sharding.Mesh(jax.devices(), ("devices",))'
+  assert f'  elif method == "parallel":\n    {mesh}\n    # one chain per device\n' in new, new
+  assert f'precision("float32"):\n      {mesh}\n      a = placed_on(' in new, new
+  assert f'def each(f, xs):\n  {mesh}\n  for x in xs:' in new, new
+  assert new.count(mesh) == 3, new
+  outputs = load(source, "branch_legacy"), load(new, "branch_converted")
+  x = np.arange(8.0, dtype=np.float32)
+  for module in outputs:
+    module.run = lambda m=module: (m.sample(lambda v: v * 2, x, "parallel"),
+                                   m.both(lambda v: v + 1, jax.numpy.sin, x, True),
+                                   m.each(lambda v: v - 1, [x, None]))
+  assert_trees_equal(outputs[0].run(), outputs[1].run())
+
+
 @pytest.mark.parametrize("rebinds", [False, True])
 def test_sites_with_the_same_module_constant_axis_share_a_mesh(rebinds):
   """An axis name held in a module constant means the same at each site, as a literal
@@ -454,7 +497,7 @@ def test_devices_the_statement_may_change_go_to_pmap_via_shard_map(between):
             "    return g(x), h(x), other(x)\n")
   new = _converted(source)
   assert "Mesh(devices" not in new and "devices=devices" in new, new
-  assert new.count("pmap_via_shard_map(f, axis_name='i', devices=devices)") == 1, new
+  assert new.count("pmap_via_shard_map(f, 'i', devices=devices)") == 1, new
   assert new.count("per_device(f)") == 2, new
 
 
