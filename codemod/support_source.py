@@ -343,16 +343,14 @@ def device_put_sharded(shards, devices):
 
 
 def first_row(x):
-  """``x[0]`` as legacy pmap gave it: row 0 read on a device whose shard holds
-  it whole, every bit kept (a sharded ``x[0]`` adds rows across devices, which
-  loses -0.0). Anything else is indexed as ``x[0]``."""
-  shard = _row_zero_shard(x)
-  return x[0] if shard is None else _rows_of([shard.data])[0]
+  """``x[0]`` as legacy pmap gave it: ``first_rows`` of an array."""
+  return first_rows(x) if isinstance(x, jax.Array) else x[0]
 
 
 def first_rows(tree):
-  """Flax's ``unreplicate``: ``first_row`` of every leaf, one program per
-  device reading the rows."""
+  """``x[0]`` of each leaf as legacy pmap gave it (flax's ``unreplicate``): read
+  whole from a device's shard, every bit kept (a sharded ``x[0]`` adds rows
+  across devices, which loses -0.0), one program per device."""
   leaves, treedef = jax.tree.flatten(tree)
   shards = [_row_zero_shard(x) for x in leaves]
   rows = [x[0] if s is None else None
