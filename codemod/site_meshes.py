@@ -129,10 +129,25 @@ class MeshPlan:
       return ("; at module level in a library module or a program that calls "
               "jax.distributed.initialize: the site and its mesh are made on its first call, "
               "not when the module is imported")
-    if not self.at_module_level(node):
+    if not self.at_module_level(node) or self._under_main_guard(node):
       return ""
     return ("; the mesh is built when the module is imported, which starts JAX's backend "
             "(a program calling jax.distributed.initialize does so before importing it)")
+
+  def _under_main_guard(self, node: cst.CSTNode) -> bool:
+    """Whether the site's mesh goes into an ``if __name__ == "__main__":`` block, which
+    importing the module does not run."""
+    top = self._place(node)[1]
+    mesh = self._of_site.get(node)
+    if mesh is None or mesh.lazy or not isinstance(top, cst.If):
+      return False
+    test = top.test
+    return (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name)
+            and test.left.value == "__name__" and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+            and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+            and test.comparisons[0].comparator.evaluated_value == "__main__"
+            and self._inside(self._innermost(top, mesh.sites), top.body))
 
   def evaluated_again(self, node: cst.CSTNode) -> str | None:
     """Where the site at ``node`` is built again each time it runs (a loop or a

@@ -127,6 +127,30 @@ def test_a_mesh_goes_into_the_branch_that_holds_its_sites_not_into_a_loop():
   assert_trees_equal(outputs[0].run(), outputs[1].run())
 
 
+def test_a_script_main_blocks_mesh_is_not_said_to_be_built_at_import():
+  source = textwrap.dedent('''\
+      import jax
+
+
+      def step(x):
+        return jax.lax.psum(x, "batch")
+
+
+      p_first = jax.pmap(step, axis_name="batch")
+
+      if __name__ == "__main__":
+        p_step = jax.pmap(step, axis_name="batch")
+      ''')
+  new, findings = rewrite(source, target="experimental")
+  assert 'if __name__ == "__main__":\n  mesh = jax.sharding.Mesh(' not in new, new
+  said = [f.line for f in findings if "built when the module is imported" in f.message]
+  assert said == [8, 11], findings  # the two sites share the mesh built at module level
+  alone, findings = rewrite(source.replace("p_first = jax.pmap(step, axis_name=\"batch\")\n",
+                                           ""), target="experimental")
+  assert 'if __name__ == "__main__":\n  mesh = jax.sharding.Mesh(' in alone, alone
+  assert not [f for f in findings if "built when the module is imported" in f.message]
+
+
 @pytest.mark.parametrize("rebinds", [False, True])
 def test_sites_with_the_same_module_constant_axis_share_a_mesh(rebinds):
   """An axis name held in a module constant means the same at each site, as a literal
