@@ -130,6 +130,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._call_sites: dict[cst.CSTNode, cst.BaseExpression] = {}
     self._def_sites: dict[cst.FunctionDef, list[tuple[tuple, list[cst.Decorator]]]] = {}
     self._renames: dict[cst.CSTNode, cst.BaseExpression] = {}
+    self._renamed_lines: set[int] | None = None  # lines holding a renamed name
     self._p = "P"
     self._site_lines: list[int] = []
     self._edited_lines: set[int] = set()  # lines holding code the rewrite replaces
@@ -1094,8 +1095,27 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._applied += 1
     return replacement.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
+  def _fitted(self, original: cst.SimpleStatementLine,
+              updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    """A one-line statement a rename took past the limit, its call's arguments broken
+    over lines where that fits (else as it is, and reported as too long by no one)."""
+    if self._renamed_lines is None:
+      self._renamed_lines = {self.get_metadata(PositionProvider, node).start.line
+                             for node in self._renames}
+    pos = self.get_metadata(PositionProvider, original)
+    if pos.start.line != pos.end.line or pos.start.line not in self._renamed_lines:
+      return updated
+    indent = self._indent_of(pos.start.line)
+    code = _code(updated.with_changes(leading_lines=[])).rstrip("\n")
+    if len(indent) + len(code) <= self._style.width:
+      return updated
+    return edits.arguments_broken(updated, indent, self._style) or updated
+
   def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
     updated = super().on_leave(original_node, updated_node)
+    if (isinstance(original_node, cst.SimpleStatementLine)
+        and isinstance(updated, cst.SimpleStatementLine) and self._renames):
+      updated = self._fitted(original_node, updated)
     if (not isinstance(original_node, cst.BaseStatement)
         or not self._meshes.has_statements_before(original_node)):
       return updated

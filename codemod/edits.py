@@ -10,7 +10,8 @@ aligned inside it move with its first line, those hanging from the indentation o
 line it started on hang from the indentation of the line it starts on now. Comments the
 user wrote at the site travel with the argument they described: a call carrying comments
 is laid out one argument per line, each own-line comment before its argument and each
-trailing comment after that argument's comma.
+trailing comment after that argument's comma. A one-line statement that a renamed name
+takes past the limit is broken as a formatter would (``arguments_broken``).
 """
 from __future__ import annotations
 
@@ -334,3 +335,35 @@ def _argument(arg: cst.Arg) -> Value:
 
 def _code(node: cst.CSTNode) -> str:
   return cst.Module([]).code_for_node(node)
+
+
+def arguments_broken(statement: cst.SimpleStatementLine, indent: str, style: FileStyle
+                     ) -> cst.SimpleStatementLine | None:
+  """A one-line statement that renamed names took past the file's limit, laid out again:
+  the arguments of its value's outermost call (an expression statement's, a return's or
+  an assignment's value) one per line, hanging one continuation indent below it, or else
+  that value alone on a hanging line in parentheses; None where no line then fits."""
+  small = statement.body[0] if len(statement.body) == 1 else None
+  value = getattr(small, "value", None)
+  if not isinstance(value, cst.BaseExpression) or value.lpar:
+    return None
+
+  def new_line(hang: str = style.hang) -> cst.ParenthesizedWhitespace:
+    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(hang))
+
+  layouts: list[cst.BaseExpression] = []
+  if isinstance(value, cst.Call) and value.args:
+    last = len(value.args) - 1
+    args = [arg.with_changes(comma=arg.comma.with_changes(whitespace_after=new_line()))
+            if isinstance(arg.comma, cst.Comma) and i < last else arg
+            for i, arg in enumerate(value.args)]
+    layouts.append(value.with_changes(whitespace_before_args=new_line(), args=args))
+  layouts.append(value.with_changes(lpar=[cst.LeftParen(whitespace_after=new_line())],
+                                    rpar=[cst.RightParen(whitespace_before=new_line(""))]))
+  for layout in layouts:
+    broken = statement.with_changes(body=[cast(cst.BaseSmallStatement, small).with_changes(
+        value=layout)])
+    lines = _code(broken.with_changes(leading_lines=[])).rstrip("\n").split("\n")
+    if all(len(indent) + len(line) <= style.width for line in lines):
+      return broken
+  return None

@@ -287,3 +287,33 @@ def test_copied_code_aligned_inside_itself_stays_aligned():
   second = lines[lines.index(first) + 1]
   assert second.index("learning_rate") == first.index("self._train_step"), after
   assert _left_of_their_statement(after) == [], after
+
+
+def test_a_line_a_rename_takes_past_the_limit_is_broken_as_a_formatter_would():
+  """pmap handed around as a value becomes pmap_via_shard_map, ten columns longer: a
+  one-line statement that then passes the limit has its call's arguments one per line, or
+  its value in parentheses on a hanging line; a line that fits stays as it was."""
+  source = textwrap.dedent('''\
+      import jax
+
+
+      class T:
+
+        def test(self, f, x):
+          self.assertAllClose(f(jax.vmap, jax.pmap)(x, x), f(jax.pmap, jax.vmap)(x, x))
+          mapper = jax.pmap if self.parallel_over_many_devices else jax.vmap  # choose
+          short = jax.pmap if x else jax.vmap
+          return mapper, short
+      ''')
+  new, _ = rewrite(source)
+  assert textwrap.dedent('''\
+        def test(self, f, x):
+          self.assertAllClose(
+              f(jax.vmap, pmap_via_shard_map)(x, x),
+              f(pmap_via_shard_map, jax.vmap)(x, x))
+          mapper = (
+              pmap_via_shard_map if self.parallel_over_many_devices else jax.vmap
+          )  # choose
+          short = pmap_via_shard_map if x else jax.vmap
+      ''') in textwrap.dedent(new[new.index("  def test"):]), new
+  assert max(len(line) for line in new.splitlines()) <= 80
