@@ -128,6 +128,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.sites_converted = 0
     self._applied = 0
     self._call_sites: dict[cst.CSTNode, cst.BaseExpression] = {}
+    self._arguments_below: set[cst.CSTNode] = set()  # sites whose call's arguments go below
     self._def_sites: dict[cst.FunctionDef, list[tuple[tuple, list[cst.Decorator]]]] = {}
     self._renames: dict[cst.CSTNode, cst.BaseExpression] = {}
     self._renamed_lines: set[int] | None = None  # lines holding a renamed name
@@ -790,11 +791,17 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
     fun_arg.leading.extend(self._attach_comments(site, roles, fun_arg, call))
-    # What follows the site on its last line (``(x)`` of ``pmap(f)(x)``) stays there.
+    # What follows the site on its last line (``(x)`` of ``pmap(f)(x)``) stays there,
+    # unless the call's arguments would then pass the limit: they go on a line below.
     end = self.get_metadata(PositionProvider, site.node).end
     after = len(self._line(end.line)[end.column:].rstrip())
-    expression = edits.parse_expression(
-        edits.render(call, pos.column, indent, self._style, after))
+    text = edits.render(call, pos.column, indent, self._style, after)
+    last = text.rsplit("\n", 1)[-1]
+    if after > 1 and ("\n" in text or pos.column) and (
+        (0 if "\n" in text else pos.column) + len(last) + after > self._style.width):
+      text = edits.render(call, pos.column, indent, self._style, 1)
+      self._arguments_below.add(site.node)
+    expression = edits.parse_expression(text)
     missing = _missing_comments(self._site_nodes(site), [expression], _comments_of(moved))
     if missing:  # a comment in a place no rule covers: before the function, not lost
       fun_arg.leading.extend(missing)
@@ -1089,6 +1096,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     return cast(cst.BaseExpression, self._rename(original_node, updated_node))
 
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+    if original_node.func in self._arguments_below and updated_node.args:
+      updated_node = updated_node.with_changes(whitespace_before_args=cst.ParenthesizedWhitespace(
+          indent=True, last_line=cst.SimpleWhitespace(self._style.hang)))
     replacement = self._call_sites.get(original_node)
     if replacement is None:
       return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))

@@ -295,6 +295,11 @@ def parse_expression(text: str) -> cst.BaseExpression:
   return cast(cst.BaseExpression, cst.parse_expression(text).visit(_AbsoluteIndent()))
 
 
+def parse_simple_statement(text: str) -> cst.SimpleStatementLine:
+  """A one-line statement's text whose continuation lines carry their full indentation."""
+  return cast(cst.SimpleStatementLine, cst.parse_statement(text).visit(_AbsoluteIndent()))
+
+
 def breakable(text: str) -> Value:
   """Generated one-line code (``name=value`` or a value) as a tree the layout can break:
   calls and tuples of two or more items become ``Call``s (a tuple is a call with no name);

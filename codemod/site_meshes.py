@@ -208,7 +208,8 @@ class MeshPlan:
       if above and (indent if "\n" not in text else 0) + len(last) + 2 + len(
           above[-1]) <= style.width:
         after = "  " + above.pop()
-      statement = cst.parse_statement(text + after + "\n")
+      statement = (cst.parse_statement(text + after + "\n") if mesh.lazy
+                   else edits.parse_simple_statement(text + after + "\n"))
       out.append(statement.with_changes(leading_lines=[
           cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in above]))
     return out

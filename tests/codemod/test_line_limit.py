@@ -317,3 +317,34 @@ def test_a_line_a_rename_takes_past_the_limit_is_broken_as_a_formatter_would():
           short = pmap_via_shard_map if x else jax.vmap
       ''') in textwrap.dedent(new[new.index("  def test"):]), new
   assert max(len(line) for line in new.splitlines()) <= 80
+
+
+def test_a_mesh_statement_broken_in_a_function_aligns_with_its_parenthesis():
+  new, _ = rewrite(textwrap.dedent('''\
+      import jax
+
+
+      def test(fv, x):
+        return jax.pmap(fv, axis_name="batch_axis_name_that_is_long_enough_to_wrap")(x)
+      '''))
+  assert ("  mesh = jax.sharding.Mesh(jax.devices(),\n"
+          "                           (\"batch_axis_name_that_is_long_enough_to_wrap\",))\n"
+          ) in new, new
+
+
+def test_arguments_after_a_converted_site_go_below_it_where_they_would_pass_the_limit():
+  """``pmap(f)(long arguments)``: the arguments the site is called with stay on its last
+  line where they fit, else they go on a line below, one continuation indent in."""
+  new, _ = rewrite(textwrap.dedent('''\
+      import jax
+
+
+      def test(fv, x):
+        if x is not None:
+          res = jax.pmap(fv, axis_name="batch")(x.reshape((jax.device_count(), -1) + x.shape[1:]))
+          return res, jax.pmap(fv, axis_name="batch")(x)
+      '''))
+  assert ("check_rep=False)))(\n"
+          "        x.reshape((jax.device_count(), -1) + x.shape[1:]))\n") in new, new
+  assert "check_rep=False)))(x)\n" in new, new
+  assert max(len(line) for line in new.splitlines()) <= 80, new
