@@ -794,12 +794,14 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # What follows the site on its last line (``(x)`` of ``pmap(f)(x)``) stays there,
     # unless the call's arguments would then pass the limit: they go on a line below.
     end = self.get_metadata(PositionProvider, site.node).end
-    after = len(self._line(end.line)[end.column:].rstrip())
+    rest = self._line(end.line)[end.column:].rstrip()
+    after = len(rest)
     text = edits.render(call, pos.column, indent, self._style, after)
     last = text.rsplit("\n", 1)[-1]
-    if after > 1 and ("\n" in text or pos.column) and (
+    if rest.startswith("(") and after > 2 and (
         (0 if "\n" in text else pos.column) + len(last) + after > self._style.width):
-      text = edits.render(call, pos.column, indent, self._style, 1)
+      after = 1  # the "(" stays
+      text = edits.render(call, pos.column, indent, self._style, after)
       self._arguments_below.add(site.node)
     expression = edits.parse_expression(text)
     missing = _missing_comments(self._site_nodes(site), [expression], _comments_of(moved))
@@ -1107,8 +1109,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def _fitted(self, original: cst.SimpleStatementLine,
               updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
-    """A one-line statement a rename took past the limit, its call's arguments broken
-    over lines where that fits (else as it is, and reported as too long by no one)."""
+    """A one-line statement a rename took past the limit, laid out again over lines
+    where they fit (``edits.arguments_broken``); else as it is."""
     if self._renamed_lines is None:
       self._renamed_lines = {self.get_metadata(PositionProvider, node).start.line
                              for node in self._renames}
