@@ -5,9 +5,9 @@ in the function that builds the pmap (the module for a site outside functions; a
 body is passed over for the function or module around it), placed before the statement
 of that body that holds the site; where one branch of that statement (an if's, a with's or
 a try's block) holds all the mesh's sites, before the first statement there that holds
-one, and so on down (a loop's body is not entered). Building it there, not at the top of the module, keeps
-a converted library from starting JAX's backend when it is imported (which would come
-before a program's ``jax.distributed.initialize``). Sites of one body with the same
+one, and so on down (a loop's body is not entered). Building it there, not at the top of
+the module, keeps a converted library from starting JAX's backend when it is imported
+(which would come before a program's ``jax.distributed.initialize``). Sites of one body with the same
 literal axis names (or module constants bound once to a string) share one mesh, built
 before the first of them; an axis name that is not a literal (a variable), or pmap's
 ``devices=`` / ``backend=`` / ``axis_size=`` (the mesh then spans those devices,
