@@ -257,7 +257,7 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
   if global_arg_shapes is not None:
     raise ValueError("global_arg_shapes is not supported: remove it from pmap")
   static = tuple(jax.tree.leaves(static_broadcasted_argnums))
-  name = "_pmap_unnamed_axis" if axis_name is None else axis_name
+  name = _UNNAMED if axis_name is None else axis_name
   in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
 
   def spec(axis):  # pmap's axis k: the mesh axis at dimension k
@@ -275,8 +275,18 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
     shard_map = functools.partial(experimental, check_rep=False)
 
   @functools.cache
-  def on(pool):
-    mesh = jax.sharding.Mesh(pool, (name,))
+  def on(n):  # the site over n rows' devices, or over devices= for None
+    local = jax.local_devices(backend=backend)
+    if n is not None and (not isinstance(n, int) or n > len(local) or (
+        jax.process_count() > 1 and n != len(local))):
+      raise ValueError(
+          f"pmap got mapped axes of sizes "
+          f"{set(n) if isinstance(n, frozenset) else n}: it needs one size, at "
+          f"most this process's {len(local)} devices (all of them with more "
+          "processes), or axis_size where nothing is mapped")
+    pool = (devices if n is None else local[:n] if jax.process_count() == 1
+            else sorted(jax.devices(backend), key=lambda d: d.process_index))
+    mesh = jax.sharding.Mesh(tuple(pool), (name,))
     mapped = shard_map(per_device(fun, in_axes=in_axes, out_axes=out_axes),
                        mesh=mesh, in_specs=in_specs, out_specs=out_specs)
     return placed_on(mesh, in_specs, static)(jax.jit(
@@ -284,7 +294,7 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
 
   def site(args):
     if devices is not None:
-      return on(tuple(devices))
+      return on(None)
     axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
     held = tuple(_Static((a,)) if i in static else a
                  for i, a in enumerate(args))
@@ -293,16 +303,7 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
             for a, sub in zip(axes, tree.flatten_up_to(held), strict=True)
             if a is not None for x in jax.tree.leaves(sub)}
     rows |= set() if axis_size is None else {axis_size}
-    local = jax.local_devices(backend=backend)
-    n = rows.pop() if len(rows) == 1 else rows
-    if not isinstance(n, int) or n > len(local) or (
-        jax.process_count() > 1 and n != len(local)):
-      raise ValueError(
-          f"pmap got mapped axes of sizes {n}: it needs one size, at most "
-          f"this process's {len(local)} devices (all of them with more "
-          "processes), or axis_size where nothing is mapped")
-    return on(tuple(local[:n]) if jax.process_count() == 1 else tuple(
-        sorted(jax.devices(backend), key=lambda d: d.process_index)))
+    return on(rows.pop() if len(rows) == 1 else frozenset(rows))
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
