@@ -11,8 +11,9 @@ Prints both totals and their ratio (target <= 1.5x), for all files and for the f
 with pmap sites alone. Then the same for real files, one by one (the median of
 ``--real-repeat`` paired runs): JAX's own tests/pmap_test.py at a pinned tag (from
 ../shared/jax_tests beside the repository; skipped with a note where that is absent), a
-Flax trainer (an installed flax's own pmap-using file where flax is installed, else the
-repository's program) and a brax trainer (likewise).
+Flax trainer (the repository's copy of the ImageNet example's loop), Flax's own
+``nnx/transforms/iteration.py`` (its ``nnx.pmap``; where flax is installed) and a brax
+trainer (an installed brax's PPO trainer, else the repository's program).
 
   .venv/bin/python bench/codemod_speed.py [--files 300] [--repeat 3] [--real-repeat 7]
                                           [--only tree|real]
@@ -171,15 +172,21 @@ def real_files() -> tuple[list[tuple[str, str]], list[str]]:
   else:
     missing.append(f"JAX {JAX_TAG} tests/pmap_test.py skipped: {os.path.normpath(jax_test)} "
                    "is absent (a checkout of JAX's tests at that tag goes there)")
+  # A Flax trainer (the ImageNet example's loop), Flax's own module with `nnx.pmap`, and a
+  # brax trainer: installed files where an installed package has them.
+  found.append(("Flax trainer tests/real_programs/programs/flax_imagenet.py",
+                os.path.join(_PROGRAMS, "flax_imagenet.py")))
   for label, package, relative, program in (
-      ("Flax", "flax", "jax_utils.py", "flax_imagenet.py"),
+      ("Flax", "flax", os.path.join("nnx", "transforms", "iteration.py"), None),
       ("brax", "brax", os.path.join("training", "agents", "ppo", "train.py"), "brax_ppo.py")):
     path = _installed(package, relative)
     if path is not None:
       found.append((f"{label} {package}/{relative} (installed)", path))
-    else:
+    elif program is not None:
       found.append((f"{label} trainer tests/real_programs/programs/{program}",
                     os.path.join(_PROGRAMS, program)))
+    else:
+      missing.append(f"{label} {package}/{relative} skipped: {package} is not installed")
   return found, missing
 
 

@@ -135,6 +135,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._p = "P"
     self._site_lines: list[int] = []
     self._edited_lines: set[int] = set()  # lines holding code the rewrite replaces
+    self._written_names: set[str] | None = None  # the names the rewrite's own code reads
     self._module: cst.Module | None = None
     self._lines: list[str] | None = None
     self._string_starts: dict[int, int] = {}
@@ -143,6 +144,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._imports_requested = False
     self._support_names: list[str] = []
     self._pmap_imports: list[tuple[str, str | None]] = []
+    self._pmap_module_imports: list[tuple[str, str | None]] = []
     self._partial_aliases: frozenset[str] = frozenset()
     self._unreplicate = unreplicate.Rewrites()
     self._walked_idioms: cst.CSTVisitor | None = None  # walked with References, for plan()
@@ -170,7 +172,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     new = super().transform_module_impl(tree)
     # Decided here from the metadata at hand, the removals spare libcst's second pass.
     new = unused_imports.apply(self.context, new, self._scopes, self.get_metadata,
-                               self._edited_lines, lambda: new.code)
+                               self._edited_lines, lambda: new.code, self._written_names)
     if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
       raise RuntimeError("a site planned for conversion was not rewritten")
     self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
@@ -198,6 +200,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._walked_idioms = unreplicate.collector(self.get_metadata, text)
     together.walk(node, [refs, cast(cst.CSTVisitor, self._walked_idioms)])
     self._pmap_imports = refs.pmap_imports
+    self._pmap_module_imports = sorted(refs.pmap_module_imports, key=str)
     ref_set = set(refs.refs)
     claimed: set = set()
     sites = self._find_sites(refs, ref_set, claimed)
@@ -656,8 +659,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._replace_decorators(site, [decorator], fallback, indent)
     self._via.add(site.node)
     self._add_imports(partial, [_VALUE_PMAP])
-    # `import jax` may have served jax.pmap alone.
-    RemoveImportsVisitor.remove_unused_import(self.context, "jax")
 
   def _pmap_named_in(self, site: Site) -> cst.CSTNode | None:
     """The expression naming pmap in the site's call (``jax.pmap(f, ...)``,
@@ -981,6 +982,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._imports_requested = True
     for module, alias in self._pmap_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, "pmap", alias)
+    # `import jax` (under any name) may have served `jax.pmap` alone.
+    for module, alias in self._pmap_module_imports:
+      RemoveImportsVisitor.remove_unused_import(self.context, module, None, alias)
 
   def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:
     """The imports the new code uses that the module does not bind yet."""
@@ -990,6 +994,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                 for d in new]
     written += self._meshes.decorators()
     text = "\n".join(written)
+    self._written_names = unused_imports.names_read(text)
     candidates = [imports.Wanted("jax"), imports.Wanted("functools"),
                   imports.Wanted("jax.sharding", "PartitionSpec", "P"),
                   imports.Wanted("jax.experimental.shard_map", "shard_map")]

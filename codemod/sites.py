@@ -117,6 +117,8 @@ class References(RelatedPatterns, BindingTargets):
     self.calls: list[cst.Call] = []
     self.defs: list[cst.FunctionDef] = []
     self.pmap_imports: list[tuple[str, str | None]] = []
+    # (module, alias) of each `import jax [as alias]` that a `jax.pmap` reference goes through
+    self.pmap_module_imports: set[tuple[str, str | None]] = set()
     self.pmap_spellings: set[str] = {"pmap"}
     self.bound: set[cst.CSTNode] = set()  # assignment, del and loop targets
 
@@ -133,9 +135,15 @@ class References(RelatedPatterns, BindingTargets):
 
   # Qualified names are computed lazily, per node: ask only where the spelling could be pmap.
   def visit_Attribute(self, node: cst.Attribute) -> bool:
-    if node.attr.value == "pmap" and qualified(self.get_metadata, node) & PMAP_NAMES:
-      self.refs.append(node)
-      return False
+    if node.attr.value == "pmap":
+      names = qualified(self.get_metadata, node) & PMAP_NAMES
+      if names:
+        self.refs.append(node)
+        if isinstance(node.value, cst.Name):
+          module = min(names).removesuffix(".pmap")
+          alias = node.value.value
+          self.pmap_module_imports.add((module, None if alias == module else alias))
+        return False
     if node.attr.value in removed_names.LAST_NAMES and self.removed_name(node):
       return False
     return True

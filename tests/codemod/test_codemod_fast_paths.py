@@ -218,6 +218,41 @@ _REMOVALS = {
 
         f = pmap(lambda x: x * 2)
         """),
+    # A site whose options are known at run time keeps pmap's call under another name,
+    # and schedules `import jax` for removal.
+    "module_still_used": (True, """
+        import jax
+
+        def make(axes):
+          return jax.pmap(lambda x: x * 2, in_axes=axes)
+
+        g = jax.jit(lambda x: x)
+        """),
+    "module_unused_after": (True, """
+        import jax
+        import jax.numpy as jnp
+
+        def make(axes):
+          return jax.pmap(lambda x: jnp.sin(x), in_axes=axes)
+        """),
+    "module_aliased": (True, """
+        import jax as j
+
+        def make(axes):
+          return j.pmap(lambda x: x * 2, in_axes=axes)
+        """),
+    "module_through_a_submodule": (False, """
+        import jax
+        import jax.numpy
+
+        def make(axes):
+          return jax.pmap(lambda x: jax.numpy.sin(x), in_axes=axes)
+        """),
+    "module_imported_in_a_function": (False, """
+        def make(axes):
+          import jax
+          return jax.pmap(lambda x: x * 2, in_axes=axes)
+        """),
     "flax_unreplicate": (True, """
         import jax
         from flax import jax_utils
@@ -227,6 +262,21 @@ _REMOVALS = {
         out = jax_utils.unreplicate(step(state))
         """),
 }
+
+
+class NamesReadTest(unittest.TestCase):
+  """The names the rewrite's own code reads decide that an import stays: a name token
+  that is an attribute or a keyword argument is not one, and text that does not tokenize
+  decides nothing."""
+
+  def test_names_read(self):
+    self.assertEqual(unused_imports.names_read("jax.jit(f, out=P('i'))\nfirst_rows("),
+                     {"jax", "f", "P", "first_rows"})
+    self.assertEqual(unused_imports.names_read("g(x == y)"), {"g", "x", "y"})
+
+  def test_untokenizable(self):
+    self.assertIsNone(unused_imports.names_read('f("jax'))
+    self.assertIsNone(unused_imports.names_read('f("""jax'))
 
 
 class ImportRemovalTest(unittest.TestCase):
@@ -264,7 +314,7 @@ class ImportRemovalTest(unittest.TestCase):
             f = jax.pmap(lambda x: x)
             y = tree_map(lambda v: v, {})
             """),
-        "tree_map_copied_into_a_site": (False, """
+        "tree_map_copied_into_a_site": (True, """
             import jax
             from jax import tree_map
 

@@ -256,7 +256,6 @@ class CallFormsTest(PmapCodemodTest):
         ppmap = functools.partial(jax.pmap, axis_name="i")
         """, """
         import functools
-        import jax
 
         from pmap_shard_map import pmap_via_shard_map
 

@@ -36,6 +36,19 @@ import jax
 def pmap(f, in_axes, out_axes, axis_name=None):
   return jax.pmap(f, axis_name=axis_name, in_axes=in_axes, out_axes=out_axes)
 ''',
+    # jax under another name: the import that served `j.pmap` alone goes with it.
+    "module_alias_plain": '''\
+import jax as j
+
+f = j.pmap(lambda x: x * 2, axis_name="i")
+''',
+    "module_alias_run_time_axes": '''\
+import jax as j
+
+
+def make(axes):
+  return j.pmap(lambda x: x * 2, in_axes=axes)
+''',
     # A site left unconverted next to a converted one: nothing is imported for it.
     "unconverted_site": '''\
 import jax

@@ -56,7 +56,6 @@ class SpellingTest(PmapCodemodTest):
 
         g = jx.pmap(f, "i")
         """, """
-        import jax as jx
         import jax
         from jax.sharding import PartitionSpec as P
         from jax.experimental.shard_map import shard_map
