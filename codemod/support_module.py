@@ -149,7 +149,10 @@ def cut(names: frozenset[str]) -> str:
   imports = [text for stmt, text in every
              if isinstance(stmt, (ast.Import, ast.ImportFrom)) and defined(stmt) & reads]
   head = "\n".join([*docstring, _import_groups(imports)])
-  return head + "\n\n" + "\n\n\n".join(t.strip("\n") for _, t in kept) + "\n"
+  # After the imports, isort's (and ruff's) default: two blank lines before a def or a
+  # class, else one.
+  gap = "\n\n" if kept and isinstance(kept[0][0], (ast.FunctionDef, ast.ClassDef)) else "\n"
+  return head + gap + "\n\n\n".join(t.strip("\n") for _, t in kept) + "\n"
 
 
 def _import_groups(imports: list[str]) -> str:

@@ -77,6 +77,15 @@ def test_every_line_of_the_written_module_fits_80_columns(tmp_path):
   assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("names", [None, SITE_NAMES, {"first_rows"}, {"pmap_via_shard_map"}],
+                         ids=["all", "plain sites", "first_rows", "pmap_via_shard_map"])
+def test_the_written_module_has_its_imports_sorted(tmp_path, names):
+  # isort's and ruff's default layout, blank lines after the imports included.
+  (tmp_path / NAME).write_text(support_module.source(names))
+  proc = _ruff("check", "--no-cache", "--isolated", "--select", "I001", NAME, cwd=tmp_path)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # ----- a formatter's rewrite is still ours -----
 
 @pytest.mark.parametrize("style", list(STYLES.values()), ids=list(STYLES))
