@@ -16,8 +16,10 @@ the files its ``--diff`` names), lost comments (the multiset of ``#`` comment to
 each original file minus the converted file's), new ruff F findings (``ruff check --select
 F`` before vs after, counted by file and code, line numbers ignored; a new file's findings
 are all new), new I001 findings (the same with ``--select I001``, only where the copied
-tree's ruff or isort configuration sorts imports, else "n/a"), added lines longer than the
-file's limit (``codemod.file_style.detect`` on the original; for a new support module the
+tree's ruff or isort configuration sorts imports, else "n/a"; and the same under ruff's
+default isort settings in every repository: a file those settings find unsorted before
+counts only where it gets more findings), added lines longer than the file's limit
+(``codemod.file_style.detect`` on the original; for a new support module the
 repository's configured limit, else 80; added lines from a difflib comparison), the
 support modules written (``pmap_shard_map.py`` / ``_pmap_shard_map.py``: lines and copies),
 the support cells added to notebooks (lines), and the share of sites converted. Row-access
@@ -82,6 +84,7 @@ class Row:
   lost_comments: int = 0
   new_f: int = 0
   new_i001: int | None = None  # None: the repository does not sort imports
+  new_i001_defaults: int = 0  # the same under ruff's default isort settings, everywhere
   long_added: int = 0
   support_lines: int = 0
   support_copies: int = 0
@@ -141,10 +144,12 @@ def codemod(*args: str) -> subprocess.CompletedProcess[str]:
                         capture_output=True, text=True, check=False)
 
 
-def ruff(root: str, select: str) -> list[dict[str, Any]]:
-  out = subprocess.run([RUFF, "check", "--select", select, "--output-format", "json",
-                        "--no-cache", "--exit-zero", "."], cwd=root, capture_output=True,
-                       text=True, check=False)
+def ruff(root: str, select: str, isolated: bool = False) -> list[dict[str, Any]]:
+  """ruff's findings under ``root``: with the tree's own configuration, or (``isolated``)
+  with ruff's defaults (``root`` is the project root: its packages are first party)."""
+  out = subprocess.run([RUFF, "check", *(["--isolated"] if isolated else []), "--select",
+                        select, "--output-format", "json", "--no-cache", "--exit-zero", "."],
+                       cwd=root, capture_output=True, text=True, check=False)
   found: list[dict[str, Any]] = json.loads(out.stdout or "[]")
   for f in found:
     f["filename"] = os.path.relpath(f["filename"], root)
@@ -241,6 +246,7 @@ def measure(repo: Repo, workdir: str) -> Row:
   sorted_imports = sorts_imports(orig)
   f_before = ruff(orig, "F")
   i_before = ruff(orig, "I001") if sorted_imports else []
+  i_defaults_before = ruff(orig, "I001", isolated=True)
 
   report_path = os.path.join(base, "report.txt")
   first = codemod(conv, "--in-place", "--report", report_path)
@@ -312,6 +318,9 @@ def measure(repo: Repo, workdir: str) -> Row:
     new_i = new_findings(i_before, ruff(conv, "I001"))
     row.new_i001 = len(new_i)
     ex["new_i001"] += new_i
+  new_i = new_findings(i_defaults_before, ruff(conv, "I001", isolated=True))
+  row.new_i001_defaults = len(new_i)
+  ex["new_i001_defaults"] += new_i
   return row
 
 
@@ -319,7 +328,8 @@ COLUMNS = [("repository", "name"), ("files", "files"), ("sites", "found"),
            ("converted", "converted"), ("reported", "reported"), ("share", "share"),
            ("crashes", "crashes"), ("parse fail", "parse_failures"),
            ("non-idempotent", "non_idempotent"), ("lost comments", "lost_comments"),
-           ("new F", "new_f"), ("new I001", "new_i001"), ("long added lines", "long_added"),
+           ("new F", "new_f"), ("new I001", "new_i001"),
+           ("new I001 (ruff defaults)", "new_i001_defaults"), ("long added lines", "long_added"),
            ("support lines (copies)", "support_lines"),
            ("notebook support lines", "notebook_support_lines"),
            ("row rewrites (review)", "row_rewrites")]
