@@ -483,9 +483,14 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                    f"pmap converted to jax.jit(shard_map) over mesh axes {names}{why}")
     else:
       mesh, devices = plain
+      rows = ""
+      if devices.startswith("jax.devices(") and devices.endswith(")"):
+        # Legacy pmap chose its devices from the arguments, on every call.
+        rows = (f"; legacy pmap mapped over as many devices as the arguments have rows: "
+                f"where they can have fewer, build the mesh over {devices}[:rows]")
       self._report(site.node, Severity.INFO,
                    f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh over {devices} "
-                   f"with axis {names}" + self._meshes.where(site.node))
+                   f"with axis {names}" + self._meshes.where(site.node) + rows)
       again = self._evaluated_again(site)
       if again is not None and isinstance(site.fun, cst.Attribute):
         # A bound method is a new object on each access: legacy pmap compiled it again

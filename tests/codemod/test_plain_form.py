@@ -317,6 +317,16 @@ def test_fewer_rows_than_devices_names_the_fix():
   assert load(source, "rows_legacy").run().shape == (2, 3)
   with pytest.raises(ValueError, match=r"jax\.devices\(\)\[:rows\]"):
     load(_converted(source), "rows_converted").run()
+  # The report says it at the site, before any run.
+  _, findings = rewrite(source, target="experimental")
+  assert [f.line for f in findings if "jax.devices()[:rows]" in f.message] == [6], findings
+
+
+def test_a_mesh_over_the_devices_pmap_was_given_says_nothing_of_rows():
+  # devices= (and axis_size=) chose the devices; backend= left pmap to count rows.
+  _, findings = rewrite(DEVICES, target="experimental")
+  said = [f.message for f in findings if "[:rows]" in f.message]
+  assert len(said) == 1 and 'jax.devices("cpu")[:rows]' in said[0], findings
 
 
 def test_support_module_holds_what_the_files_call(tmp_path):
