@@ -45,9 +45,9 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (edits, file_style, imports, reaching, removed_names, site_comments,
-                     matcher_setup, site_meshes, support_module, targets, together,
-                     unreplicate, unused_imports)
+from codemod import (edits, file_style, imports, matcher_setup, public_api, reaching,
+                     removed_names, site_comments, site_meshes, support_module, targets,
+                     together, unreplicate, unused_imports)
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -154,6 +154,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._plain: dict[cst.CSTNode, tuple[str, str]] = {}
     self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
     self._imported_before_jax_starts = False  # see visit_Module
+    self._library_module: str | None = None  # the dotted name of a public library module
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
@@ -225,6 +226,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # imports it may call jax.distributed.initialize after) nor in a program that calls
     # it. Their module-level sites are made on their first call (on_first_call).
     path = self.context.filename
+    self._library_module = (public_api.module_name(path) if path and os.path.isfile(path)
+                            else None)
     self._imported_before_jax_starts = bool(
         (path and os.path.isfile(path) and support_module.package_of(path) is not None)
         or _INITIALIZE.search(self._text or ""))
@@ -443,6 +446,20 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return [max(before, key=lambda d: self.get_metadata(PositionProvider, d).start.line)]
     return defs
 
+  def _report_public(self, site: Site) -> None:
+    """A site in a library's public API changes it for every caller: said at the site."""
+    if self._library_module is None:
+      return
+    line = self.get_metadata(PositionProvider, site.node).start.line
+    name = public_api.holder(self._module, self.get_metadata, line)
+    if name is not None:
+      self._report(site.node, Severity.WARNING,
+                   f"{self._library_module}.{name} is public API of a library, so this "
+                   "rewrite changes it for every caller: a result of the site it hands on is "
+                   "now an array on a NamedSharding mesh, not a PmapSharding one (the same "
+                   "values; a caller's own x[0] on it gathers across devices and may read "
+                   "-0.0 as 0.0): say so in the release notes")
+
   def _spec_name(self, module: cst.Module, sites: list[Site]) -> str:
     """``P`` unless the file binds ``P`` to something other than PartitionSpec."""
     for site in sites:
@@ -466,6 +483,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._report(site.node, Severity.ERROR, f"pmap left unchanged: {site.error}")
       return
     self.sites_converted += 1
+    self._report_public(site)
     names = ", ".join(self._axis_names(site))
     plain = self._plain.get(site.node)
     if site.node in self._via:
