@@ -448,7 +448,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def _report_public(self, site: Site) -> None:
     """A site in a library's public API changes it for every caller: said at the site."""
-    if self._library_module is None:
+    if self._library_module is None or self._module is None:
       return
     line = self.get_metadata(PositionProvider, site.node).start.line
     name = public_api.holder(self._module, self.get_metadata, line)
