@@ -122,10 +122,24 @@ class _Layout:
     # The layout that fits, with the fewest lines pushed far right, in the fewest lines;
     # aligned (listed first) on a tie.
     deep = self.width * _ALIGN_LIMIT
-    return min(candidates, key=lambda t: (
-        _overflow(t, column, self.width, reserve),
-        sum(len(line) - len(line.lstrip(" ")) > deep for line in t.split("\n")[1:]),
-        t.count("\n")))
+
+    def key(t: str) -> tuple[int, int, int]:
+      return (_overflow(t, column, self.width, reserve),
+              sum(len(line) - len(line.lstrip(" ")) > deep for line in t.split("\n")[1:]),
+              t.count("\n"))
+
+    best = min(candidates, key=key)
+    only = call.args[0] if len(call.args) == 1 else None
+    inner = only.value if isinstance(only, Arg) else only
+    if (hang_ok and _overflow(best, column, self.width) and isinstance(inner, Call)
+        and not call.commented()):
+      # Nothing fits, whatever follows: a call's only argument, itself a call, may open
+      # on this line, its own arguments hanging from this line's indent
+      # (``jit(shard_map(\n    f, ...))``), where that fits.
+      hugged = head + "(" + self.call(inner, open_col, indent, reserve + 1) + ")"
+      if not key(hugged)[0]:
+        return hugged
+    return best
 
   def flat_args(self, call: Call) -> str | None:
     """The arguments on one line, or None when one of them cannot be."""

@@ -348,3 +348,27 @@ def test_arguments_after_a_converted_site_go_below_it_where_they_would_pass_the_
           "        x.reshape((jax.device_count(), -1) + x.shape[1:]))\n") in new, new
   assert "check_rep=False)))(x)\n" in new, new
   assert max(len(line) for line in new.splitlines()) <= 80, new
+
+
+def test_a_call_s_only_argument_opens_on_its_line_where_nothing_else_fits():
+  """JAX's pmap_test.py: a copied lambda that fits no layout one level per call fits
+  with ``jax.jit(shard_map(`` on one line, shard_map's arguments hanging from it."""
+  source = textwrap.dedent('''\
+      import jax
+      from jax import lax, pmap
+
+
+      class PmapTest:
+
+        def testPermute(self):
+          num_devices = jax.device_count()
+          perm = [num_devices - 1] + list(range(num_devices - 1))
+          f = pmap(lambda x: lax.ppermute(x, "i", zip(perm, range(num_devices))), "i")
+          return f
+      ''')
+  new, _ = rewrite(source, target="experimental")
+  assert "\n        jax.jit(shard_map(\n            per_device(\n" in new, new
+  assert max(len(line) for line in new.splitlines()) <= 80, new
+  # Where one level per call fits, calls open one per line, as before.
+  shorter, _ = rewrite(source.replace("range(num_devices)", "range(n)"), target="experimental")
+  assert "jax.jit(shard_map(" not in shorter, shorter
