@@ -135,7 +135,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._p = "P"
     self._site_lines: list[int] = []
     self._edited_lines: set[int] = set()  # lines holding code the rewrite replaces
-    self._written_names: set[str] | None = None  # the names the rewrite's own code reads
     self._module: cst.Module | None = None
     self._lines: list[str] | None = None
     self._string_starts: dict[int, int] = {}
@@ -173,7 +172,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     new = super().transform_module_impl(tree)
     # Decided here from the metadata at hand, the removals spare libcst's second pass.
     new = unused_imports.apply(self.context, new, self._scopes, self.get_metadata,
-                               self._edited_lines, lambda: new.code, self._written_names)
+                               self._edited_lines, lambda: new.code,
+                               unused_imports.names_read(self._written()))
     if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
       raise RuntimeError("a site planned for conversion was not rewritten")
     self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
@@ -1009,15 +1009,19 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for module, alias in self._pmap_module_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, None, alias)
 
-  def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:
-    """The imports the new code uses that the module does not bind yet."""
+  def _written(self) -> str:
+    """The code the rewrite writes at the sites (calls, renames, row access, decorators),
+    a piece per line."""
     written = [_code(e) for e in (*self._call_sites.values(), *self._renames.values())]
     written += self._unreplicate.code()
     written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
                 for d in new]
     written += self._meshes.decorators()
-    text = "\n".join(written)
-    self._written_names = unused_imports.names_read(text)
+    return "\n".join(written)
+
+  def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:
+    """The imports the new code uses that the module does not bind yet."""
+    text = self._written()
     candidates = [imports.Wanted("jax"), imports.Wanted("functools"),
                   imports.Wanted("jax.sharding", "PartitionSpec", "P"),
                   imports.Wanted("jax.experimental.shard_map", "shard_map")]
