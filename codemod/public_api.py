@@ -25,10 +25,10 @@ def _private(name: str) -> bool:
 
 def module_name(path: str) -> str | None:
   """The dotted name of the public library module at ``path``; None for a script, a
-  test module or a private one."""
-  package = support_module.package_of(path)
+  notebook, a test module or a private one."""
+  package = support_module.package_of(path) if path.endswith(".py") else None
   if package is None:
-    return None
+    return None  # a script, or a notebook
   stem = os.path.splitext(os.path.basename(path))[0]
   parts = package[1] + ([] if stem == "__init__" else [stem])
   if any(_private(p) or p in ("test", "tests") or p.startswith("test_") or p.endswith("_test")

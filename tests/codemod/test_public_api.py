@@ -3,6 +3,7 @@ rewrite changes what every caller of the library gets. Private code, code that h
 nothing back, scripts and tests are not."""
 from __future__ import annotations
 
+import json
 import pathlib
 
 from codemod.findings import Severity
@@ -91,3 +92,12 @@ def test_private_modules_tests_and_scripts_are_not_public_api(tmp_path):
   script.parent.mkdir()
   script.write_text(MODULE)
   assert _public(str(script)) == []
+
+
+def test_a_notebook_inside_a_package_is_not_public_api(tmp_path):
+  path = pathlib.Path(_tree(tmp_path, "lib/steps.py")).with_suffix(".ipynb")
+  cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+          "source": MODULE.splitlines(keepends=True)}
+  path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4,
+                              "nbformat_minor": 5}))
+  assert _public(str(path)) == []
