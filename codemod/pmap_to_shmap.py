@@ -27,9 +27,9 @@ import os
 import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from codemod import files, notebook, support_module
+from codemod import files, notebook, repo_formatter, support_module
 from codemod.findings import FileResult, Finding, Severity, Totals
 from codemod.runner import Options, support_placement, transform_file, write_result
 
@@ -233,7 +233,8 @@ def _main(argv: Sequence[str] | None) -> int:
   # Written before the files that import them: where one cannot be, its files stay
   # unchanged rather than import a module that is not there.
   failures = {key: failure for key in changes
-              if args.in_place and (failure := _write_support(*key, users[key][1])) is not None}
+              if args.in_place and (failure := _write_support(*key, users[key][1], changes[key]))
+              is not None}
   unwritable = {path for key in failures for path in changes[key]}
   for result in results:
     if args.in_place:
@@ -257,7 +258,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if not args.in_place and not args.check:
       names = support_module.wanted(old_support[key], users[key][1])
       sys.stdout.write(_new_file_diff(_display_path(path), old_support[key] or "",
-                                      support_module.source(names)))
+                                      _support_layout(*key, changes[key])(
+                                          support_module.source(names))))
   lines.append(totals.format())
   report = "\n".join(lines) + "\n"
   sys.stdout.flush()
@@ -289,16 +291,29 @@ def _write_report(path: str | None, report: str) -> bool:
   return path is None
 
 
-def _write_support(root: str, name: str, names: set[str]) -> files.Notice | None:
+def _write_support(root: str, name: str, names: set[str],
+                   users: list[str]) -> files.Notice | None:
   """Writes the support module for files calling ``names``; the failure, if it could not
   be written."""
   try:
-    support_module.write(root, name, names)
+    support_module.write(root, name, names, _support_layout(root, name, users))
   except OSError as e:
     path = support_module.path_for(root, name)
     return files.Notice(path, Finding(1, 1, Severity.ERROR, f"cannot write the support "
                                       f"module {name}: {e.strerror or e}"), failed=True)
   return None
+
+
+def _support_layout(root: str, name: str, users: list[str]) -> Callable[[str], str]:
+  """How the support module's text is laid out where it is written: by the formatter its
+  repository configures (its check covers the new file too) where that formatter had
+  formatted a file that imports it, else as the codemod has it. Called before the
+  converted files are written: ``users`` are still the originals on disk."""
+  path = support_module.path_for(root, name)
+  formatter = repo_formatter.configured(path)
+  if formatter is None or not repo_formatter.formats_any(formatter, users):
+    return lambda text: text
+  return lambda text: repo_formatter.reformatted(formatter, text, path) or text
 
 
 def _display_path(path: str) -> str:

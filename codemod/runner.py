@@ -3,8 +3,9 @@
 ``transform_file`` never raises: a file that cannot be read, decoded or parsed becomes
 an ERROR entry and is skipped; a crash inside the transform is an internal error (exit 2).
 ``write_result`` turns a failed write into an ERROR for that file (the file unchanged).
-The command is the one ``python -m libcst.tool codemod`` runs; this layer only reads
-files, passes the options, and collects what the command reported to its context.
+The command is the one ``python -m libcst.tool codemod`` runs; this layer reads files,
+passes the options, collects what the command reported to its context, and runs the
+repository's formatter over a converted file that formatter had written (``repo_formatter``).
 The bytes libcst writes back keep the file's encoding and newline style.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from codemod import files, notebook, notebook_support, removed_names, support_module
+from codemod import files, notebook, notebook_support, removed_names, repo_formatter, support_module
 from codemod.findings import SITES_KEY, FileResult, Finding, Severity
 
 
@@ -172,9 +173,26 @@ def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
   out = transform_module(module, options, result.path, source=text)
   _collect(result, out)
   new_text = out.module.code
+  if new_text != text and module.encoding.lower().replace("-", "") == "utf8":
+    new_text = _formatted_as_before(text, new_text, result)
   if new_text != text:
     result.changed, result.new_source = True, new_text.encode(module.encoding)
     result.diff = _diff(text, new_text, result.path)
+
+
+def _formatted_as_before(text: str, new_text: str, result: FileResult) -> str:
+  """``new_text`` through the repository's formatter where that formatter had written
+  ``text``, so the file still passes its check."""
+  formatter = repo_formatter.formatter_of(text, result.path)
+  if formatter is None:
+    return new_text
+  out = repo_formatter.reformatted(formatter, new_text, result.path)
+  if out is None:
+    result.findings.insert(0, Finding(1, 1, Severity.INFO, (
+        f"the repository formats this file with {formatter.name}, which failed on the "
+        f"converted file: it is left as the codemod laid it out; run {formatter.name} on it")))
+    return new_text
+  return out
 
 
 def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> None:

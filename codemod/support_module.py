@@ -16,7 +16,7 @@ import functools
 import hashlib
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import libcst as cst
@@ -349,9 +349,11 @@ def foreign_message(root: str, name: str) -> str:
           "name with --support-module")
 
 
-def write(root: str, name: str, names: Collection[str] | None = None) -> bool:
+def write(root: str, name: str, names: Collection[str] | None = None,
+          layout: Callable[[str], str] | None = None) -> bool:
   """Writes the module under ``root`` for files that call ``names`` (None: all of it),
   keeping what a copy there holds, unless an up-to-date copy is there; True if written.
+  ``layout`` takes the module's text to the text written (the repository's formatter).
 
   Raises ``FileExistsError`` for a foreign file (never overwritten).
   """
@@ -363,7 +365,8 @@ def write(root: str, name: str, names: Collection[str] | None = None) -> bool:
     return False
   path = path_for(root, name)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  files.write_atomically(path, source(wanted(text, names)).encode("utf-8"))
+  written = source(wanted(text, names))
+  files.write_atomically(path, (layout(written) if layout else written).encode("utf-8"))
   return True
 
 

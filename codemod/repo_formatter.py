@@ -1,0 +1,160 @@
+"""The repository's own formatter, run over a converted file that it had already formatted.
+
+A repository that formats with ruff or black checks that in CI (``ruff format --check``,
+``black --check``): a converted file laid out any other way fails that check. So where the
+repository configures one of them and the original file is exactly what it writes, the
+converted file goes through it too, and only the lines the codemod changed move.
+
+Walking up from the file to the repository root, the nearest directory that configures a
+formatter decides:
+
+- ruff (.ruff.toml, ruff.toml, pyproject.toml ``[tool.ruff]``, or a ``ruff-format``
+  pre-commit hook): ``ruff format`` with the settings ruff itself finds for the file;
+  ruff settings beside black's, pyink's or yapf's count only where they have a
+  ``format`` table or the pre-commit hook runs ruff's formatter;
+- black (pyproject.toml ``[tool.black]``, or a ``black`` pre-commit hook): ``ruff format``,
+  which writes black's style, with black's ``line-length``, ``skip-string-normalization``
+  and ``skip-magic-trailing-comma``;
+- pyink (``[tool.pyink]``) or yapf: nothing; ruff does not write their style.
+
+The file is left as the codemod wrote it where no formatter is configured, where ruff is
+not installed, where the original is not already formatted, or where the formatted text
+would not be the same program with the same comments.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import os
+import re
+import shutil
+import subprocess
+import tokenize
+from dataclasses import dataclass
+
+from codemod import config_files, support_module
+
+_TIMEOUT_S = 60
+_PRE_COMMIT_HOOK = re.compile(r"^\s*-?\s*id:\s*['\"]?(ruff-format|black)['\"]?\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class Formatter:
+  """``ruff format`` as the repository runs it on one file."""
+  executable: str
+  options: tuple[str, ...]  # what the command line adds to what ruff finds itself
+  name: str                 # the formatter the repository configures: ruff or black
+
+  def format(self, text: str, path: str) -> str | None:
+    """``text`` formatted as the file at ``path``; None where ruff fails on it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+      done = subprocess.run(
+          [self.executable, "format", *self.options, "--stdin-filename", path, "-"],
+          input=text.encode("utf-8"), capture_output=True, timeout=_TIMEOUT_S,
+          cwd=directory if os.path.isdir(directory) else None, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+      return None
+    if done.returncode != 0:
+      return None
+    return done.stdout.decode("utf-8")
+
+
+def configured(path: str) -> Formatter | None:
+  """The formatter the repository holding ``path`` configures, when ruff can run it."""
+  executable = _ruff()
+  if executable is None:
+    return None
+  for directory in config_files.directories(os.path.dirname(os.path.abspath(path))):
+    tool = config_files.pyproject_tools(directory)
+    ruff = config_files.ruff(directory)
+    others = {name for name in ("black", "pyink", "yapf")
+              if config_files.table(tool, name) is not None}
+    hook = _pre_commit_formatter(directory)
+    # ruff settings beside another formatter's are there for its linter, unless they
+    # configure its formatter too.
+    if ruff is not None and (not others or hook == "ruff-format"
+                             or config_files.table(ruff, "format") is not None):
+      return Formatter(executable, (), "ruff")
+    if "black" in others or (hook == "black" and not others):
+      return Formatter(executable, _black_options(config_files.table(tool, "black") or {}),
+                       "black")
+    if others:
+      return None
+    if hook == "ruff-format":
+      return Formatter(executable, (), "ruff")
+  return None
+
+
+def _black_options(black: dict) -> tuple[str, ...]:
+  # --isolated: black's settings alone, not a ruff configuration elsewhere on the machine.
+  options = ["--isolated", "--line-length", str(_int(black.get("line-length"), 88))]
+  if black.get("skip-string-normalization") or black.get("skip_string_normalization"):
+    options += ["--config", "format.quote-style='preserve'"]
+  if black.get("skip-magic-trailing-comma") or black.get("skip_magic_trailing_comma"):
+    options += ["--config", "format.skip-magic-trailing-comma=true"]
+  return tuple(options)
+
+
+def _int(value: object, default: int) -> int:
+  return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def _pre_commit_formatter(directory: str) -> str | None:
+  try:
+    with open(os.path.join(directory, ".pre-commit-config.yaml"), encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError):
+    return None
+  match = _PRE_COMMIT_HOOK.search(text)
+  return match.group(1) if match else None
+
+
+@functools.lru_cache(maxsize=1)
+def _ruff() -> str | None:
+  try:
+    from ruff.__main__ import find_ruff_bin  # the ruff installed with this package
+    return os.fspath(find_ruff_bin())
+  except (ImportError, FileNotFoundError):
+    return shutil.which("ruff")
+
+
+def formatter_of(original: str, path: str) -> Formatter | None:
+  """The repository's formatter where it leaves ``original``, the file's text, unchanged."""
+  formatter = configured(path)
+  if formatter is None or formatter.format(original, path) != original:
+    return None
+  return formatter
+
+
+def formats_any(formatter: Formatter, paths: list[str], sample: int = 20) -> bool:
+  """Whether ``formatter`` leaves one of the .py files ``paths`` (the first ``sample`` of
+  them, as they are on disk) unchanged: the repository formats with it, not only lints."""
+  for path in [p for p in paths if p.endswith(".py")][:sample]:
+    try:
+      with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    except (OSError, UnicodeDecodeError):
+      continue
+    if formatter.format(text, path) == text:
+      return True
+  return False
+
+
+def reformatted(formatter: Formatter, text: str, path: str) -> str | None:
+  """``text`` laid out by ``formatter``, or None where that fails or would change the
+  program or its comments."""
+  out = formatter.format(text, path)
+  if out is None or support_module.tree_digest(out) != support_module.tree_digest(text):
+    return None
+  if _comments(out) != _comments(text):
+    return None
+  return out
+
+
+def _comments(text: str) -> list[str] | None:
+  try:
+    return sorted(tok.string.rstrip() for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                  if tok.type == tokenize.COMMENT)
+  except (tokenize.TokenError, IndentationError, SyntaxError):
+    return None
