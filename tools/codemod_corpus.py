@@ -4,7 +4,10 @@
 
 The corpus, each copied into a temporary repository (a ``.git`` marks its root; the
 sources are never touched): the installed flax, brax, numpyro, optax and orbax of
-``.venv-real-jax0.6.0`` (and of ``.venv-real-jax0.10.2`` where the tree differs), JAX's
+``.venv-real-jax0.6.0`` (and of ``.venv-real-jax0.10.2`` where the tree differs), each
+with its repository's configuration files (pyproject.toml, setup.cfg, ruff.toml,
+.pre-commit-config.yaml, ...) from the same release's sdist on PyPI, since an installed
+package keeps none (without PyPI, the copy has none: the row says so), JAX's
 ``tests/pmap_test.py`` with its ``pyproject.toml`` at v0.6.0 and v0.10.2
 (``../shared/jax_tests`` beside the repository), and this project's ``examples/`` with its ``pyproject.toml``.
 
@@ -15,8 +18,13 @@ files scanned and sites found / converted / reported (the report's totals line),
 the files its ``--diff`` names), lost comments (the multiset of ``#`` comment tokens of
 each original file minus the converted file's), new ruff F findings (``ruff check --select
 F`` before vs after, counted by file and code, line numbers ignored; a new file's findings
-are all new), new I001 findings (the same with ``--select I001``, only where the copied
-tree's ruff or isort configuration sorts imports, else "n/a"; and the same under ruff's
+are all new), files that lose their formatter check (where the repository configures
+ruff or black, ``codemod.repo_formatter``: a changed file that formatter left unchanged
+before and changes after; a new support module that formatter changes, where it left one
+of the changed files unchanged before), new I001
+findings (the same with ``--select I001`` where the copied tree's ruff configuration
+selects it, else the files ``isort --check-only`` finds unsorted with the tree's isort
+configuration, else "n/a"; and the same under ruff's
 default isort settings in every repository: a file those settings find unsorted before
 counts only where it gets more findings), added lines longer than the file's limit
 (``codemod.file_style.detect`` on the original; for a new support module the
@@ -44,6 +52,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import tokenize
 import tomllib
@@ -52,9 +61,10 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from codemod import file_style  # noqa: E402
+from codemod import file_style, repo_formatter  # noqa: E402
 
 RUFF = os.path.join(ROOT, ".venv", "bin", "ruff")
+ISORT = os.path.join(ROOT, ".venv", "bin", "isort")
 JAX_TESTS = os.path.join(os.path.dirname(ROOT), "shared", "jax_tests")
 PACKAGES = ("flax", "brax", "numpyro", "optax", "orbax")
 SUPPORT_FILES = ("pmap_shard_map.py", "_pmap_shard_map.py")
@@ -63,6 +73,11 @@ TOTALS_RE = re.compile(r"(\d+) files scanned, (\d+) changed; (\d+) pmap sites fo
                        r"(\d+) converted, (\d+) reported")
 ROW_RE = re.compile(r"rewritten to first_rows?\(")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
+# The files at a repository's root that configure its tools and declare its requirements.
+CONFIG_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "ruff.toml", ".ruff.toml",
+                ".pre-commit-config.yaml", "pylintrc", ".pylintrc", ".editorconfig",
+                "tox.ini", ".flake8", ".isort.cfg", ".style.yapf", "requirements.txt")
+SDISTS = os.path.join(tempfile.gettempdir(), "codemod-corpus-sdists")
 
 
 @dataclass
@@ -86,6 +101,7 @@ class Row:
   new_i001: int | None = None  # None: the repository does not sort imports
   new_i001_defaults: int = 0  # the same under ruff's default isort settings, everywhere
   long_added: int = 0
+  format_lost: int | None = None  # None: the repository configures no ruff or black
   support_lines: int = 0
   support_copies: int = 0
   notebook_support_lines: int = 0
@@ -107,9 +123,12 @@ def corpus() -> list[Repo]:
       if venv != "0.6.0" and _same_tree(source, os.path.join(sites["0.6.0"], package)):
         continue
       dist = glob.glob(os.path.join(site, f"{package}*.dist-info"))
-      version = os.path.basename(dist[0]).split("-")[1] if dist else "?"
-      version = version.removesuffix(".dist")
-      repos.append(Repo(f"{package} {version} (venv jax{venv})", [(source, package)]))
+      project, version = (os.path.basename(dist[0]).removesuffix(".dist-info").split("-")
+                          if dist else (package, "?"))
+      config = repository_config(project, version)
+      repos.append(Repo(f"{package} {version} (venv jax{venv}"
+                        f"{'' if config else ', no configuration'})",
+                        [(source, package), *config]))
   for tag in ("v0.6.0", "v0.10.2"):
     base = os.path.join(JAX_TESTS, tag)
     repos.append(Repo(f"jax {tag} tests/pmap_test.py",
@@ -119,6 +138,30 @@ def corpus() -> list[Repo]:
                                               (os.path.join(ROOT, "pyproject.toml"),
                                                "pyproject.toml")]))
   return repos
+
+
+def repository_config(project: str, version: str) -> list[tuple[str, str]]:
+  """(path, name) of the configuration files at the root of ``project``'s repository at
+  ``version``, from its sdist (downloaded once into SDISTS); none where pip cannot get it."""
+  into = os.path.join(SDISTS, f"{project}-{version}")
+  if not os.path.isdir(into):
+    download = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+         ":all:", "--dest", SDISTS, f"{project}=={version}"],
+        capture_output=True, text=True, timeout=300, check=False)
+    archives = [a for a in glob.glob(os.path.join(SDISTS, "*.tar.gz"))
+                if os.path.basename(a).lower().replace("-", "_").startswith(
+                    f"{project}_{version}.".lower().replace("-", "_"))]
+    if download.returncode != 0 or not archives:
+      return []
+    with tarfile.open(archives[0]) as archive:
+      os.makedirs(into)
+      for member in archive.getmembers():
+        parts = member.name.split("/")
+        if member.isfile() and len(parts) == 2 and parts[1] in CONFIG_FILES:
+          with archive.extractfile(member) as f, open(os.path.join(into, parts[1]), "wb") as out:
+            shutil.copyfileobj(f, out)
+  return [(os.path.join(into, name), name) for name in sorted(os.listdir(into))]
 
 
 def _same_tree(a: str, b: str) -> bool:
@@ -174,30 +217,44 @@ def new_findings(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> l
   return shown + [f"{k[0]} {k[1]} (count grew)" for k, n in grown.items() for _ in range(n)]
 
 
-def sorts_imports(root: str) -> bool:
-  """Whether the repository's ruff or isort configuration there sorts imports."""
+def import_sorter(root: str) -> str | None:
+  """The tool the repository's configuration sorts imports with: "ruff" where ruff's
+  rules select I001, else "isort" where isort is configured, else None."""
+  isort = False
   for path in glob.glob(os.path.join(root, "**", "*"), recursive=True):
     name = os.path.basename(path)
-    if name == ".isort.cfg":
-      return True
+    isort = isort or name == ".isort.cfg"
     if name in ("pyproject.toml", "ruff.toml", ".ruff.toml"):
       with open(path, "rb") as f:
         config = tomllib.load(f)
       tool = config.get("tool", config) if name == "pyproject.toml" else {"ruff": config}
-      if "isort" in tool:
-        return True
+      isort = isort or "isort" in tool
       lint = tool.get("ruff", {})
       rules = [*lint.get("select", []), *lint.get("extend-select", []),
                *lint.get("lint", {}).get("select", []),
                *lint.get("lint", {}).get("extend-select", [])]
       if any(r == "ALL" or "I001".startswith(r) for r in rules):
-        return True
+        return "ruff"
     if name in ("setup.cfg", "tox.ini"):
       parser = configparser.ConfigParser(interpolation=None)
       parser.read(path)
-      if parser.has_section("isort") or parser.has_section("tool:isort"):
-        return True
-  return False
+      isort = isort or parser.has_section("isort") or parser.has_section("tool:isort")
+  return "isort" if isort else None
+
+
+def isort_unsorted(root: str) -> list[dict[str, Any]]:
+  """The files isort, run with the repository's configuration, finds unsorted, as I001
+  findings (one per file, no line)."""
+  out = subprocess.run([ISORT, "--check-only", "--quiet", "--settings-path", root, "."],
+                       cwd=root, capture_output=True, text=True, check=False)
+  found = re.findall(r"ERROR: (.+?) Imports are incorrectly sorted", out.stdout + out.stderr)
+  return [{"filename": os.path.relpath(path, root), "code": "I001", "message":
+           "isort: imports are incorrectly sorted", "location": {"row": 0}}
+          for path in found]
+
+
+def sorted_check(root: str, sorter: str) -> list[dict[str, Any]]:
+  return ruff(root, "I001") if sorter == "ruff" else isort_unsorted(root)
 
 
 def comments(text: str) -> collections.Counter[str]:
@@ -243,9 +300,9 @@ def measure(repo: Repo, workdir: str) -> Row:
   orig, conv = os.path.join(base, "orig"), os.path.join(base, "conv")
   materialize(repo, orig)
   materialize(repo, conv)
-  sorted_imports = sorts_imports(orig)
+  sorter = import_sorter(orig)
   f_before = ruff(orig, "F")
-  i_before = ruff(orig, "I001") if sorted_imports else []
+  i_before = sorted_check(orig, sorter) if sorter else []
   i_defaults_before = ruff(orig, "I001", isolated=True)
 
   report_path = os.path.join(base, "report.txt")
@@ -274,6 +331,8 @@ def measure(repo: Repo, workdir: str) -> Row:
     ex["non_idempotent"] += changed or [f"--check exit {check.returncode}: "
                                         f"{check.stderr.strip()[-300:]}"]
 
+  new_support: list[tuple[str, str, str, repo_formatter.Formatter]] = []
+  formatted_before = False  # the formatter left a changed file's original unchanged
   for dirpath, _, names in os.walk(conv):
     for name in sorted(names):
       path = os.path.join(dirpath, name)
@@ -282,10 +341,15 @@ def measure(repo: Repo, workdir: str) -> Row:
       if not name.endswith((".py", ".ipynb")) or rel.startswith(".git"):
         continue
       new = read(path)
+      formatter = repo_formatter.configured(path) if name.endswith(".py") else None
+      if formatter is not None:
+        row.format_lost = row.format_lost or 0
       if not os.path.exists(before_path):
         if name in SUPPORT_FILES:
           row.support_lines += len(new.splitlines())
           row.support_copies += 1
+          if formatter is not None:
+            new_support.append((path, rel, new, formatter))
           limit = file_style.configured_width(path) or file_style.DEFAULT_WIDTH
           for number, text in enumerate(new.splitlines(), 1):
             if len(text) > limit:
@@ -305,17 +369,27 @@ def measure(repo: Repo, workdir: str) -> Row:
         if support:
           ex["notebook_support_lines"].append(f"{rel}: {len(support[0].splitlines())} lines")
         continue
+      if formatter is not None and formatter.format(old, before_path) == old:
+        formatted_before = True
+        if formatter.format(new, path) != new:
+          row.format_lost = (row.format_lost or 0) + 1
+          ex["format_lost"].append(f"{rel} ({formatter.name})")
       limit = file_style.detect(old, before_path).width
       for number, text in added_lines(old, new):
         if len(text) > limit:
           row.long_added += 1
           ex["long_added"].append(f"{rel}:{number} ({len(text)} > {limit}) {text.strip()}")
 
+  # A new support module is checked where the repository formats with that formatter.
+  for path, rel, new, formatter in new_support if formatted_before else []:
+    if formatter.format(new, path) != new:
+      row.format_lost = (row.format_lost or 0) + 1
+      ex["format_lost"].append(f"{rel} (new, {formatter.name})")
   new_f = new_findings(f_before, ruff(conv, "F"))
   row.new_f = len(new_f)
   ex["new_f"] += new_f
-  if sorted_imports:
-    new_i = new_findings(i_before, ruff(conv, "I001"))
+  if sorter:
+    new_i = new_findings(i_before, sorted_check(conv, sorter))
     row.new_i001 = len(new_i)
     ex["new_i001"] += new_i
   new_i = new_findings(i_defaults_before, ruff(conv, "I001", isolated=True))
@@ -330,6 +404,7 @@ COLUMNS = [("repository", "name"), ("files", "files"), ("sites", "found"),
            ("non-idempotent", "non_idempotent"), ("lost comments", "lost_comments"),
            ("new F", "new_f"), ("new I001", "new_i001"),
            ("new I001 (ruff defaults)", "new_i001_defaults"), ("long added lines", "long_added"),
+           ("formatter check lost", "format_lost"),
            ("support lines (copies)", "support_lines"),
            ("notebook support lines", "notebook_support_lines"),
            ("row rewrites (review)", "row_rewrites")]
@@ -339,9 +414,9 @@ def total(rows: list[Row]) -> Row:
   result = Row("**total**")
   for name in Row.__dataclass_fields__:
     values = [getattr(r, name) for r in rows]
-    if name == "new_i001":
+    if name in ("new_i001", "format_lost"):
       known = [v for v in values if v is not None]
-      result.new_i001 = sum(known) if known else None
+      setattr(result, name, sum(known) if known else None)
     elif name not in ("name", "examples"):
       setattr(result, name, sum(values))
   return result
