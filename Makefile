@@ -53,7 +53,7 @@ $(STAMP): pyproject.toml .ci/constraints-jax0.6.0.txt
 	@test -x .venv-jax$*/bin/python || $(PYTHON) -m venv .venv-jax$*
 	.venv-jax$*/bin/python -m pip install --quiet --upgrade pip
 	.venv-jax$*/bin/python -m pip install --quiet 'jax==$*' 'jaxlib==$*' pytest \
-	  'pytest-xdist>=3.3' libcst absl-py
+	  'pytest-xdist>=3.3' libcst absl-py 'ruff>=0.4'
 	.venv-jax$*/bin/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
