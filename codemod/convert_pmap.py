@@ -502,7 +502,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     else:
       mesh, devices = plain
       rows = ""
-      if devices.startswith("jax.devices(") and devices.endswith(")"):
+      if devices.startswith("pmap_devices("):
+        rows = (" (the devices legacy pmap mapped these arguments over: as many as they "
+                "have rows)")
+      elif devices.startswith("jax.devices(") and devices.endswith(")"):
         # Legacy pmap chose its devices from the arguments, on every call.
         rows = (f"; legacy pmap mapped over as many devices as the arguments have rows: "
                 f"where they can have fewer, build the mesh over {devices}[:rows]")
@@ -640,6 +643,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       # A module-level site of a library module, or of a program that calls
       # jax.distributed.initialize, must not ask JAX for its devices at import.
       lazy = self._meshes.at_module_level(site.node) and self._imported_before_jax_starts
+      if devices is None and not static_nums and not lazy:
+        devices = self._devices_of_rows(site)
       self._build_plain(site, names, roles, (in_specs, static_nums), in_arg, out_arg, jit_kw,
                         partial, devices, lazy)
       return
@@ -723,6 +728,24 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       pool = f"{pool or 'jax.devices()'}[:{_code(extra['axis_size'])}]"
     return True, pool
 
+  def _devices_of_rows(self, site: Site) -> str | None:
+    """For a site called where it is made on names (``pmap(f)(x, y)``), the devices
+    legacy pmap mapped that call over, as the mesh's device list: ``pmap_devices(x, y)``,
+    as many of ``jax.devices()`` as the arguments have rows along their mapped axes.
+    None where the arguments are not names that hold the same value where the mesh is
+    built (the mesh then spans ``jax.devices()``, and the report says so)."""
+    call = self._meshes.caller(site.node)
+    if call is None or not call.args:
+      return None
+    for arg in call.args:
+      if (arg.keyword is not None or arg.star or not isinstance(arg.value, cst.Name)
+          or not self._meshes.hoistable(site.node, arg.value, mutable=False)):
+        return None
+    in_axes = site.options.get("in_axes")
+    axes = ("" if in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0")
+            else f", in_axes={_code(in_axes)}")
+    return f"pmap_devices({', '.join(_code(a.value) for a in call.args)}{axes})"
+
   def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg],
                    placement: tuple[str, tuple[int, ...]], in_arg: Arg, out_arg: Arg,
                    jit_kw: list[Arg], partial: str, devices: str | None,
@@ -784,7 +807,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
       self._replace_decorators(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, _comments_of(chosen))
-    self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if lazy else []))
+    self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if lazy else [])
+                      + (["pmap_devices"] if (devices or "").startswith("pmap_devices(") else []))
 
   def _module_constant(self, node: cst.BaseExpression) -> bool:
     """Whether ``node`` is a name the module binds once, to a string literal, and nothing
@@ -1016,7 +1040,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     written += self._unreplicate.code()
     written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
                 for d in new]
-    written += self._meshes.decorators()
+    written += self._meshes.decorators() + self._meshes.device_lists()
     return "\n".join(written)
 
   def _wanted_imports(self, module: cst.Module) -> list[imports.Wanted]:

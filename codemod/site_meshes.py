@@ -111,12 +111,26 @@ class MeshPlan:
     statement.visit(handed)
     return not reads.found & handed.found
 
+  def caller(self, node: cst.CSTNode) -> cst.Call | None:
+    """The call that calls the site at ``node`` where it is made: ``pmap(f)(x)``."""
+    try:
+      statement = self._place(node)[1]
+    except Unconvertible:
+      return None
+    found = _CallOf(node)
+    statement.visit(found)
+    return found.call
+
   def at_module_level(self, node: cst.CSTNode) -> bool:
     """Whether the site at ``node`` would get its mesh at module level."""
     try:
       return isinstance(self._place(node)[0], cst.Module)
     except Unconvertible:
       return False
+
+  def device_lists(self) -> list[str]:
+    """The source of each mesh's device list (for the imports)."""
+    return [mesh.devices for mesh in self._meshes.values()]
 
   def decorators(self) -> list[str]:
     """The source of the decorators the mesh statements carry (for the imports)."""
@@ -313,6 +327,19 @@ class _Handed(cst.CSTVisitor):
         self.found.add(func.value.value)
       self.found.update(a.value.value for a in node.args if isinstance(a.value, cst.Name))
     return True
+
+
+class _CallOf(cst.CSTVisitor):
+  """The call whose function is ``fun``."""
+
+  def __init__(self, fun: cst.CSTNode) -> None:
+    self.call: cst.Call | None = None
+    self._fun = fun
+
+  def visit_Call(self, node: cst.Call) -> bool:
+    if node.func is self._fun:
+      self.call = node
+    return self.call is None
 
 
 class _Loops(cst.CSTVisitor):

@@ -39,6 +39,18 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   return body
 
 
+def pmap_devices(*args, in_axes=0):
+  """The devices legacy pmap mapped ``args`` over: as many of jax.devices() as
+  they have rows on their mapped axes (every device in a multi-process job)."""
+  rows = jax.tree.leaves(jax.tree.map(
+      lambda axis, sub: None if axis is None else [
+          np.shape(x)[axis] for x in jax.tree.leaves(sub)],
+      in_axes, args, is_leaf=lambda x: x is None))
+  if not rows or jax.process_count() > 1:
+    return jax.devices()
+  return jax.devices()[:rows[0]]
+
+
 def placed_on(mesh, in_specs, static_argnums=()):
   """Decorator for a site's jit: arguments and results placed as pmap did."""
   named = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), in_specs)

@@ -90,7 +90,8 @@ def normalized(source: str) -> tuple[list[str], list[str]]:
   return imports, rest
 
 
-SUPPORT_NAMES = ("host_local_io", "on_pmap_mesh", "per_device", "placed_on", "pmap_via_shard_map")
+SUPPORT_NAMES = ("host_local_io", "on_pmap_mesh", "per_device", "placed_on", "pmap_devices",
+                 "pmap_via_shard_map")
 
 
 def support_import(code: str) -> str:

@@ -99,18 +99,25 @@ def test_function_level_sites_build_no_mesh_at_import(monkeypatch):
   assert len(built) > at_import
 
 
-def test_a_converted_site_over_fewer_rows_than_devices_raises_naming_the_fix():
-  """Legacy pmap ran a site over fewer rows than devices (one device per row); a converted
-  site maps over every device of its mesh, and placed_on says how to get pmap's mesh."""
+@pytest.mark.parametrize("called", ["half", "half + 0"])
+def test_a_converted_site_over_fewer_rows_than_devices(called):
+  """Legacy pmap ran a site over fewer rows than devices (one device per row). Called
+  where it is made on names, the converted site's mesh spans those devices too
+  (pmap_devices); otherwise it maps over every device of its mesh, and placed_on says how
+  to get pmap's mesh."""
   source = (
       "import jax\nimport numpy as np\n\n\n"
       "def run():\n  half = np.ones((jax.device_count() // 2, 3), np.float32)\n"
-      "  return jax.pmap(lambda v: jax.lax.psum(v, 'h'), 'h')(half)\n")
+      f"  return jax.pmap(lambda v: jax.lax.psum(v, 'h'), 'h')({called})\n")
   legacy = load(source, "fewer_rows_legacy").run()
   assert legacy.shape == (jax.device_count() // 2, 3)
   np.testing.assert_array_equal(legacy, np.full(legacy.shape, jax.device_count() // 2))
   new, _ = rewrite(source)
   assert "placed_on(mesh, P('h'))(" in new and "on_pmap_mesh" not in new
+  if called == "half":
+    assert "jax.sharding.Mesh(pmap_devices(half), ('h',))" in new
+    assert_trees_equal(legacy, load(new, "fewer_rows_rewritten").run())
+    return
   with pytest.raises(ValueError, match=re.escape("; for fewer rows, use jax.devices()[:rows]")):
     load(new, "fewer_rows_rewritten").run()
 

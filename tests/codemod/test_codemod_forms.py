@@ -178,8 +178,14 @@ class CallFormsTest(PmapCodemodTest):
               'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))')
 
   def test_invoked_immediately(self):
-    self._one('y = jax.pmap(f, "i")(x)',
-              'y = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))(x)')
+    self._one('y = jax.pmap(f, "i")(make(x))',
+              'y = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))(make(x))')
+
+  def test_invoked_immediately_on_names_maps_the_devices_pmap_chose(self):
+    self.assertConverts(
+        'import jax\n\ny = jax.pmap(f, "i")(x)\n',
+        CALL_TOP + '\nmesh = jax.sharding.Mesh(pmap_devices(x), ("i",))\n'
+        'y = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))(x)\n')
 
   def test_passed_on(self):
     self._one('run(jax.pmap(f, "i"), data)',

@@ -101,11 +101,12 @@ def test_package_support_ships_in_the_installed_wheel(tmp_path):
   ops = (tree / "mypkg" / "parallel" / "ops.py").read_text()
   relative = (tree / "mypkg" / "parallel" / "relative.py").read_text()
   # Inside the package, imported as each file imports its own package.
-  assert "from mypkg._pmap_shard_map import per_device, placed_on\n" in ops
+  # (ops.py calls its sites where it makes them: their meshes span pmap_devices(x))
+  assert "from mypkg._pmap_shard_map import per_device, placed_on, pmap_devices\n" in ops
   assert "from .._pmap_shard_map import per_device, placed_on\n" in relative
   # With just what the package's files call.
   assert (tree / "mypkg" / "_pmap_shard_map.py").read_text() == support_module.source(
-      {"per_device", "placed_on"})
+      {"per_device", "placed_on", "pmap_devices"})
   assert not (tree / "pmap_shard_map.py").exists()
 
   # Installed from a wheel into a throwaway environment that sees .venv's packages.
@@ -155,9 +156,9 @@ def test_scripts_outside_packages_get_a_copy_next_to_them(tmp_path, capsys):
   (tmp_path / "scripts" / "train.py").write_text(OPS)
   _package(tmp_path)
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tmp_path)]) == 0
-  assert "from pmap_shard_map import per_device, placed_on" in (
+  assert "from pmap_shard_map import per_device, placed_on, pmap_devices" in (
       tmp_path / "scripts" / "train.py").read_text()
-  used = support_module.source({"per_device", "placed_on"})
+  used = support_module.source({"per_device", "placed_on", "pmap_devices"})
   assert (tmp_path / "scripts" / "pmap_shard_map.py").read_text() == used
   assert not (tmp_path / "pmap_shard_map.py").exists()
   assert (tmp_path / "mypkg" / "_pmap_shard_map.py").read_text() == used

@@ -327,7 +327,7 @@ def test_a_mesh_statement_broken_in_a_function_aligns_with_its_parenthesis():
       def test(fv, x):
         return jax.pmap(fv, axis_name="batch_axis_name_that_is_long_enough_to_wrap")(x)
       '''))
-  assert ("  mesh = jax.sharding.Mesh(jax.devices(),\n"
+  assert ("  mesh = jax.sharding.Mesh(pmap_devices(x),\n"
           "                           (\"batch_axis_name_that_is_long_enough_to_wrap\",))\n"
           ) in new, new
 

@@ -114,10 +114,14 @@ def test_a_mesh_goes_into_the_branch_that_holds_its_sites_not_into_a_loop():
       ''')
   new = _converted(source)
   mesh = 'mesh = jax.sharding.Mesh(jax.devices(), ("devices",))'
-  assert f'  elif method == "parallel":\n    {mesh}\n    # one chain per device\n' in new, new
-  assert f'precision("float32"):\n      {mesh}\n      a = placed_on(' in new, new
+  # Called where they are made, on a name bound before: over the devices pmap chose.
+  rows = 'mesh = jax.sharding.Mesh(pmap_devices(x), ("devices",))'
+  assert f'  elif method == "parallel":\n    {rows}\n    # one chain per device\n' in new, new
+  assert f'precision("float32"):\n      {rows}\n      a = placed_on(' in new, new
+  # a, bound in the same if statement, and x, bound by the loop, are not there yet
+  assert f'      devices_{mesh}\n      out = a, placed_on(' in new, new
   assert f'def each(f, xs):\n  {mesh}\n  for x in xs:' in new, new
-  assert new.count(mesh) == 3, new
+  assert new.count("jax.sharding.Mesh(") == 4, new
   outputs = load(source, "branch_legacy"), load(new, "branch_converted")
   x = np.arange(8.0, dtype=np.float32)
   for module in outputs:
@@ -320,6 +324,60 @@ def test_fewer_rows_than_devices_names_the_fix():
   # The report says it at the site, before any run.
   _, findings = rewrite(source, target="experimental")
   assert [f.line for f in findings if "jax.devices()[:rows]" in f.message] == [6], findings
+
+
+ROWS = """\
+import jax
+import numpy as np
+
+
+def run(map_args):
+  return jax.pmap(lambda v: jax.tree.map(lambda l: l * 2, jax.lax.psum(v, "i")),
+                  axis_name="i")(map_args)
+
+
+def run_pair(a, b):
+  return jax.pmap(lambda x, y: x + y, in_axes=(None, 0))(a, b)
+
+
+def run_each(xs):
+  for x in xs:  # x is bound by the statement the mesh would go before
+    out = jax.pmap(lambda v: v + 1)(x)
+  return out
+"""
+
+
+@pytest.mark.parametrize("rows", [1, 2, jax.device_count()])
+def test_a_site_called_where_it_is_made_maps_as_many_devices_as_rows(rows):
+  # run_each's mesh spans jax.devices(): for fewer rows it raises, and says so
+  # (test_fewer_rows_than_devices_names_the_fix); here all rows.
+  """``pmap(f)(x)`` on names: the mesh spans the devices legacy pmap chose for that call
+  (numpyro's ``pmap(fn)(map_args)`` with fewer chains than devices)."""
+  new = _converted(ROWS)
+  assert 'jax.sharding.Mesh(pmap_devices(map_args), ("i",))' in new
+  assert "pmap_devices(a, b, in_axes=(None, 0))" in new
+  assert new.count("pmap_devices(") == 2, new  # not run_each's: x is the loop's
+  legacy, ours = load(ROWS, f"rows_legacy_{rows}"), load(new, f"rows_converted_{rows}")
+  tree = {"w": np.arange(rows * 3, dtype=np.float32).reshape(rows, 3),
+          "n": np.arange(rows, dtype=np.int32)}
+  for name, args in (("run", (tree,)),
+                     ("run_pair", (np.float32(-0.0), np.linspace(-1, 1, rows * 2,
+                                                                  dtype=np.float32).reshape(rows, 2)))):
+    want, got = getattr(legacy, name)(*args), getattr(ours, name)(*args)
+    assert_trees_equal(want, got)
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+      assert {d.id for d in w.devices()} == {d.id for d in g.devices()}
+  every = np.ones((jax.device_count(), 3), np.float32)
+  assert_trees_equal(legacy.run_each([every]), ours.run_each([every]))
+
+
+def test_pmap_devices_is_every_device_in_a_multi_process_job(monkeypatch):
+  helpers = support()
+  x = np.ones((2, 3), np.float32)
+  assert helpers.pmap_devices(x) == jax.devices()[:2]
+  assert helpers.pmap_devices(1.0, x, in_axes=(None, 0)) == jax.devices()[:2]
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  assert helpers.pmap_devices(x) == jax.devices()
 
 
 def test_a_mesh_over_the_devices_pmap_was_given_says_nothing_of_rows():

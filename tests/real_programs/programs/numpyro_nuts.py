@@ -1,8 +1,10 @@
-"""numpyro NUTS with 8 parallel chains on a small logistic regression.
+"""numpyro NUTS with parallel chains (8 by default) on a small logistic regression.
 
 numpyro's `MCMC(..., chain_method="parallel")` runs its chains under `pmap` (numpyro binds
-`from jax import pmap` at import). The model closes over the data `x`, `y`, as user models
-do, so the data reach the compiled sampler as constants. Synthetic data, fixed seeds.
+`from jax import pmap` at import), one device per chain: with fewer chains than devices,
+pmap maps over the first `num_chains` devices. The model closes over the data `x`, `y`,
+as user models do, so the data reach the compiled sampler as constants. Synthetic data,
+fixed seeds.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def _data(num_points: int, num_features: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(num_warmup: int = 20, num_samples: int = 20, num_points: int = 100,
-        num_features: int = 3) -> dict[str, Any]:
+        num_features: int = 3, num_chains: int = NUM_CHAINS) -> dict[str, Any]:
   """Samples the posterior of a logistic regression; returns samples and NUTS statistics."""
   x_np, y_np = _data(num_points, num_features)
   x, y = jnp.asarray(x_np), jnp.asarray(y_np)
@@ -43,7 +45,7 @@ def run(num_warmup: int = 20, num_samples: int = 20, num_points: int = 100,
     numpyro.sample("y", dist.Bernoulli(logits=x @ w + b), obs=y)
 
   mcmc = MCMC(NUTS(model), num_warmup=num_warmup, num_samples=num_samples,
-              num_chains=NUM_CHAINS, chain_method="parallel", progress_bar=False)
+              num_chains=num_chains, chain_method="parallel", progress_bar=False)
   mcmc.run(jax.random.PRNGKey(0), extra_fields=("num_steps", "potential_energy", "accept_prob"))
   samples = mcmc.get_samples(group_by_chain=True)
   extra = mcmc.get_extra_fields(group_by_chain=True)
