@@ -16,20 +16,22 @@ class _Static(tuple):
   """(value,) of pmap's static argument: a pytree with no leaves, by value."""
 
 
+def _at_axes(change, axes, tree):
+  """``tree`` with change(leaf, axis) for each leaf of a mapped subtree."""
+  return jax.tree.map(lambda axis, sub: sub if axis is None else jax.tree.map(
+      lambda leaf: change(leaf, axis), sub), axes, tree,
+      is_leaf=lambda x: x is None)
+
+
 def per_device(fun, *, in_axes=0, out_axes=0):
   """``fun`` as pmap called it, in shard_map: no mapped axis in, and it out."""
-  def at_axes(change, axes, tree):  # change(leaf, axis) of the mapped leaves
-    return jax.tree.map(lambda axis, sub: sub if axis is None else jax.tree.map(
-        lambda leaf: change(leaf, axis), sub), axes, tree,
-        is_leaf=lambda x: x is None)
-
   @functools.wraps(fun)
   def body(*args):
-    args = at_axes(jax.numpy.squeeze, in_axes, args)
+    args = _at_axes(jax.numpy.squeeze, in_axes, args)
     static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
     run = jax.jit(fun, static_argnums=static) if _PMAP_EMBEDS_CONSTANTS else fun
     out = run(*(a[0] if i in static else a for i, a in enumerate(args)))
-    out = at_axes(jax.numpy.expand_dims, out_axes, out)
+    out = _at_axes(jax.numpy.expand_dims, out_axes, out)
     # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
     return jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
         sub).unflatten, jax.tree.leaves(sub)), out_axes, out,
@@ -42,10 +44,8 @@ def per_device(fun, *, in_axes=0, out_axes=0):
 def pmap_devices(*args, in_axes=0):
   """The devices legacy pmap mapped ``args`` over: as many of jax.devices() as
   they have rows on their mapped axes (every device in a multi-process job)."""
-  rows = jax.tree.leaves(jax.tree.map(
-      lambda axis, sub: None if axis is None else [
-          np.shape(x)[axis] for x in jax.tree.leaves(sub)],
-      in_axes, args, is_leaf=lambda x: x is None))
+  rows = []  # each mapped leaf's, in order
+  _at_axes(lambda x, axis: rows.append(np.shape(x)[axis]), in_axes, args)
   if not rows or jax.process_count() > 1:
     return jax.devices()
   return jax.devices()[:rows[0]]
