@@ -45,7 +45,7 @@ def pmap_devices(*args, in_axes=0):
   """The devices legacy pmap mapped ``args`` over: as many of jax.devices() as
   they have rows on their mapped axes (every device in a multi-process job)."""
   rows = []  # each mapped leaf's, in order
-  _at_axes(lambda x, axis: rows.append(np.shape(x)[axis]), in_axes, args)
+  _at_axes(lambda x, axis: rows.append(jax.numpy.shape(x)[axis]), in_axes, args)
   if not rows or jax.process_count() > 1:
     return jax.devices()
   return jax.devices()[:rows[0]]
