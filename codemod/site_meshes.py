@@ -9,10 +9,11 @@ one, and so on down (a loop's body is not entered). Building it there, not at th
 the module, keeps a converted library from starting JAX's backend when it is imported
 (which would come before a program's ``jax.distributed.initialize``). Sites of one body with the same
 literal axis names (or module constants bound once to a string) share one mesh, built
-before the first of them; an axis name that is not a literal (a variable), or pmap's
+before the first of them; an axis name that is not a literal (a variable), pmap's
 ``devices=`` / ``backend=`` / ``axis_size=`` (the mesh then spans those devices,
-``jax.devices(backend)``, the first ``axis_size`` of them), gets its mesh just before its
-own statement, where those values hold (``hoistable`` says where they would not: then
+``jax.devices(backend)``, the first ``axis_size`` of them), or a site called where it is
+made on names (``pmap_devices(x)``: as many devices as ``x`` has rows), gets its mesh
+just before its own statement, where those values hold (``hoistable`` says where they would not: then
 the site keeps the form whose mesh is built on its first call). The name is ``mesh``
 (``<axis>_mesh`` in a file whose sites use several axis names, in lower case for a
 constant) unless the file already uses that identifier, then the other one, then a
