@@ -246,6 +246,7 @@ def _main(argv: Sequence[str] | None) -> int:
       sys.stdout.write(result.diff)
     totals.add(result)
     lines.extend(f.format(result.path) for f in result.findings)
+  lines.extend(_unrun_formatters(results))
   for key in changes:
     if key in failures:
       totals.add_notice(failures[key].finding, failures[key].failed)
@@ -302,6 +303,21 @@ def _write_support(root: str, name: str, names: set[str],
     return files.Notice(path, Finding(1, 1, Severity.ERROR, f"cannot write the support "
                                       f"module {name}: {e.strerror or e}"), failed=True)
   return None
+
+
+def _unrun_formatters(results: list[FileResult]) -> list[str]:
+  """An INFO line per repository whose formatter the codemod does not run (pyink, yapf)
+  that holds changed files: those keep the codemod's layout."""
+  changed: dict[tuple[str, str], int] = {}
+  for result in results:
+    found = repo_formatter.nearest(result.path) if result.changed else None
+    if found is not None and found[1] not in ("ruff", "black"):
+      changed[found[:2]] = changed.get(found[:2], 0) + 1
+  return [f"{_display_path(os.path.join(directory, 'pyproject.toml'))}:1:1 INFO the "
+          f"repository formats with {name} ([tool.{name}]), which the codemod does not run: "
+          f"{count} converted file{'s' * (count != 1)} below it keep{'s' * (count == 1)} "
+          f"the codemod's layout; run {name} on them before review"
+          for (directory, name), count in sorted(changed.items())]
 
 
 def _support_layout(root: str, name: str, users: list[str]) -> Callable[[str], str]:

@@ -63,26 +63,34 @@ class Formatter:
 def configured(path: str) -> Formatter | None:
   """The formatter the repository holding ``path`` configures, when ruff can run it."""
   executable = _ruff()
-  if executable is None:
+  found = nearest(path)
+  if executable is None or found is None or found[1] not in ("ruff", "black"):
     return None
+  _, name, black = found
+  return Formatter(executable, _black_options(black) if name == "black" else (), name)
+
+
+def nearest(path: str) -> tuple[str, str, dict] | None:
+  """(directory, name, black's settings) of the formatter that the nearest directory
+  configuring one names for ``path``: ruff, black, pyink or yapf."""
   for directory in config_files.directories(os.path.dirname(os.path.abspath(path))):
     tool = config_files.pyproject_tools(directory)
     ruff = config_files.ruff(directory)
-    others = {name for name in ("black", "pyink", "yapf")
-              if config_files.table(tool, name) is not None}
+    others = [name for name in ("black", "pyink", "yapf")
+              if config_files.table(tool, name) is not None]
     hook = _pre_commit_formatter(directory)
+    black = config_files.table(tool, "black") or {}
     # ruff settings beside another formatter's are there for its linter, unless they
     # configure its formatter too.
     if ruff is not None and (not others or hook == "ruff-format"
                              or config_files.table(ruff, "format") is not None):
-      return Formatter(executable, (), "ruff")
+      return directory, "ruff", {}
     if "black" in others or (hook == "black" and not others):
-      return Formatter(executable, _black_options(config_files.table(tool, "black") or {}),
-                       "black")
+      return directory, "black", black
     if others:
-      return None
+      return directory, others[0], {}
     if hook == "ruff-format":
-      return Formatter(executable, (), "ruff")
+      return directory, "ruff", {}
   return None
 
 

@@ -142,6 +142,25 @@ def test_codemod_layout_kept(tmp_path, name):
   assert (root / support).read_text() == (plain_root / support).read_text()
 
 
+@pytest.mark.parametrize("name", ["pyink", "yapf"])
+def test_a_formatter_the_codemod_does_not_run_is_named_in_the_report(tmp_path, name):
+  root = _repository(tmp_path, NOT_FORMATTED[name][0])
+  run = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", str(root / "pkg")],
+                       capture_output=True, text=True, timeout=300, check=False,
+                       cwd=pathlib.Path(__file__).resolve().parents[2])
+  said = [line for line in run.stderr.splitlines() if f"formats with {name}" in line]
+  assert len(said) == 1 and said[0].startswith(str(root / "pyproject.toml") + ":1:1 INFO"), \
+      run.stderr
+  assert f"1 converted file below it keeps the codemod's layout; run {name}" in said[0]
+  # ruff's or black's repositories, and those with none, get no such line.
+  for files in ({"pyproject.toml": "[tool.ruff]\n"}, {}):
+    other = _repository(tmp_path / str(len(files)), files)
+    run = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", str(other / "pkg")],
+                         capture_output=True, text=True, timeout=300, check=False,
+                         cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert "formats with" not in run.stderr, run.stderr
+
+
 def test_without_configuration_the_codemod_layout(tmp_path):
   root = _repository(tmp_path, {})
   converted = _convert(root)
