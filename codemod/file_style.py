@@ -82,7 +82,7 @@ def _width_in(directory: str) -> int | None:
       (config_files.table(tool, "pyink"), "line-length", FORMATTER_DEFAULT),
       (yapf, "column_limit", _yapf_default(yapf))]
   for settings, key, _ in formatters:
-    width = _positive((settings or {}).get(key))
+    width = positive_width((settings or {}).get(key))
     if width is not None:
       return width
   for settings, _, default in formatters:
@@ -92,7 +92,7 @@ def _width_in(directory: str) -> int | None:
                            _pylint_width(directory, tool)) if w is not None), None)
 
 
-def _positive(value: Any) -> int | None:
+def positive_width(value: Any) -> int | None:
   """A configured width: an int, or a string of digits (ini files, yapf's toml)."""
   if isinstance(value, bool):
     return None
@@ -107,7 +107,7 @@ def _ruff_pycodestyle(ruff: dict | None) -> int | None:
     return None
   # [lint.pycodestyle], then the old place
   for holder in (config_files.table(ruff, "lint") or {}, ruff):
-    width = _positive((config_files.table(holder, "pycodestyle") or {}).get("max-line-length"))
+    width = positive_width((config_files.table(holder, "pycodestyle") or {}).get("max-line-length"))
     if width is not None:
       return width
   return None
@@ -139,7 +139,7 @@ def _flake8_width(directory: str) -> int | None:
       if parser is None or not parser.has_section(section):
         continue
       for key in ("max-line-length", "max_line_length"):
-        width = _positive(parser.get(section, key, fallback=None))
+        width = positive_width(parser.get(section, key, fallback=None))
         if width is not None:
           return width
   return None
@@ -164,7 +164,7 @@ def _pylint_width_from_tool(tool: dict) -> int | None:
   pylint = config_files.table(tool, "pylint") or {}
   values = [pylint.get("max-line-length"),
             *(t.get("max-line-length") for t in pylint.values() if isinstance(t, dict))]
-  return next((w for w in map(_positive, values) if w is not None), None)
+  return next((w for w in map(positive_width, values) if w is not None), None)
 
 
 def _ini_option(path: str, wanted: Callable[[str], bool]) -> int | None:
@@ -173,7 +173,7 @@ def _ini_option(path: str, wanted: Callable[[str], bool]) -> int | None:
     return None
   for section in parser.sections():
     if wanted(section.lower()):
-      width = _positive(parser.get(section, "max-line-length", fallback=None))
+      width = positive_width(parser.get(section, "max-line-length", fallback=None))
       if width is not None:
         return width
   return None
@@ -202,7 +202,7 @@ def editorconfig_width(path: str) -> int | None:
     for glob, properties in sections:
       value = properties.get("max_line_length")
       if value is not None and _editorconfig_match(glob, relative):
-        width = _positive(value) if value != "off" else None
+        width = positive_width(value) if value != "off" else None
   return width
 
 

@@ -32,7 +32,7 @@ import subprocess
 import tokenize
 from dataclasses import dataclass
 
-from codemod import config_files, support_module
+from codemod import config_files, file_style, support_module
 
 _TIMEOUT_S = 60
 _PRE_COMMIT_HOOK = re.compile(r"^\s*-?\s*id:\s*['\"]?(ruff-format|black)['\"]?\s*$", re.M)
@@ -96,16 +96,13 @@ def nearest(path: str) -> tuple[str, str, dict] | None:
 
 def _black_options(black: dict) -> tuple[str, ...]:
   # --isolated: black's settings alone, not a ruff configuration elsewhere on the machine.
-  options = ["--isolated", "--line-length", str(_int(black.get("line-length"), 88))]
+  width = file_style.positive_width(black.get("line-length")) or file_style.FORMATTER_DEFAULT
+  options = ["--isolated", "--line-length", str(width)]
   if black.get("skip-string-normalization") or black.get("skip_string_normalization"):
     options += ["--config", "format.quote-style='preserve'"]
   if black.get("skip-magic-trailing-comma") or black.get("skip_magic_trailing_comma"):
     options += ["--config", "format.skip-magic-trailing-comma=true"]
   return tuple(options)
-
-
-def _int(value: object, default: int) -> int:
-  return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def _pre_commit_formatter(directory: str) -> str | None:
