@@ -502,7 +502,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     else:
       mesh, devices = plain
       rows = ""
-      if devices.startswith("pmap_devices("):
+      if devices.startswith(_BY_ROWS):
         rows = (" (the devices legacy pmap mapped these arguments over: as many as they "
                 "have rows)")
       elif devices.startswith("jax.devices(") and devices.endswith(")"):
@@ -744,7 +744,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     in_axes = site.options.get("in_axes")
     axes = ("" if in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0")
             else f", in_axes={_code(in_axes)}")
-    return f"pmap_devices({', '.join(_code(a.value) for a in call.args)}{axes})"
+    return f"{_BY_ROWS}{', '.join(_code(a.value) for a in call.args)}{axes})"
 
   def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg],
                    placement: tuple[str, tuple[int, ...]], in_arg: Arg, out_arg: Arg,
@@ -808,7 +808,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._replace_decorators(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, _comments_of(chosen))
     self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if lazy else [])
-                      + (["pmap_devices"] if (devices or "").startswith("pmap_devices(") else []))
+                      + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
 
   def _module_constant(self, node: cst.BaseExpression) -> bool:
     """Whether ``node`` is a name the module binds once, to a string literal, and nothing
@@ -1241,6 +1241,8 @@ def _keyword(arg: Arg) -> str:
 
 # What a pmap handed around as a value becomes (the support module's function).
 _VALUE_PMAP = "pmap_via_shard_map"
+# A mesh device list that counts the rows of the call's arguments, as legacy pmap did.
+_BY_ROWS = "pmap_devices("
 
 
 def _comments_of(args: Sequence[Arg]) -> list[str]:
