@@ -144,14 +144,18 @@ def _section(node: cst.Import | cst.ImportFrom, first_party: frozenset[str]) -> 
 def _sections(body: list, first_party: frozenset[str]) -> list[int]:
   """The sections of ``body`` (a run of imports). isort writes one blank-line separated
   block per section, so a block of modules not known otherwise that follows a third-party
-  block is the file's first party (``from mypkg import x``)."""
+  block is the file's first party (``from mypkg import x``), and a first-party module
+  inside a third-party block is third party to the file's sorter."""
   sections = [_section(_node(stmt), first_party) for stmt in body]
   starts = [i for i, stmt in enumerate(body) if i == 0 or any(
       line.comment is None for line in stmt.leading_lines)]
   seen_third = False
   for begin, stop in zip(starts, [*starts[1:], len(body)][:len(starts)], strict=True):
     block = sections[begin:stop]
-    if seen_third and all(s in (THIRD_PARTY, FIRST_PARTY) for s in block):
+    if THIRD_PARTY in block and FIRST_PARTY in block:
+      sections[begin:stop] = [THIRD_PARTY if s == FIRST_PARTY else s for s in block]
+      seen_third = True
+    elif seen_third and all(s in (THIRD_PARTY, FIRST_PARTY) for s in block):
       sections[begin:stop] = [FIRST_PARTY] * len(block)
     elif THIRD_PARTY in block:
       seen_third = True

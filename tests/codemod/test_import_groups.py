@@ -340,3 +340,44 @@ nested = jax.pmap(jax.pmap(lambda v: v * 2, axis_name="j"), axis_name="i")
     assert ("from mypkg import util\n"
             "from pmap_shard_map import host_local_io, on_pmap_mesh\n") in after
     assert _isort_clean(after, ())
+
+
+def test_first_party_module_in_a_third_party_block_stays_in_that_block():
+  # Google style where the file's sorter did not know the package (jaxline's tests): the
+  # package's imports sit among the third-party ones, and so do the new ones.
+  before = '''\
+import functools
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+from jaxline import experiment
+from jaxline import utils
+import numpy as np
+
+x = 1
+'''
+  wanted = [P_SPEC, SHARD_MAP, W("jaxline._pmap_shard_map", "placed_on")]
+  after = imports.add(cst.parse_module(before), wanted, first_party=frozenset({"jaxline"})).code
+  assert after == '''\
+import functools
+
+from absl.testing import absltest
+import jax
+from jax.experimental.shard_map import shard_map
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from jaxline import experiment
+from jaxline import utils
+from jaxline._pmap_shard_map import placed_on
+import numpy as np
+
+x = 1
+'''
+  for code in (before, after):
+    run = subprocess.run(
+        [RUFF, "check", "--isolated", "--no-cache", "--select", "I", "--config", GOOGLE,
+         "--config", "lint.isort.force-single-line = true",
+         "--stdin-filename", "x.py", "-"],
+        input=code, text=True, capture_output=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stdout
