@@ -7,7 +7,8 @@ continuation indent deeper than the line the call starts on. An argument that br
 lines ends its line, so nested calls read as a hand-written tree, not a staircase. Code
 copied from the old site (``Copied``) keeps the shape of its continuation lines: those
 aligned inside it move with its first line, those hanging from the indentation of the
-line it started on hang from the indentation of the line it starts on now. Comments the
+line it started on hang from the indentation of the line it starts on now; a one-line
+copy that does not fit where it goes breaks at its calls' arguments. Comments the
 user wrote at the site travel with the argument they described: a call carrying comments
 is laid out one argument per line, each own-line comment before its argument and each
 trailing comment after that argument's comma. A one-line statement that a renamed name
@@ -83,7 +84,18 @@ class _Layout:
     if isinstance(value, str):
       return value
     if isinstance(value, Copied):
-      return _moved(value, column, indent, len(self.style.hang))
+      moved = _moved(value, column, indent, len(self.style.hang))
+      if "\n" in value.code or self.fits(moved, column, reserve):
+        return moved
+      # One line the old site held that does not fit here: a call in it breaks as
+      # generated code does (only the spaces between its tokens change).
+      tree = breakable(value.code)
+      if isinstance(tree, Call):
+        laid = self.call(tree, column, indent, reserve, hang_ok)
+        if _overflow(laid, column, self.width, reserve) < _overflow(moved, column, self.width,
+                                                                    reserve):
+          return laid
+      return moved
     return self.call(value, column, indent, reserve, hang_ok)
 
   def fits(self, text: str, column: int, reserve: int) -> bool:

@@ -289,6 +289,26 @@ def test_copied_code_aligned_inside_itself_stays_aligned():
   assert _left_of_their_statement(after) == [], after
 
 
+def test_a_one_line_copy_that_does_not_fit_breaks_at_its_arguments():
+  # acme's running_statistics_test: the function fit its old line, not its new place.
+  before = '''\
+      import functools
+      import jax
+
+      def test_pmap_update(state, x):
+        pmap_axis_name = 'i'
+        state = jax.pmap(
+            functools.partial(update_and_validate, pmap_axis_name=pmap_axis_name),
+            pmap_axis_name)(state, x)
+        return state
+      '''
+  after, _ = rewrite(before, target="experimental")
+  assert max(len(line) for line in after.splitlines()) <= 80, after
+  assert ("functools.partial(update_and_validate,\n" in after
+          and "pmap_axis_name=pmap_axis_name)" in after), after
+  assert _left_of_their_statement(after) == [], after
+
+
 def test_a_line_a_rename_takes_past_the_limit_is_broken_as_a_formatter_would():
   """pmap handed around as a value becomes pmap_via_shard_map, ten columns longer: a
   one-line statement that then passes the limit has its call's arguments one per line, or
