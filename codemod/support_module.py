@@ -271,17 +271,52 @@ def package_of(path: str) -> tuple[str, list[str]] | None:
 
 def placement(path: str, text: str) -> Placement:
   """The support module a file at ``path`` imports: inside its top-level package when it
-  is in one (an installed package ships it), imported the way the file imports its own
-  package (relatively if it uses relative imports); else ``pmap_shard_map`` next to the
-  script, where Python finds it when the script runs (``python main.py`` puts the
-  script's directory on sys.path, whatever the working directory)."""
+  is in one (an installed package ships it), else ``pmap_shard_map`` next to the script,
+  where Python finds it when the script runs (``python main.py`` puts the script's
+  directory on sys.path, whatever the working directory). The file imports it the way it
+  imports its own package or directory: relatively if it uses relative imports, through
+  the directories above them if its imports go through those (haiku's
+  ``examples/imagenet/train.py`` imports ``examples.imagenet.dataset``)."""
   package = package_of(path)
   if package is None or not all(part.isidentifier() for part in package[1]):
-    return Placement(os.path.dirname(os.path.abspath(path)), DEFAULT_NAME, DEFAULT_NAME)
+    directory = os.path.dirname(os.path.abspath(path))
+    through = _imported_as(text, directory)
+    return Placement(directory, DEFAULT_NAME,
+                     DEFAULT_NAME if through is None else f"{through}.{DEFAULT_NAME}")
   root, parts = package
   name = f"{parts[0]}.{PACKAGE_NAME}"
-  spelling = "." * len(parts) + PACKAGE_NAME if _RELATIVE_IMPORT.search(text) else name
-  return Placement(root, name, spelling)
+  if _RELATIVE_IMPORT.search(text):
+    return Placement(root, name, "." * len(parts) + PACKAGE_NAME)
+  through = _imported_as(text, os.path.join(root, parts[0]))
+  return Placement(root, name, f"{through or parts[0]}.{PACKAGE_NAME}")
+
+
+def _imported_as(text: str, directory: str) -> str | None:
+  """The dotted name by which the file's imports reach modules in ``directory``: the
+  directory's name, or that under the names of the directories above it; None where no
+  import of the file names a module that is there."""
+  names: list[str] = []
+  here = directory
+  while True:
+    parent, name = os.path.split(here)
+    if not name.isidentifier():
+      return None
+    names.insert(0, name)
+    dotted = ".".join(names)
+    if any(os.path.isfile(os.path.join(directory, module + ".py"))
+           or os.path.isdir(os.path.join(directory, module))
+           for module in _imported_from(text, dotted)):
+      return dotted
+    here = parent
+
+
+def _imported_from(text: str, dotted: str) -> list[str]:
+  """The first names below ``dotted`` that the imports in ``text`` name: ``from dotted
+  import a`` and ``import dotted.a`` and ``from dotted.a import b`` give ``a``."""
+  prefix = re.escape(dotted)
+  below = re.findall(rf"^[ \t]*(?:from|import)[ \t]+{prefix}\.(\w+)", text, re.M)
+  direct = re.findall(rf"^[ \t]*from[ \t]+{prefix}[ \t]+import[ \t(]+(\w+)", text, re.M)
+  return below + direct
 
 
 class Status(enum.Enum):

@@ -168,6 +168,38 @@ def test_scripts_outside_packages_get_a_copy_next_to_them(tmp_path, capsys):
   assert pmap_to_shmap.main(["--check", str(tmp_path)]) == 0
 
 
+EXAMPLE = '''\
+import json
+
+from examples.imagenet import dataset
+import jax
+import numpy as np
+
+if __name__ == "__main__":
+  step = jax.pmap(lambda v: jax.lax.psum(v, "i") * dataset.SCALE, axis_name="i")
+  print(json.dumps(step(np.arange(12, dtype=np.float32).reshape(4, 3)).tolist()))
+'''
+
+
+def test_an_example_imports_the_support_module_the_way_it_imports_its_package(tmp_path):
+  # haiku's examples/imagenet: a package below a directory that is none, whose train.py
+  # imports its package through that directory, run from the repository's root.
+  (tmp_path / "examples" / "imagenet").mkdir(parents=True)
+  (tmp_path / "examples" / "imagenet" / "__init__.py").write_text("")
+  (tmp_path / "examples" / "imagenet" / "dataset.py").write_text("SCALE = 2\n")
+  (tmp_path / "examples" / "imagenet" / "train.py").write_text(EXAMPLE)
+  command = [sys.executable, "-m", "examples.imagenet.train"]
+  legacy = _run(command, tmp_path)
+  assert legacy.returncode == 0, legacy.stderr
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tmp_path)]) == 0
+  converted = (tmp_path / "examples" / "imagenet" / "train.py").read_text()
+  assert "from examples.imagenet._pmap_shard_map import " in converted
+  assert (tmp_path / "examples" / "imagenet" / "_pmap_shard_map.py").is_file()
+  ours = _run(command, tmp_path)
+  assert ours.returncode == 0, ours.stderr
+  assert json.loads(ours.stdout) == json.loads(legacy.stdout)
+
+
 def test_explicit_support_module_is_used_by_every_file(tmp_path):
   tree = _package(tmp_path / "tree")
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", "--support-module",
