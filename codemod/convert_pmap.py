@@ -45,9 +45,9 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (edits, file_style, imports, matcher_setup, public_api, reaching,
-                     removed_names, site_comments, site_meshes, support_module, targets,
-                     together, unreplicate, unused_imports)
+from codemod import (edits, file_style, imports, matcher_setup, pmap_patches, public_api,
+                     reaching, removed_names, site_comments, site_meshes, support_module,
+                     targets, together, unreplicate, unused_imports)
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -108,7 +108,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def __init__(self, context: CodemodContext, target: str | None = None,
                multihost: bool = False, support_module: str | None = support_module.DEFAULT_NAME,
                support_root: str | None = None, source: str | None = None,
-               caller_writes_support: bool = False) -> None:
+               caller_writes_support: bool = False,
+               pmap_patchers: frozenset[str] = pmap_patches.KNOWN_PATCHERS) -> None:
     Codemod.__init__(self, context)
     matcher_setup.init_matchers(self)
     if target is not None and target not in TARGETS:
@@ -120,6 +121,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.support_root = support_root
     self.caller_writes_support = caller_writes_support  # the project CLI does
     self._source = source  # the file's text, when the caller has it: saves regenerating it
+    self._pmap_patchers = pmap_patches.KNOWN_PATCHERS | pmap_patchers
     self._reset()
 
   def _reset(self) -> None:
@@ -205,8 +207,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     ref_set = set(refs.refs)
     claimed: set = set()
     sites = self._find_sites(refs, ref_set, claimed)
+    patch = (pmap_patches.first_patch(text, self._pmap_patchers)
+             if set(refs.refs) - refs.metadata_only else None)
+    if patch is not None:
+      self._leave_patched(patch, sites, refs, claimed)
+      return False
     for ref in refs.refs:
-      if ref not in claimed:
+      if ref not in claimed and ref not in refs.metadata_only:
         self.sites_found += 1
         self._value_use(ref, refs)
     self._link_nested(sites)
@@ -754,9 +761,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     the file builds (``site_meshes``), the function through ``per_device`` (pmap's view
     of its arguments), and ``placed_on`` putting the arguments on the mesh first
     (``placement``: the in_specs, and pmap's static_broadcasted_argnums, which it holds
-    as they are through shard_map). A ``lazy`` site is that code in
-    ``on_first_call(lambda f: ...)``, over a mesh a cached function makes: nothing asks
-    JAX for its devices before the site's first call."""
+    as they are through shard_map). A ``lazy`` site's mesh is a cached function, and a
+    lazy site that importing the module builds is that code in
+    ``on_first_call(lambda f: ...)``: nothing asks JAX for its devices before the site's
+    first call."""
     in_specs, static = placement
     options = site.options
     given = options.get("axis_name")
@@ -772,13 +780,14 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                if (value := options.get(name)) is not None
                and not (isinstance(value, cst.Integer) and value.value == "0")]
     made = f"{mesh}()" if lazy else mesh
-    place = Call("lambda f: placed_on" if lazy else "placed_on", (
+    first_call = lazy and self._meshes.built_at_import(site.node)
+    place = Call("lambda f: placed_on" if first_call else "placed_on", (
         made, breakable(in_specs),
         *([f"static_argnums={_tuple_source(static)}"] if static else [])))
     mesh_kw = f"mesh={made}"
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._indent_of(pos.line))
-    if lazy:
+    if first_call:
       jit = Call("jax.jit", (Call(shard_map, (Call("per_device", ("f", *axes_kw)), mesh_kw, in_arg,
                                                out_arg, check)), *jit_kw))
       build = Call("on_first_call", (Call(place, (jit,)),))
@@ -807,7 +816,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
       self._replace_decorators(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, _comments_of(chosen))
-    self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if lazy else [])
+    self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
                       + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
 
   def _module_constant(self, node: cst.BaseExpression) -> bool:
@@ -1088,6 +1097,26 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
           module=self.support_module or support_module.DEFAULT_NAME))
     for module, name, alias in refs.removed_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
+
+  def _leave_patched(self, patch: pmap_patches.Patch, sites: list[Site], refs: References,
+                     claimed: set) -> None:
+    """Reports every site of a file that patches jax.pmap, and leaves them as they are."""
+    self._warn(patch.line, patch.column, Severity.WARNING,
+               f"{patch.how} replaces jax.pmap while it runs: this file's pmap sites are "
+               "left as they are, and code converted elsewhere no longer calls jax.pmap, so "
+               "the replacement no longer reaches it")
+    left = [s.node for s in sites if not s.absorbed]
+    left += [r for r in refs.refs if r not in claimed and r not in refs.metadata_only]
+    for node in left:
+      self.sites_found += 1
+      if node in refs.bound:
+        self._value_use(node, refs)  # says so, converting nothing
+        continue
+      self._report(node, Severity.ERROR,
+                   f"pmap left unchanged: the file replaces jax.pmap (line {patch.line}), so "
+                   "this may run the replacement; convert it by hand where it runs JAX's pmap")
+    for finding in refs.findings:
+      self._warn(finding.line, finding.column, finding.severity, finding.message)
 
   def _value_use(self, ref: cst.CSTNode, refs: References) -> None:
     """pmap handed around as a value (``apply(jax.pmap, f)``, ``return jax.pmap``): the

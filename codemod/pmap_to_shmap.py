@@ -27,9 +27,9 @@ import os
 import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from codemod import files, notebook, repo_formatter, support_module
+from codemod import files, notebook, pmap_patches, repo_formatter, support_module
 from codemod.findings import FileResult, Finding, Severity, Totals
 from codemod.runner import Options, support_placement, transform_file, write_result
 
@@ -153,6 +153,17 @@ def _planned_keys(args, options: Options, paths: list[str]) -> set[Key]:
   return keys
 
 
+def _python_texts(paths: list[str]) -> Iterator[str]:
+  """The text of each readable, decodable .py file among ``paths``."""
+  for path in paths:
+    if path.endswith(".py"):
+      try:
+        with open(path, encoding="utf-8") as f:
+          yield f.read()
+      except (OSError, UnicodeDecodeError):
+        continue  # transform_file reports it
+
+
 def _run_all(files: list[str], options: Options, jobs: int) -> list[FileResult]:
   show = len(files) >= _PROGRESS_FROM
   step = max(1, len(files) // 10)
@@ -204,10 +215,11 @@ def _main(argv: Sequence[str] | None) -> int:
   except ValueError as e:
     print(f"pmap-to-shmap: error: {e}", file=sys.stderr)
     return EXIT_INTERNAL_ERROR
+  found = files.discover(args.paths, follow_symlinks=args.follow_symlinks)
   options = Options(target=args.target, strategy=args.strategy,
                     multihost=args.multihost, support_module=args.support_module,
-                    per_file_support=not explicit)
-  found = files.discover(args.paths, follow_symlinks=args.follow_symlinks)
+                    per_file_support=not explicit,
+                    pmap_patchers=pmap_patches.patchers(_python_texts(found.sources)))
   keys = sorted(_planned_keys(args, options, found.sources))
   foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
   if args.strategy == "shard_map" and foreign:
@@ -316,7 +328,7 @@ def _unrun_formatters(results: list[FileResult]) -> list[str]:
   return [f"{_display_path(os.path.join(directory, 'pyproject.toml'))}:1:1 INFO the "
           f"repository formats with {name} ([tool.{name}]), which the codemod does not run: "
           f"{count} converted file{'s' * (count != 1)} below it keep{'s' * (count == 1)} "
-          f"the codemod's layout; run {name} on them before review"
+          f"the codemod's layout; run {name} on {'it' if count == 1 else 'them'} before review"
           for (directory, name), count in sorted(changed.items())]
 
 

@@ -35,6 +35,8 @@ class Options:
   # Set: each .py file imports the support module ``support_module.placement`` gives it
   # (its package's copy, or one next to the script), not ``support_module``.
   per_file_support: bool = False
+  # Functions of the run's files that replace jax.pmap while they run (pmap_patches).
+  pmap_patchers: frozenset[str] = frozenset()
 
 
 def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
@@ -54,7 +56,7 @@ def make_command(options: Options, context: CodemodContext, source: str | None =
   from codemod.convert_pmap import ConvertPmapCommand
   return ConvertPmapCommand(context, target=options.target, multihost=options.multihost,
                             support_module=options.support_module, source=source,
-                            caller_writes_support=True)
+                            caller_writes_support=True, pmap_patchers=options.pmap_patchers)
 
 
 @dataclass

@@ -129,6 +129,12 @@ class MeshPlan:
     except Unconvertible:
       return False
 
+  def built_at_import(self, node: cst.CSTNode) -> bool:
+    """Whether importing the module builds the site at ``node``: at module level, and not
+    in a lambda, whose body runs when it is called."""
+    return (self.at_module_level(node)
+            and not isinstance(self._get(ScopeProvider, node, None), FunctionScope))
+
   def device_lists(self) -> list[str]:
     """The source of each mesh's device list (for the imports)."""
     return [mesh.devices for mesh in self._meshes.values()]

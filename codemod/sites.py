@@ -20,6 +20,9 @@ from codemod.related import RelatedPatterns
 
 PMAP_NAMES = frozenset({"jax.pmap", "jax.api.pmap", "jax._src.api.pmap"})
 PARTIAL_NAMES = frozenset({"functools.partial"})
+# functools.wraps(pmap) / update_wrapper(f, pmap) copy pmap's name and docstring: pmap is
+# not applied there, and jax.pmap keeps its metadata on every JAX.
+_METADATA_FROM = {"wraps": ("functools.wraps", 0), "update_wrapper": ("functools.update_wrapper", 1)}
 KNOWN_OPTIONS = ("fun", "axis_name", "in_axes", "out_axes", "static_broadcasted_argnums",
                  "devices", "backend", "axis_size", "donate_argnums", "global_arg_shapes")
 _POSITIONAL = ("fun", "axis_name")
@@ -121,6 +124,7 @@ class References(RelatedPatterns, BindingTargets):
     self.pmap_module_imports: set[tuple[str, str | None]] = set()
     self.pmap_spellings: set[str] = {"pmap"}
     self.bound: set[cst.CSTNode] = set()  # assignment, del and loop targets
+    self.metadata_only: set[cst.CSTNode] = set()  # what wraps / update_wrapper copy from
 
   def visit_Import(self, node: cst.Import) -> bool:
     self.removed_imports_of(node)
@@ -156,6 +160,16 @@ class References(RelatedPatterns, BindingTargets):
 
   def visit_Call(self, node: cst.Call) -> None:
     self.calls.append(node)
+    func = node.func
+    copied = _METADATA_FROM.get(func.attr.value if isinstance(func, cst.Attribute)
+                                else func.value if isinstance(func, cst.Name) else "")
+    if copied is not None and copied[0] in qualified(self.get_metadata, func):
+      positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
+      given = [arg.value for arg in node.args
+               if arg.keyword is not None and arg.keyword.value == "wrapped"]
+      if len(positional) > copied[1]:
+        given.append(positional[copied[1]].value)
+      self.metadata_only.update(given)
     super().visit_Call(node)
 
   def bound_target(self, target: cst.BaseExpression) -> None:

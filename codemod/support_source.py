@@ -45,7 +45,16 @@ def pmap_devices(*args, in_axes=0):
   """The devices legacy pmap mapped ``args`` over: as many of jax.devices() as
   they have rows on their mapped axes (every device in a multi-process job)."""
   rows = []  # each mapped leaf's, in order
-  _at_axes(lambda x, axis: rows.append(jax.numpy.shape(x)[axis]), in_axes, args)
+
+  def count(x, axis):
+    if axis >= jax.numpy.ndim(x):
+      raise ValueError(
+          f"pmap was requested to map its argument along axis {axis}, which "
+          f"implies that its rank should be at least {axis + 1}, but is only "
+          f"{jax.numpy.ndim(x)}")
+    rows.append(jax.numpy.shape(x)[axis])
+
+  _at_axes(count, in_axes, args)
   if not rows or jax.process_count() > 1:
     return jax.devices()
   return jax.devices()[:rows[0]]

@@ -371,6 +371,20 @@ def test_a_site_called_where_it_is_made_maps_as_many_devices_as_rows(rows):
   assert_trees_equal(legacy.run_each([every]), ours.run_each([every]))
 
 
+@pytest.mark.parametrize("bad", [[1], np.float32(1), (np.ones(2), np.ones(3)),
+                                 np.ones(jax.device_count() + 1)],
+                         ids=["int_list", "scalar", "inconsistent", "too_many_rows"])
+def test_a_site_called_where_it_is_made_rejects_what_legacy_rejected(bad):
+  # jaxline's own tests expect legacy's ValueError for these, and its wording for rank 0.
+  legacy, ours = load(ROWS, "bad_rows_legacy"), load(_converted(ROWS), "bad_rows_converted")
+  with pytest.raises(ValueError) as want:
+    legacy.run(bad)
+  with pytest.raises(ValueError) as got:
+    ours.run(bad)
+  if "rank" in str(want.value):
+    assert str(got.value) in str(want.value)
+
+
 def test_pmap_devices_is_every_device_in_a_multi_process_job(monkeypatch):
   helpers = support()
   x = np.ones((2, 3), np.float32)
@@ -454,6 +468,9 @@ pmap_mean = jax.pmap(lambda x: lax.pmean(x, "i"), axis_name="i")  # the mean
 @functools.partial(jax.pmap, axis_name="i", donate_argnums=0)
 def scaled(x, k):
   return lax.psum(x * k, "i")
+
+
+TRANSFORMS = {"pmap": lambda f: jax.pmap(f, "i")}
 '''
 
 PROGRAM = '''\
@@ -472,6 +489,7 @@ with socket.socket() as s:
   s.bind(("127.0.0.1", 0))
   port = s.getsockname()[1]
 import jax
+from jax import lax
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
 x = np.arange(24, dtype=np.float32).reshape(8, 3)
 mean = helpers.pmap_mean(x)
@@ -479,15 +497,18 @@ kept = np.asarray(mean)
 out = helpers.scaled(helpers.scaled(mean, np.full((8, 1), 2.0, np.float32)),
                      np.full((8, 1), 0.5, np.float32))
 lowered = helpers.scaled.lower(x, np.ones((8, 1), np.float32)) is not None
-sys.stdout.buffer.write(pickle.dumps((started, lowered, kept, np.asarray(out))))
+total = helpers.TRANSFORMS["pmap"](lambda v: lax.psum(v, "i"))(x)
+sys.stdout.buffer.write(pickle.dumps((started, lowered, kept, np.asarray(out),
+                                      np.asarray(total))))
 '''
 
 
 def test_module_level_sites_of_a_library_are_made_on_their_first_call(tmp_path):
   """A module-level site in a library module (or in a program that calls
   jax.distributed.initialize) asks JAX for no device at import: its mesh is a cached
-  function and the site, the plain form's code, is made by on_first_call. A program
-  importing the library first still initializes, and gets legacy's results."""
+  function and the site, the plain form's code, is made by on_first_call (where
+  importing builds it: not in a lambda). A program importing the library first still
+  initializes, and gets legacy's results."""
   results, converted = [], ""
   for name, text in (("legacy", LIBRARY), ("converted", None)):
     root = tmp_path / name
@@ -533,6 +554,11 @@ def test_module_level_sites_of_a_library_are_made_on_their_first_call(tmp_path):
                       donate_argnums=0)))
       def scaled(x, k):
         return lax.psum(x * k, "i")
+
+
+      TRANSFORMS = {"pmap": lambda f: placed_on(mesh(), P("i"))(
+          jax.jit(shard_map(per_device(f), mesh=mesh(), in_specs=P("i"),
+                            out_specs=P("i"), check_rep=False)))}
       ''')), converted
 
 

@@ -1,0 +1,119 @@
+"""Code that replaces ``jax.pmap`` while it runs (a test's fake pmap), found by reading it.
+
+Under ``mock.patch("jax.pmap", fake)`` or chex's ``fake_pmap()``, a ``jax.pmap`` the code
+reaches is the fake (chex's runs ``vmap``), not JAX's pmap: rewriting it to shard_map
+changes what that code runs. A file that patches jax.pmap, or calls a function that does,
+keeps its pmap sites; the report says why, and that code converted elsewhere no longer
+calls jax.pmap, so the patch no longer reaches it.
+
+A *patcher* is a function whose body patches jax.pmap, or calls a patcher: found across
+the files of one run (``patchers``), and chex's public ``fake_pmap`` /
+``fake_pmap_and_jit`` for repositories that use chex without holding its source.
+"""
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# chex's functions that patch jax.pmap (chex/_src/fake.py), by the name code calls.
+KNOWN_PATCHERS = frozenset({"fake_pmap", "fake_pmap_and_jit"})
+# Text a patch of jax.pmap must contain: files without it are not parsed.
+_MARKERS = ("jax.pmap", "'pmap'", '"pmap"')
+
+
+@dataclass(frozen=True)
+class Patch:
+  """Where a file patches jax.pmap, and how (``mock.patch("jax.pmap")``, ``fake_pmap``)."""
+  line: int
+  column: int
+  how: str
+
+
+def _called_name(func: ast.expr) -> str | None:
+  if isinstance(func, ast.Name):
+    return func.id
+  if isinstance(func, ast.Attribute):
+    return func.attr
+  return None
+
+
+def _string(node: ast.expr) -> str | None:
+  return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _patches_directly(node: ast.AST) -> str | None:
+  """How ``node`` replaces jax.pmap itself, or None: ``mock.patch("jax.pmap", ...)``,
+  ``mock.patch.object(jax, "pmap", ...)``, ``setattr(jax, "pmap", ...)``,
+  ``monkeypatch.setattr("jax.pmap", ...)``, ``jax.pmap = ...``."""
+  if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for target in targets:
+      if (isinstance(target, ast.Attribute) and target.attr == "pmap"
+          and isinstance(target.value, ast.Name) and target.value.id == "jax"):
+        return "jax.pmap = ..."
+    return None
+  if not isinstance(node, ast.Call):
+    return None
+  name = _called_name(node.func)
+  strings = [_string(arg) for arg in node.args[:2]]
+  if name in ("patch", "setattr") and strings[:1] == ["jax.pmap"]:
+    return f'{name}("jax.pmap", ...)'
+  if name in ("object", "setattr") and len(strings) == 2 and strings[1] == "pmap":
+    return f'{"patch.object" if name == "object" else name}(..., "pmap", ...)'
+  return None
+
+
+def _may_patch(text: str) -> bool:
+  return any(marker in text for marker in _MARKERS)
+
+
+def patchers(texts: Iterable[str]) -> frozenset[str]:
+  """The names of the functions in ``texts`` (a run's Python sources) that patch jax.pmap
+  while they run, directly or by calling one another, and chex's."""
+  calls: dict[str, set[str]] = {}  # function name -> the names its body calls
+  found = set(KNOWN_PATCHERS)
+  for text in texts:
+    if not _may_patch(text):
+      continue
+    try:
+      tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+      continue
+    for fun in ast.walk(tree):
+      if not isinstance(fun, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      for node in ast.walk(fun):
+        if _patches_directly(node):
+          found.add(fun.name)
+        elif isinstance(node, ast.Call) and (callee := _called_name(node.func)):
+          calls.setdefault(fun.name, set()).add(callee)
+  grown = True
+  while grown:
+    grown = False
+    for name, called in calls.items():
+      if name not in found and called & found:
+        found.add(name)
+        grown = True
+  return frozenset(found)
+
+
+def first_patch(text: str, known: frozenset[str] = KNOWN_PATCHERS) -> Patch | None:
+  """The first place the module ``text`` patches jax.pmap, directly or by calling one of
+  ``known`` (see ``patchers``); None where it does not."""
+  if not (_may_patch(text) or any(name in text for name in known)):
+    return None
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError):
+    return None
+  found = []
+  for node in ast.walk(tree):
+    if not isinstance(node, (ast.stmt, ast.expr)):
+      continue
+    how = _patches_directly(node)
+    if how is None and isinstance(node, ast.Call) and _called_name(node.func) in known:
+      how = f"{_called_name(node.func)}(...)"
+    if how is not None:
+      found.append(Patch(node.lineno, node.col_offset + 1, how))
+  return min(found, key=lambda p: (p.line, p.column), default=None)

@@ -1,0 +1,132 @@
+"""Code that replaces jax.pmap while it runs (chex's ``fake_pmap``, ``mock.patch``) keeps
+its pmap sites: under the patch, ``jax.pmap`` there is the replacement, not JAX's pmap."""
+import textwrap
+
+import pytest
+
+from codemod import pmap_patches, pmap_to_shmap
+from codemod_testing import rewrite
+
+FAKES = '''\
+import contextlib
+from unittest import mock
+
+import jax
+
+
+def _vmap_pmap(fun, axis_name=None, **unused):
+  return jax.vmap(fun, axis_name=axis_name)
+
+
+@contextlib.contextmanager
+def my_fake_pmap():
+  with mock.patch.object(jax, "pmap", _vmap_pmap):
+    yield
+
+
+def fake_everything():
+  stack = contextlib.ExitStack()
+  stack.enter_context(my_fake_pmap())
+  return stack
+
+
+def unrelated():
+  return jax.jit(lambda x: x)
+'''
+
+USES_FAKE = '''\
+import jax
+import numpy as np
+
+import fakes
+
+
+def helper(x):
+  return jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")(x)
+
+
+def test_sum():
+  with fakes.fake_everything():
+    assert helper(np.ones((3, 2))).shape == (3, 2)
+'''
+
+
+def test_patchers_are_the_functions_that_patch_pmap_directly_or_through_another():
+  assert pmap_patches.patchers([FAKES]) == pmap_patches.KNOWN_PATCHERS | {
+      "my_fake_pmap", "fake_everything"}
+
+
+@pytest.mark.parametrize("patch", [
+    'mock.patch("jax.pmap", fake)',
+    'mock.patch.object(jax, "pmap", fake)',
+    'monkeypatch.setattr(jax, "pmap", fake)',
+    'monkeypatch.setattr("jax.pmap", fake)',
+    'setattr(jax, "pmap", fake)',
+    'jax.pmap = fake',
+])
+def test_each_way_of_patching_pmap_is_found(patch):
+  text = f"import jax\n\n\ndef fake_it(fake, monkeypatch, mock):\n  {patch}\n"
+  assert "fake_it" in pmap_patches.patchers([text])
+  assert pmap_patches.first_patch(text).line == 5
+
+
+def test_an_attribute_named_pmap_of_something_else_is_no_patch():
+  text = "import jax\n\n\nclass T:\n  def setup(self):\n    self.pmap = jax.pmap(abs)\n"
+  assert pmap_patches.first_patch(text) is None
+  assert pmap_patches.patchers([text]) == pmap_patches.KNOWN_PATCHERS
+
+
+def test_a_file_that_calls_chex_fake_pmap_keeps_its_sites():
+  source = textwrap.dedent('''\
+      import chex
+      import jax
+
+
+      def test_fake():
+        with chex.fake_pmap():
+          return jax.pmap(lambda x: x + 1)(jax.numpy.ones((3, 2)))
+      ''')
+  new, findings = rewrite(source, target="experimental")
+  assert new == source
+  assert [(f.line, f.severity.value) for f in findings] == [(6, "WARNING"), (7, "ERROR")]
+  assert "fake_pmap(...) replaces jax.pmap" in findings[0].message
+  assert "the file replaces jax.pmap (line 6)" in findings[1].message
+
+
+def test_functools_wraps_of_pmap_is_not_a_site():
+  # chex's fake.py: the fake takes pmap's name and docstring, and jax.pmap keeps them.
+  source = textwrap.dedent('''\
+      import functools
+
+      import jax
+
+
+      @functools.wraps(jax.pmap)
+      def fake(fun, axis_name=None):
+        return jax.vmap(fun, axis_name=axis_name)
+
+
+      g = functools.update_wrapper(lambda f: f, jax.pmap)
+      ''')
+  new, findings = rewrite(source, target="experimental")
+  assert new == source and findings == []
+
+
+def test_a_run_finds_the_repository_s_own_patchers(tmp_path, capsys):
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "fakes.py").write_text(FAKES)
+  (tmp_path / "test_sum.py").write_text(USES_FAKE)
+  (tmp_path / "plain.py").write_text(
+      'import jax\n\ng = jax.pmap(lambda v: v, axis_name="i")\n')
+  report = tmp_path / "report.txt"
+  assert pmap_to_shmap.main([str(tmp_path), "--in-place", "--report", str(report)]) == 0
+  assert (tmp_path / "test_sum.py").read_text() == USES_FAKE
+  assert (tmp_path / "fakes.py").read_text() == FAKES
+  assert "jax.pmap(" not in (tmp_path / "plain.py").read_text()
+  lines = report.read_text().splitlines()
+  assert any("test_sum.py:12:8 WARNING fake_everything(...) replaces jax.pmap" in line
+             for line in lines), lines
+  assert any("test_sum.py:8:10 ERROR pmap left unchanged: the file replaces jax.pmap" in line
+             for line in lines), lines
+  assert lines[-1].startswith("3 files scanned, 1 changed; 2 pmap sites found, 1 converted, "
+                              "1 reported")
