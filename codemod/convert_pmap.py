@@ -43,7 +43,8 @@ from typing import Any, cast
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import (PositionProvider, QualifiedNameProvider, QualifiedNameSource,
+                              ScopeProvider)
 
 from codemod import (edits, file_style, imports, matcher_setup, pmap_patches, public_api,
                      reaching, removed_names, site_comments, site_meshes, support_module,
@@ -60,6 +61,8 @@ _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.Partiti
                          "jax.experimental.pjit.PartitionSpec",
                          "jax._src.partition_spec.PartitionSpec"})
 _INITIALIZE = re.compile(r"\bdistributed\.initialize\(|\bfrom jax\.distributed import")
+# Comments a checker reads at the first line of the statement it reports on.
+_PRAGMA = re.compile(r"#\s*(?:type:\s*ignore|pytype:\s*disable|pyright:\s*ignore|pylint:\s*disable)")
 _INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "backend",
                     "axis_size")
 _SHARD_MAP = {"experimental": ("shard_map", "check_rep=False"),
@@ -520,7 +523,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                    f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh over {devices} "
                    f"with axis {names}" + self._meshes.where(site.node) + rows)
       again = self._evaluated_again(site)
-      if again is not None and isinstance(site.fun, cst.Attribute):
+      if (again is not None and isinstance(site.fun, cst.Attribute)
+          and not self._module_attribute(site.fun)):
         # A bound method is a new object on each access: legacy pmap compiled it again
         # too; a function held in an attribute is the same object, which it reused.
         self._report(site.node, Severity.WARNING,
@@ -556,6 +560,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if not (called and inside) or self._made_per_call(site.fun, scope):
       return None
     return "and called inside a function, on each call of it"
+
+  def _module_attribute(self, node: cst.Attribute) -> bool:
+    """Whether ``node`` reads a name of an imported module (``jnp.ones_like``): a function
+    there, not a method bound anew on each access."""
+    return any(q.source is QualifiedNameSource.IMPORT
+               for q in self.get_metadata(QualifiedNameProvider, node, set()))
 
   def _made_per_call(self, fun: cst.BaseExpression, scope: Any) -> bool:
     """Whether ``fun`` names, wherever it is bound before the site, a function its
@@ -852,6 +862,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # unless the call's arguments would then pass the limit: they go on a line below.
     end = self.get_metadata(PositionProvider, site.node).end
     rest = self._line(end.line)[end.column:].rstrip()
+    pragma = _PRAGMA.search(rest)
+    if pragma is not None:  # goes to the statement's first line (_pragma_first)
+      rest = rest[:pragma.start()].rstrip()
     after = len(rest)
     text = edits.render(call, pos.column, indent, self._style, after)
     last = text.rsplit("\n", 1)[-1]
@@ -1213,6 +1226,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if (isinstance(original_node, cst.SimpleStatementLine)
         and isinstance(updated, cst.SimpleStatementLine) and self._renames):
       updated = self._fitted(original_node, updated)
+    if (isinstance(original_node, cst.SimpleStatementLine)
+        and isinstance(updated, cst.SimpleStatementLine) and updated is not original_node):
+      updated = _pragma_first(updated)
     if (not isinstance(original_node, cst.BaseStatement)
         or not self._meshes.has_statements_before(original_node)):
       return updated
@@ -1257,6 +1273,43 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       elif i not in skip:
         out.append(dec)
     return updated_node.with_changes(decorators=out)
+
+
+def _pragma_first(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+  """``statement`` with a checker's comment (``# type: ignore``) that ended its one line
+  moved to the end of its first line, now that it spans several: mypy, pytype and pylint
+  read it there."""
+  comment = statement.trailing_whitespace.comment
+  if comment is None or not _PRAGMA.match(comment.value) or "\n" not in _code(
+      statement.with_changes(leading_lines=[])).rstrip("\n"):
+    return statement
+  moved = statement.visit(_FirstLineComment(comment))
+  if moved is statement:
+    return statement
+  return cast(cst.SimpleStatementLine, moved).with_changes(
+      trailing_whitespace=statement.trailing_whitespace.with_changes(
+          whitespace=cst.SimpleWhitespace(""), comment=None))
+
+
+class _FirstLineComment(cst.CSTTransformer):
+  """Puts ``comment`` at the end of the first line break of the node, where none is."""
+
+  def __init__(self, comment: cst.Comment):
+    self.comment = comment
+    self.first: cst.ParenthesizedWhitespace | None = None
+
+  def visit_ParenthesizedWhitespace(self, node: cst.ParenthesizedWhitespace) -> bool:
+    if self.first is None:
+      self.first = node
+    return False
+
+  def leave_ParenthesizedWhitespace(self, original_node: cst.ParenthesizedWhitespace,
+                                    updated_node: cst.ParenthesizedWhitespace
+                                    ) -> cst.ParenthesizedWhitespace:
+    if original_node is not self.first or updated_node.first_line.comment is not None:
+      return updated_node
+    return updated_node.with_changes(first_line=updated_node.first_line.with_changes(
+        whitespace=cst.SimpleWhitespace("  "), comment=self.comment))
 
 
 def _tuple_source(values: tuple[int, ...]) -> str:

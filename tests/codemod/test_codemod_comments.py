@@ -290,3 +290,37 @@ def test_comments_of_a_run_of_decorators_keep_their_order():
   assert lines[ends_first].endswith(")  # outer: hosts"), after
   assert found[:2] == ["# inner comes next", "# inner: devices"], after
   assert after.index("# inner: devices") < after.index("@"), after
+
+
+@pytest.mark.parametrize("pragma", ["# type: ignore", "# type: ignore[return-value]",
+                                    "# pytype: disable=bad-return-type",
+                                    "# pylint: disable=not-callable",
+                                    "# pyright: ignore"])
+def test_a_checker_s_comment_goes_to_the_first_line_of_the_statement_it_ended(pragma):
+  # mypy, pytype and pylint read it on the first line of a statement that spans several
+  # (qdax's `return jax.pmap(update_fn, devices=devices, axis_name="p")  # type: ignore`).
+  before = textwrap.dedent(f'''\
+      import jax
+
+
+      def get_update_fn(update_fn, devices):
+        return jax.pmap(update_fn, devices=devices, axis_name="p")  {pragma}
+      ''')
+  after, _ = rewrite(before, target="experimental")
+  statement = after[after.index("  return "):]
+  first, rest = statement.split("\n", 1)
+  assert first.endswith("(  " + pragma), after
+  assert "#" not in rest, after
+  assert max(len(line) for line in after.splitlines()) <= 80, after
+
+
+def test_an_ordinary_comment_that_ended_the_line_stays_at_the_end():
+  before = textwrap.dedent('''\
+      import jax
+
+
+      def get_update_fn(update_fn, devices):
+        return jax.pmap(update_fn, devices=devices, axis_name="p")  # the step
+      ''')
+  after, _ = rewrite(before, target="experimental")
+  assert after.rstrip().endswith(")))  # the step"), after
