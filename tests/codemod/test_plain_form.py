@@ -812,3 +812,32 @@ def test_a_bound_method_built_on_each_call_compiles_as_often_as_legacy_and_says_
   assert_trees_equal(legacy, ours)
   assert len([n for n in our_compiles if "insert" in n]) == len(
       [n for n in legacy_compiles if "insert" in n]) == 3, (legacy_compiles, our_compiles)
+
+
+MODULE_FUNCTION = '''\
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def negate(x):
+  return jax.pmap(jnp.negative)(x)
+
+
+def run():
+  x = np.ones((jax.local_device_count(), 3), np.float32)
+  return [negate(x) for _ in range(3)]
+'''
+
+
+def test_a_module_s_function_built_on_each_call_is_said_to_compile_where_legacy_did_not():
+  """`jax.pmap(jnp.negative)(x)` in a function: the module's function is one object, whose
+  compile legacy pmap reused; the converted site's new jax.jit compiles each call."""
+  new, findings = rewrite(MODULE_FUNCTION, target="experimental")
+  [warning] = [f.message for f in findings if f.severity.name == "WARNING"]
+  assert "where legacy pmap reused its compile of the same function" in warning, warning
+  legacy, legacy_compiles = _run_counting(load(MODULE_FUNCTION, "module_fn_legacy"))
+  ours, our_compiles = _run_counting(load(new, "module_fn_converted"))
+  assert_trees_equal(legacy, ours)
+  assert len([n for n in legacy_compiles if "negative" in n]) == 1, legacy_compiles
+  assert len([n for n in our_compiles if "negative" in n]) == 3, our_compiles
