@@ -1,7 +1,7 @@
 """Rewrites JAX pmap sites into ``jax.jit`` over ``jax.shard_map`` with equivalent specs.
 
-Sites are found by meaning (QualifiedNameProvider): ``jax.pmap(f, ...)`` in any
-spelling, ``partial(jax.pmap, ...)(f)``, and the decorators ``@jax.pmap`` /
+Sites are found by meaning (``sites.References``, ``site_finder``): ``jax.pmap(f, ...)``
+in any spelling, ``partial(jax.pmap, ...)(f)``, and the decorators ``@jax.pmap`` /
 ``@partial(jax.pmap, ...)``. A decorator site becomes
 
     @placed_on(mesh, P("i"))
@@ -16,8 +16,10 @@ where it builds the pmap (``site_meshes``), and ``per_device`` / ``placed_on`` (
 support module the converted tree gets once, see ``codemod.support_module``) pmap's view
 of the arguments and its placement of them; static_broadcasted_argnums go to both jit
 and placed_on, devices / backend / axis_size to the mesh's devices. A module-level site
-of a library module (or of a program calling jax.distributed.initialize) is that code in
-``on_first_call(lambda f: ...)``, over a mesh a cached function builds. A site whose
+of a library module (or of a program calling jax.distributed.initialize) runs on a mesh
+a cached function builds, and is that code in ``on_first_call(lambda f: ...)`` where
+importing the module builds it (not in a lambda). A file that replaces jax.pmap while it
+runs keeps its sites (``pmap_patches``). A site whose
 options plain code cannot express (axes held in variables, ...) keeps pmap's call, its
 arguments as written, on ``pmap_via_shard_map`` (the support module's function with
 pmap's signature); nested pmaps become ``host_local_io(jax.jit(on_pmap_mesh(...)(f)),
@@ -52,8 +54,9 @@ from codemod import (edits, file_style, imports, matcher_setup, pmap_patches, pu
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
-from codemod.sites import (PARTIAL_NAMES, PMAP_NAMES, PmapOptions, References, Site, contains,
-                           int_tuple, is_none, qualified)
+from codemod.site_finder import Found, SiteFinder
+from codemod.sites import (PARTIAL_NAMES, PMAP_NAMES, PmapOptions, References, Site, int_tuple,
+                           is_none, qualified)
 
 DEFAULT_AXIS = "devices"
 TARGETS = targets.TARGETS
@@ -149,7 +152,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._support_names: list[str] = []
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._pmap_module_imports: list[tuple[str, str | None]] = []
-    self._partial_aliases: frozenset[str] = frozenset()
     self._unreplicate = unreplicate.Rewrites()
     self._walked_idioms: cst.CSTVisitor | None = None  # walked with References, for plan()
     self._text: str | None = None  # the module's text
@@ -199,7 +201,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def visit_Module(self, node: cst.Module) -> bool:
     self._module = node
-    self._partial_aliases = self._find_partial_aliases(node)
+    self._finder = SiteFinder(node, self.get_metadata)
     refs = References(self.get_metadata, self.target)
     # One walk, rebuilding nothing, for every analysis of the whole module.
     self._text = text = self._source if self._source is not None else node.code
@@ -207,20 +209,16 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     together.walk(node, [refs, cast(cst.CSTVisitor, self._walked_idioms)])
     self._pmap_imports = refs.pmap_imports
     self._pmap_module_imports = sorted(refs.pmap_module_imports, key=str)
-    ref_set = set(refs.refs)
-    claimed: set = set()
-    sites = self._find_sites(refs, ref_set, claimed)
+    found = self._finder.find(refs)
+    sites = found.sites
     patch = (pmap_patches.first_patch(text, self._pmap_patchers)
              if set(refs.refs) - refs.metadata_only else None)
     if patch is not None:
-      self._leave_patched(patch, sites, refs, claimed)
+      self._leave_patched(patch, found, refs)
       return False
-    for ref in refs.refs:
-      if ref not in claimed and ref not in refs.metadata_only:
-        self.sites_found += 1
-        self._value_use(ref, refs)
-    self._link_nested(sites)
-    self._check_bodies(sites, node)
+    for ref in found.values:
+      self.sites_found += 1
+      self._value_use(ref, refs)
     self._p = self._spec_name(node, sites)
     self._indent_of(1)  # loads the tokens
     axes = set()
@@ -282,179 +280,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         super().on_visit(node)
         return False
     return super().on_visit(node)
-
-  def _find_sites(self, refs: References, ref_set: set, claimed: set) -> list[Site]:
-    sites: list[Site] = []
-    for call in refs.calls:
-      site = self._call_site(call, ref_set, claimed)
-      if site is not None:
-        sites.append(site)
-    for fundef in refs.defs:
-      sites.extend(self._decorator_sites(fundef, ref_set, claimed))
-    return sites
-
-  def _pmap_partial(self, node: cst.BaseExpression, ref_set: set) -> cst.Call | None:
-    """``node`` when it is ``partial(pmap, ...)``."""
-    if (isinstance(node, cst.Call) and node.args and node.args[0].keyword is None
-        and not node.args[0].star and node.args[0].value in ref_set
-        and self._is_partial(node.func)):
-      return node
-    return None
-
-  def _find_partial_aliases(self, module: cst.Module) -> frozenset[str]:
-    """Module-level names bound once to functools.partial (``partial = functools.partial``)."""
-    aliases = set()
-    for stmt in module.body:
-      if not isinstance(stmt, cst.SimpleStatementLine):
-        continue
-      for small in stmt.body:
-        if (isinstance(small, cst.Assign) and len(small.targets) == 1
-            and isinstance(small.targets[0].target, cst.Name)
-            and qualified(self.get_metadata, small.value) & PARTIAL_NAMES):
-          aliases.add(small.targets[0].target.value)
-    scope = self.get_metadata(ScopeProvider, module, None)
-    return frozenset(a for a in aliases if scope is None or len(scope[a]) == 1)
-
-  def _is_partial(self, node: cst.BaseExpression) -> bool:
-    if qualified(self.get_metadata, node) & PARTIAL_NAMES:
-      return True
-    if not (isinstance(node, cst.Name) and node.value in self._partial_aliases):
-      return False
-    scope = self.get_metadata(ScopeProvider, node, None)
-    # The module-level alias, unless a local name shadows it here.
-    targets = [getattr(a, "node", None) for a in scope[node.value]] if scope is not None else []
-    return bool(targets) and all(
-        t is not None and isinstance(self.get_metadata(ScopeProvider, t, None),
-                                     cst.metadata.GlobalScope) for t in targets)
-
-  def _call_site(self, call: cst.Call, ref_set: set, claimed: set) -> Site | None:
-    if call.func in ref_set:
-      ref, base, skip = call.func, PmapOptions(), 0
-    else:
-      partial = self._pmap_partial(call.func, ref_set)
-      if partial is None:
-        return None
-      ref = partial.args[0].value
-      base, skip = PmapOptions(), 0
-      try:
-        base = base.merged(list(partial.args[1:]))
-      except Unconvertible as e:
-        claimed.add(ref)
-        return Site(call, PmapOptions(), None, error=str(e))
-    claimed.add(ref)
-    try:
-      options = base.merged(list(call.args), skip)
-    except Unconvertible as e:
-      return Site(call, base, None, error=str(e))
-    fun = options.get("fun")
-    site = Site(call, options, fun)
-    if fun is None:
-      site.error = "pmap is called without a function (legacy pmap raises TypeError here)"
-    return site
-
-  def _decorator_sites(self, fundef: cst.FunctionDef, ref_set: set,
-                       claimed: set) -> list[Site]:
-    runs: list[list[tuple[int, PmapOptions, str | None]]] = []
-    entry: tuple[int, PmapOptions, str | None]
-    previous = -2
-    for i, dec in enumerate(fundef.decorators):
-      expr = dec.decorator
-      partial = self._pmap_partial(expr, ref_set)
-      if expr in ref_set:
-        claimed.add(expr)
-        entry = (i, PmapOptions(), None)
-      elif partial is not None:
-        claimed.add(partial.args[0].value)
-        try:
-          entry = (i, PmapOptions().merged(list(partial.args[1:])), None)
-        except Unconvertible as e:
-          entry = (i, PmapOptions(), str(e))
-      else:
-        continue
-      if i == previous + 1:
-        runs[-1].append(entry)
-      else:
-        runs.append([entry])
-      previous = i
-    sites = []
-    for run in runs:
-      error: str | None
-      if any("fun" in opts.values for _, opts, _ in run):
-        error = "a pmap decorator passes `fun` itself, so the decorated def is not the function"
-      else:
-        error = next((err for _, _, err in run if err), None)
-      outer: Site | None = None
-      for i, opts, _ in reversed(run):
-        site = Site(fundef.decorators[i], opts, None, fundef=fundef,
-                    decorators=tuple(j for j, _, _ in run), inner=outer)
-        if outer is not None:
-          outer.absorbed = True
-        outer = site
-      assert outer is not None  # a run has at least one decorator
-      outer.error = error
-      sites.append(outer)
-    return sites
-
-  def _link_nested(self, sites: list[Site]) -> None:
-    by_node = {s.node: s for s in sites}
-    for site in sites:
-      inner = by_node.get(site.fun) if site.fun is not None else None
-      if inner is not None:
-        site.inner, inner.absorbed = inner, True
-
-  def _check_bodies(self, sites: list[Site], module: cst.Module) -> None:
-    """Pmaps inside a pmapped function's body, or inside a site's arguments: report."""
-    nodes = {s.node for s in sites}
-    by_node = {s.node: s for s in sites}
-    for site in sites:
-      if site.absorbed:
-        continue
-      inner = site.levels()[-1]
-      for body in self._bodies(inner, module):
-        for found in contains(body, nodes):
-          other = by_node[found]
-          message = ("a pmap inside the body of a pmapped function: the two need one "
-                     "shard_map over a 2-D mesh, which is not statically clear here; "
-                     "nest the pmaps directly (pmap(pmap(f))) or convert by hand")
-          site.error = site.error or message
-          other.error = other.error or message
-      for level in site.levels():
-        for value in level.options.values.values():
-          skip = level.inner.node if level.inner is not None else None
-          if value is skip:
-            continue
-          if contains(value, nodes - {skip}):
-            site.error = site.error or "another pmap site appears inside this site's arguments"
-
-  def _bodies(self, site: Site, module: cst.Module) -> list[cst.CSTNode]:
-    if site.fundef is not None:
-      return [site.fundef.body]
-    fun = site.fun
-    if isinstance(fun, cst.Call) and self._is_partial(fun.func):
-      fun = fun.args[0].value if fun.args else fun
-    if isinstance(fun, cst.Lambda):
-      return [fun.body]
-    if isinstance(fun, cst.Name):
-      scope = self.get_metadata(ScopeProvider, fun, None)
-      if scope is not None and fun.value in scope:
-        return [d.body for d in self._defs_reaching(fun, scope)]
-    return []
-
-  def _defs_reaching(self, use: cst.Name, scope) -> list[cst.FunctionDef]:
-    """The defs of ``use``'s name that it can mean: the last one before it in the same
-    scope (a later cell or statement that redefines the name does not count), else all."""
-    defs = []
-    for assignment in scope[use.value]:
-      node = assignment.node
-      if isinstance(node, cst.Name):
-        continue  # an import or plain assignment, not a def
-      if isinstance(node, cst.FunctionDef):
-        defs.append(node)
-    line = self.get_metadata(PositionProvider, use).start.line
-    before = [d for d in defs if self.get_metadata(PositionProvider, d).end.line < line]
-    if before:
-      return [max(before, key=lambda d: self.get_metadata(PositionProvider, d).start.line)]
-    return defs
 
   def _report_public(self, site: Site) -> None:
     """A site in a library's public API changes it for every caller: said at the site."""
@@ -941,7 +766,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return []
     if isinstance(level.node, cst.Decorator):
       return [(node, True)]
-    if isinstance(node.func, cst.Call) and self._is_partial(node.func.func):
+    if isinstance(node.func, cst.Call) and self._finder.is_partial(node.func.func):
       return [(node, False), (node.func, True)]
     return [(node, False)]
 
@@ -1111,15 +936,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for module, name, alias in refs.removed_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
 
-  def _leave_patched(self, patch: pmap_patches.Patch, sites: list[Site], refs: References,
-                     claimed: set) -> None:
+  def _leave_patched(self, patch: pmap_patches.Patch, found: Found, refs: References) -> None:
     """Reports every site of a file that patches jax.pmap, and leaves them as they are."""
     self._warn(patch.line, patch.column, Severity.WARNING,
                f"{patch.how} replaces jax.pmap while it runs: this file's pmap sites are "
                "left as they are, and code converted elsewhere no longer calls jax.pmap, so "
                "the replacement no longer reaches it")
-    left = [s.node for s in sites if not s.absorbed]
-    left += [r for r in refs.refs if r not in claimed and r not in refs.metadata_only]
+    left = [s.node for s in found.sites if not s.absorbed] + found.values
     for node in left:
       self.sites_found += 1
       if node in refs.bound:
