@@ -9,7 +9,14 @@ with its repository's configuration files (pyproject.toml, setup.cfg, ruff.toml,
 .pre-commit-config.yaml, ...) from the same release's sdist on PyPI, since an installed
 package keeps none (without PyPI, the copy has none: the row says so), JAX's
 ``tests/pmap_test.py`` with its ``pyproject.toml`` at v0.6.0 and v0.10.2
-(``../shared/jax_tests`` beside the repository), and this project's ``examples/`` with its ``pyproject.toml``.
+(``../shared/jax_tests`` beside the repository), this project's ``examples/`` with its
+``pyproject.toml``, and whole repositories as released on PyPI (RELEASES): the full
+extracted tree of the sdists of kfac-jax, jaxline, dm-haiku, chex, dm-acme, jraph,
+jumanji, evojax, neural-tangents, rlax and trax (sources, tests, examples and
+configuration files as shipped; rows "NAME VERSION (sdist)"), and objax, which PyPI
+serves only as a wheel, from its wheel (its package files only; "objax 1.8.0 (wheel)").
+Those are downloaded only when selected (``--only sdist wheel`` selects just them), once,
+into the sdist cache; without PyPI, the row says "not downloaded" and is not measured.
 
 Per repository, after ``python -m codemod.pmap_to_shmap ROOT --in-place --report FILE``:
 files scanned and sites found / converted / reported (the report's totals line), crashes
@@ -56,6 +63,7 @@ import tarfile
 import tempfile
 import tokenize
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,12 +86,23 @@ CONFIG_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "ruff.toml", ".ruff.t
                 ".pre-commit-config.yaml", "pylintrc", ".pylintrc", ".editorconfig",
                 "tox.ini", ".flake8", ".isort.cfg", ".style.yapf", "requirements.txt")
 SDISTS = os.path.join(tempfile.gettempdir(), "codemod-corpus-sdists")
+# Whole repositories as released: (project, version, kind), "sdist" for its full tree,
+# "wheel" where PyPI serves none (its package files only, no configuration).
+RELEASES = (("kfac-jax", "0.0.8", "sdist"), ("jaxline", "0.0.8", "sdist"),
+            ("dm-haiku", "0.0.17", "sdist"), ("chex", "0.1.92", "sdist"),
+            ("dm-acme", "0.4.0", "sdist"), ("jraph", "0.0.6.dev0", "sdist"),
+            ("jumanji", "1.1.2", "sdist"), ("evojax", "0.2.17", "sdist"),
+            ("neural-tangents", "0.6.5", "sdist"), ("rlax", "0.1.9", "sdist"),
+            ("trax", "1.4.1", "sdist"), ("objax", "1.8.0", "wheel"))
 
 
 @dataclass
 class Repo:
   name: str
   parts: list[tuple[str, str]]  # (source path, path inside the repository)
+  # A release from RELEASES whose files become the parts once the repository is selected,
+  # so that measuring others downloads nothing.
+  release: tuple[str, str, str] | None = None
 
 
 @dataclass
@@ -137,7 +156,72 @@ def corpus() -> list[Repo]:
   repos.append(Repo("pmap-compat examples/", [(os.path.join(ROOT, "examples"), "examples"),
                                               (os.path.join(ROOT, "pyproject.toml"),
                                                "pyproject.toml")]))
+  repos += [Repo(f"{project} {version} ({kind})", [], (project, version, kind))
+            for project, version, kind in RELEASES]
   return repos
+
+
+def fetch(repo: Repo) -> None:
+  """Fills in the parts of a ``release`` repository: the top-level entries of its tree; or,
+  where pip cannot get it, says so in its name."""
+  if repo.release is None:
+    return
+  project, version, kind = repo.release
+  tree = release_tree(project, version, kind)
+  if tree is None:
+    repo.name = f"{project} {version} ({kind}, not downloaded)"
+  else:
+    repo.parts = [(os.path.join(tree, name), name) for name in sorted(os.listdir(tree))]
+
+
+def download(project: str, version: str, kind: str) -> str | None:
+  """The sdist (``kind`` "sdist") or wheel of ``project`` at ``version`` in SDISTS,
+  downloaded there unless a previous run did; None where pip cannot get it."""
+  prefix = f"{project}_{version}{'.' if kind == 'sdist' else '_'}".lower().replace("-", "_")
+  suffix = ".tar.gz" if kind == "sdist" else ".whl"
+
+  def cached() -> str | None:
+    # sdist names keep the project's "-" or use "_"; wheel names always use "_".
+    return next((a for a in sorted(glob.glob(os.path.join(SDISTS, f"*{suffix}")))
+                 if os.path.basename(a).lower().replace("-", "_").startswith(prefix)), None)
+
+  if (archive := cached()) is not None:
+    return archive
+  try:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                    "--only-binary" if kind == "wheel" else "--no-binary", ":all:", "--dest",
+                    SDISTS, f"{project}=={version}"],
+                   capture_output=True, text=True, timeout=300, check=True)
+  except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+    return None
+  return cached()
+
+
+def release_tree(project: str, version: str, kind: str) -> str | None:
+  """The files of ``project``'s release ``version``, extracted once beside its archive:
+  the sdist's whole tree (its root is the repository's), or the wheel's files less its
+  ``.dist-info``/``.data``; None where pip cannot get it."""
+  into = os.path.join(SDISTS, "trees", f"{project}-{version}-{kind}")
+  if os.path.isdir(into):
+    return into
+  archive = download(project, version, kind)
+  if archive is None:
+    return None
+  os.makedirs(os.path.dirname(into), exist_ok=True)
+  # Extracted aside and renamed into place, so an interrupted run leaves no partial tree.
+  partial = tempfile.mkdtemp(dir=os.path.dirname(into))
+  if kind == "wheel":
+    with zipfile.ZipFile(archive) as wheel:
+      wheel.extractall(partial, [n for n in wheel.namelist() if not n.split("/")[0].endswith(
+          (".dist-info", ".data"))])
+    os.replace(partial, into)
+  else:
+    with tarfile.open(archive) as sdist:
+      sdist.extractall(partial, filter="data")
+    (top,) = os.listdir(partial)  # an sdist holds one directory, NAME-VERSION
+    os.replace(os.path.join(partial, top), into)
+    os.rmdir(partial)
+  return into
 
 
 def repository_config(project: str, version: str) -> list[tuple[str, str]]:
@@ -145,21 +229,16 @@ def repository_config(project: str, version: str) -> list[tuple[str, str]]:
   ``version``, from its sdist (downloaded once into SDISTS); none where pip cannot get it."""
   into = os.path.join(SDISTS, f"{project}-{version}")
   if not os.path.isdir(into):
-    download = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-         ":all:", "--dest", SDISTS, f"{project}=={version}"],
-        capture_output=True, text=True, timeout=300, check=False)
-    archives = [a for a in glob.glob(os.path.join(SDISTS, "*.tar.gz"))
-                if os.path.basename(a).lower().replace("-", "_").startswith(
-                    f"{project}_{version}.".lower().replace("-", "_"))]
-    if download.returncode != 0 or not archives:
+    sdist = download(project, version, "sdist")
+    if sdist is None:
       return []
-    with tarfile.open(archives[0]) as archive:
+    with tarfile.open(sdist) as archive:
       os.makedirs(into)
       for member in archive.getmembers():
         parts = member.name.split("/")
-        if member.isfile() and len(parts) == 2 and parts[1] in CONFIG_FILES:
-          with archive.extractfile(member) as f, open(os.path.join(into, parts[1]), "wb") as out:
+        if (member.isfile() and len(parts) == 2 and parts[1] in CONFIG_FILES
+            and (f := archive.extractfile(member)) is not None):
+          with f, open(os.path.join(into, parts[1]), "wb") as out:
             shutil.copyfileobj(f, out)
   return [(os.path.join(into, name), name) for name in sorted(os.listdir(into))]
 
@@ -453,8 +532,10 @@ def main() -> int:
     for repo in corpus():
       if args.only and not any(o in repo.name for o in args.only):
         continue
+      fetch(repo)
       print(f"measuring {repo.name} ...", file=sys.stderr, flush=True)
-      rows.append(measure(repo, workdir))
+      rows.append(Row(repo.name) if repo.release and not repo.parts else
+                  measure(repo, workdir))
   finally:
     if not args.workdir:
       shutil.rmtree(workdir, ignore_errors=True)
