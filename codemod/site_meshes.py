@@ -280,7 +280,7 @@ class MeshPlan:
     candidates = ["mesh"] + ([f"{axis}_mesh"] if axis.isidentifier() else [])
     if self._by_axis and len(candidates) > 1:
       candidates.reverse()
-    candidates += [f"pmap_mesh_{i}" for i in range(2, 100)]
+    candidates += [f"mesh_{i}" for i in range(2, 100)]
     for name in candidates:
       if name not in self._taken and name not in used:
         return name

@@ -203,6 +203,21 @@ def test_mesh_name_the_file_uses_is_not_taken_and_a_variable_axis_waits_for_its_
   assert "name = axis" in lines[built - 1]
 
 
+def test_a_third_mesh_of_one_axis_in_a_function_is_numbered():
+  # flashbax's tests: `mesh` and `devices_mesh` taken, the next is `mesh_2`.
+  new = _converted('''\
+      import jax
+
+
+      def run(f, g, h, x, y):
+        a = jax.pmap(f)(x)
+        b = jax.pmap(g, static_broadcasted_argnums=1)(a, 2)
+        c = jax.pmap(h)(b, y)
+        return c
+      ''')
+  assert 'mesh_2 = jax.sharding.Mesh(pmap_devices(b, y), ("devices",))' in new, new
+
+
 @pytest.mark.parametrize("code,where", [
     ("  out = [jax.pmap(f, 'i')(x) for _ in range(3)]\n", "in a comprehension"),
     ("  for _ in range(3):\n    out = jax.pmap(f, 'i')(x)\n", "in a loop"),
