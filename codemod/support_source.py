@@ -16,6 +16,15 @@ class _Static(tuple):
   """(value,) of pmap's static argument: a pytree with no leaves, by value."""
 
 
+class _Keywords(dict):
+  """Keyword arguments no position takes, mapped over axis 0 as pmap did."""
+
+
+jax.tree_util.register_pytree_node(
+    _Keywords, lambda k: (tuple(k.values()), tuple(k)),
+    lambda names, values: _Keywords(zip(names, values, strict=True)))
+
+
 def _at_axes(change, axes, tree):
   """``tree`` with change(leaf, axis) for each leaf of a mapped subtree."""
   return jax.tree.map(lambda axis, sub: sub if axis is None else jax.tree.map(
@@ -28,9 +37,12 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   @functools.wraps(fun)
   def body(*args):
     args = _at_axes(jax.numpy.squeeze, in_axes, args)
+    named = args[-1] if args and isinstance(args[-1], _Keywords) else {}
+    args = args[:len(args) - bool(named)]
     static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
     run = jax.jit(fun, static_argnums=static) if _PMAP_EMBEDS_CONSTANTS else fun
-    out = run(*(a[0] if i in static else a for i, a in enumerate(args)))
+    out = run(*(a[0] if i in static else a for i, a in enumerate(args)),
+              **named)
     out = _at_axes(jax.numpy.expand_dims, out_axes, out)
     # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
     return jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
@@ -44,17 +56,16 @@ def per_device(fun, *, in_axes=0, out_axes=0):
 def pmap_devices(*args, in_axes=0):
   """The devices legacy pmap mapped ``args`` over: as many of jax.devices() as
   they have rows on their mapped axes (every device in a multi-process job)."""
-  rows = []  # each mapped leaf's, in order
-
-  def count(x, axis):
-    if axis >= jax.numpy.ndim(x):
-      raise ValueError(
-          f"pmap was requested to map its argument along axis {axis}, which "
-          f"implies that its rank should be at least {axis + 1}, but is only "
-          f"{jax.numpy.ndim(x)}")
-    rows.append(jax.numpy.shape(x)[axis])
-
-  _at_axes(count, in_axes, args)
+  rows = []  # each mapped leaf's, in order (the trees are read, not rebuilt)
+  axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
+  for axis, sub in zip(axes, tree.flatten_up_to(args), strict=True):
+    for x in [] if axis is None else jax.tree.leaves(sub):
+      if axis >= jax.numpy.ndim(x):
+        raise ValueError(
+            f"pmap was requested to map its argument along axis {axis}, which "
+            f"implies that its rank should be at least {axis + 1}, but is only "
+            f"{jax.numpy.ndim(x)}")
+      rows.append(jax.numpy.shape(x)[axis])
   if not rows or jax.process_count() > 1:
     return jax.devices()
   return jax.devices()[:rows[0]]
@@ -81,9 +92,12 @@ def placed_on(mesh, in_specs, static_argnums=()):
     def call(*args, **kwargs):
       if kwargs:  # shard_map takes positional arguments only
         bound = inspect.signature(jitted).bind(*args, **kwargs)
-        if bound.kwargs:  # after a parameter left to its default
-          raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
         args = bound.args
+        if bound.kwargs:  # keyword-only, or after a parameter left unset
+          if not (isinstance(in_specs, jax.sharding.PartitionSpec)
+                  and len(in_specs) == 1):  # pmap mapped them over axis 0
+            raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
+          args = (*args, _Keywords(bound.kwargs))
       out = jax.tree.map(lambda part: part(), jitted(*place(args)),
                          is_leaf=lambda x: isinstance(x, jax.tree_util.Partial))
       if jax.process_count() == 1:

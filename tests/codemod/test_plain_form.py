@@ -400,6 +400,33 @@ def test_a_site_called_where_it_is_made_rejects_what_legacy_rejected(bad):
     assert str(got.value) in str(want.value)
 
 
+@jax.tree_util.register_pytree_node_class
+class _Checked:
+  """A pytree whose unflatten checks its leaves, as brax's UInt64 does (it casts them)."""
+
+  def __init__(self, value):
+    if value is None:
+      raise TypeError(f"_Checked holds an array, got {value!r}")
+    self.value = value
+
+  def tree_flatten(self):
+    return (self.value,), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    del aux
+    return cls(*children)
+
+
+def test_pmap_devices_reads_the_arguments_without_rebuilding_them():
+  # brax's assert_is_replicated: the training state holds UInt64 leaves, which a tree
+  # rebuilt with anything but arrays rejects.
+  helpers = support()
+  state = {"step": _Checked(np.zeros((2, 1), np.uint32)), "w": np.ones((2, 3))}
+  assert helpers.pmap_devices(state) == jax.devices()[:2]
+  assert helpers.pmap_devices(1.0, state, in_axes=(None, 0)) == jax.devices()[:2]
+
+
 def test_pmap_devices_is_every_device_in_a_multi_process_job(monkeypatch):
   helpers = support()
   x = np.ones((2, 3), np.float32)
@@ -856,3 +883,54 @@ def test_a_module_s_function_built_on_each_call_is_said_to_compile_where_legacy_
   assert_trees_equal(legacy, ours)
   assert len([n for n in legacy_compiles if "negative" in n]) == 1, legacy_compiles
   assert len([n for n in our_compiles if "negative" in n]) == 3, our_compiles
+
+
+KEYWORDS = '''\
+import functools
+
+import jax
+import numpy as np
+
+
+def init(genotypes, centroids, key):
+  return genotypes * centroids + jax.lax.psum(key, "p")
+
+
+def step(x, scale=1.0, shift=0.0):
+  return x * scale + shift
+
+
+def make(centroids):
+  return jax.pmap(functools.partial(init, centroids=centroids), axis_name="p")
+
+
+def run():
+  n = jax.local_device_count()
+  g = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+  k = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
+  f = make(np.float32(2))
+  shifted = jax.pmap(step)
+  return f(genotypes=g, key=k), f(g, key=k), shifted(g, shift=k)
+'''
+
+
+def test_arguments_no_position_takes_are_mapped_over_axis_0_as_legacy_did():
+  """qdax's `pmap(partial(self.init, centroids=c))(genotypes=g, key=k)`: after the
+  partial's keyword, `key` is keyword-only; and a keyword after a parameter left to its
+  default. Legacy pmap mapped both over axis 0; so does the converted site."""
+  new = _converted(KEYWORDS)
+  assert_trees_equal(load(KEYWORDS, "keywords_legacy").run(),
+                     load(new, "keywords_converted").run())
+
+
+def test_keywords_no_position_takes_with_per_argument_axes_name_the_fix():
+  # With in_axes per argument, the site's in_specs are a tuple of the positional ones:
+  # such a keyword has no spec there, and the error names the argument to pass.
+  source = ("import functools\n\nimport jax\nimport numpy as np\n\n\n"
+            "def run():\n  n = jax.local_device_count()\n"
+            "  f = jax.pmap(functools.partial(lambda g, c, key: g * c + key, c=2.0),\n"
+            "               in_axes=(0,))\n"
+            "  return f(np.ones((n, 3)), key=np.ones((n, 3)))\n")
+  assert load(source, "keywords_axes_legacy").run().shape[1:] == (3,)
+  with pytest.raises(TypeError, match="pass key by position"):
+    load(_converted(source), "keywords_axes_converted").run()
