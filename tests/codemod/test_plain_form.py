@@ -843,17 +843,24 @@ def run():
 '''
 
 
+def _warning_and_compiles(source: str, name: str) -> tuple[str, int, int]:
+  """The report's one WARNING for ``source``, and how often legacy and the converted code
+  compile the programs named ``name`` in its run() (whose results must agree)."""
+  new, findings = rewrite(source, target="experimental")
+  [warning] = [f.message for f in findings if f.severity.name == "WARNING"]
+  legacy, legacy_compiles = _run_counting(load(source, f"{name}_legacy"))
+  ours, our_compiles = _run_counting(load(new, f"{name}_converted"))
+  assert_trees_equal(legacy, ours)
+  return (warning, len([n for n in legacy_compiles if name in n]),
+          len([n for n in our_compiles if name in n]))
+
+
 def test_a_bound_method_built_on_each_call_compiles_as_often_as_legacy_and_says_so():
   """`jax.pmap(self.buffer.insert)(x)` in a method: the bound method is a new object on each
   access, so legacy pmap compiled each call too. The report does not claim otherwise."""
-  new, findings = rewrite(BOUND_METHOD, target="experimental")
-  [warning] = [f.message for f in findings if f.severity.name == "WARNING"]
+  warning, legacy, ours = _warning_and_compiles(BOUND_METHOD, "insert")
   assert "legacy pmap did too if self.buffer.insert is a bound method" in warning, warning
-  legacy, legacy_compiles = _run_counting(load(BOUND_METHOD, "bound_legacy"))
-  ours, our_compiles = _run_counting(load(new, "bound_converted"))
-  assert_trees_equal(legacy, ours)
-  assert len([n for n in our_compiles if "insert" in n]) == len(
-      [n for n in legacy_compiles if "insert" in n]) == 3, (legacy_compiles, our_compiles)
+  assert legacy == ours == 3
 
 
 MODULE_FUNCTION = '''\
@@ -875,14 +882,9 @@ def run():
 def test_a_module_s_function_built_on_each_call_is_said_to_compile_where_legacy_did_not():
   """`jax.pmap(jnp.negative)(x)` in a function: the module's function is one object, whose
   compile legacy pmap reused; the converted site's new jax.jit compiles each call."""
-  new, findings = rewrite(MODULE_FUNCTION, target="experimental")
-  [warning] = [f.message for f in findings if f.severity.name == "WARNING"]
+  warning, legacy, ours = _warning_and_compiles(MODULE_FUNCTION, "negative")
   assert "where legacy pmap reused its compile of the same function" in warning, warning
-  legacy, legacy_compiles = _run_counting(load(MODULE_FUNCTION, "module_fn_legacy"))
-  ours, our_compiles = _run_counting(load(new, "module_fn_converted"))
-  assert_trees_equal(legacy, ours)
-  assert len([n for n in legacy_compiles if "negative" in n]) == 1, legacy_compiles
-  assert len([n for n in our_compiles if "negative" in n]) == 3, our_compiles
+  assert (legacy, ours) == (1, 3)
 
 
 KEYWORDS = '''\
