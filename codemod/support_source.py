@@ -1,3 +1,4 @@
+import collections
 import functools
 import inspect
 import math
@@ -16,13 +17,8 @@ class _Static(tuple):
   """(value,) of pmap's static argument: a pytree with no leaves, by value."""
 
 
-class _Keywords(dict):
-  """Keyword arguments no position takes, mapped over axis 0 as pmap did."""
-
-
-jax.tree_util.register_pytree_node(
-    _Keywords, lambda k: (tuple(k.values()), tuple(k)),
-    lambda names, values: _Keywords(zip(names, values, strict=True)))
+# Keyword arguments no position takes, mapped over axis 0 as pmap did (pytree).
+_Keywords = collections.namedtuple("_Keywords", "named")
 
 
 def _at_axes(change, axes, tree):
@@ -37,7 +33,7 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   @functools.wraps(fun)
   def body(*args):
     args = _at_axes(jax.numpy.squeeze, in_axes, args)
-    named = args[-1] if args and isinstance(args[-1], _Keywords) else {}
+    named = args[-1].named if args and isinstance(args[-1], _Keywords) else {}
     args = args[:len(args) - bool(named)]
     static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
     run = jax.jit(fun, static_argnums=static) if _PMAP_EMBEDS_CONSTANTS else fun
