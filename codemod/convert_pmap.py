@@ -127,7 +127,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.support_root = support_root
     self.caller_writes_support = caller_writes_support  # the project CLI does
     self._source = source  # the file's text, when the caller has it: saves regenerating it
-    self._pmap_patchers = pmap_patches.KNOWN_PATCHERS | pmap_patchers
+    self._pmap_patchers = pmap_patchers
     self._reset()
 
   def _reset(self) -> None:

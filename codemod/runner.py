@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from codemod import files, notebook, notebook_support, removed_names, repo_formatter, support_module
+from codemod import (files, notebook, notebook_support, pmap_patches, removed_names,
+                     repo_formatter, support_module)
 from codemod.findings import SITES_KEY, FileResult, Finding, Severity
 
 
@@ -35,8 +36,9 @@ class Options:
   # Set: each .py file imports the support module ``support_module.placement`` gives it
   # (its package's copy, or one next to the script), not ``support_module``.
   per_file_support: bool = False
-  # Functions of the run's files that replace jax.pmap while they run (pmap_patches).
-  pmap_patchers: frozenset[str] = frozenset()
+  # Functions that replace jax.pmap while they run: chex's, and the run's files' own
+  # (pmap_patches.patchers).
+  pmap_patchers: frozenset[str] = pmap_patches.KNOWN_PATCHERS
 
 
 def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
