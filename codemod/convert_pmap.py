@@ -115,7 +115,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                multihost: bool = False, support_module: str | None = support_module.DEFAULT_NAME,
                support_root: str | None = None, source: str | None = None,
                caller_writes_support: bool = False,
-               pmap_patchers: frozenset[str] = pmap_patches.KNOWN_PATCHERS) -> None:
+               pmap_patchers: frozenset[str] = pmap_patches.KNOWN_PATCHERS,
+               module_replacements: tuple[pmap_patches.ModuleReplacement, ...] = ()) -> None:
     Codemod.__init__(self, context)
     matcher_setup.init_matchers(self)
     if target is not None and target not in TARGETS:
@@ -128,6 +129,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.caller_writes_support = caller_writes_support  # the project CLI does
     self._source = source  # the file's text, when the caller has it: saves regenerating it
     self._pmap_patchers = pmap_patchers
+    self._module_replacements = module_replacements
     self._reset()
 
   def _reset(self) -> None:
@@ -211,10 +213,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._pmap_module_imports = sorted(refs.pmap_module_imports, key=str)
     found = self._finder.find(refs)
     sites = found.sites
-    patch = (pmap_patches.first_patch(text, self._pmap_patchers)
-             if set(refs.refs) - refs.metadata_only else None)
-    if patch is not None:
-      self._leave_patched(patch, found, refs)
+    if set(refs.refs) - refs.metadata_only and self._leave_if_patched(text, found, refs):
       return False
     for ref in found.values:
       self.sites_found += 1
@@ -936,12 +935,33 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for module, name, alias in refs.removed_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
 
-  def _leave_patched(self, patch: pmap_patches.Patch, found: Found, refs: References) -> None:
-    """Reports every site of a file that patches jax.pmap, and leaves them as they are."""
-    self._warn(patch.line, patch.column, Severity.WARNING,
-               f"{patch.how} replaces jax.pmap while it runs: this file's pmap sites are "
-               "left as they are, and code converted elsewhere no longer calls jax.pmap, so "
-               "the replacement no longer reaches it")
+  def _leave_if_patched(self, text: str, found: Found, refs: References) -> bool:
+    """Whether the file's pmap may be replaced while its code runs (``pmap_patches``):
+    then its sites are reported and left as they are."""
+    if (patch := pmap_patches.first_patch(text, self._pmap_patchers)) is not None:
+      self._warn(patch.line, patch.column, Severity.WARNING,
+                 f"{patch.how} replaces jax.pmap while it runs: this file's pmap sites are "
+                 "left as they are, and code converted elsewhere no longer calls jax.pmap, "
+                 "so the replacement no longer reaches it")
+      self._leave_sites(found, refs, f"the file replaces jax.pmap (line {patch.line})")
+      return True
+    line = pmap_patches.pmap_import_line(text)
+    replaced = (pmap_patches.replacing(self.context.filename, self._module_replacements)
+                if line is not None and self.context.filename else None)
+    if line is None or replaced is None:
+      return False
+    where = f"{replaced.path}:{replaced.line}"
+    whose = ("this module's pmap" if replaced.module
+             else "the pmap of a module it is given, which may be this one,")
+    self._warn(line, 1, Severity.WARNING,
+               f"{replaced.how} ({where}) replaces {whose} while it runs: this file's pmap "
+               "sites are left as they are, since converted code would no longer call the "
+               "replacement")
+    self._leave_sites(found, refs, f"{where} may replace this module's pmap")
+    return True
+
+  def _leave_sites(self, found: Found, refs: References, why: str) -> None:
+    """Reports every site of a file, leaving them as they are."""
     left = [s.node for s in found.sites if not s.absorbed] + found.values
     for node in left:
       self.sites_found += 1
@@ -949,8 +969,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         self._value_use(node, refs)  # says so, converting nothing
         continue
       self._report(node, Severity.ERROR,
-                   f"pmap left unchanged: the file replaces jax.pmap (line {patch.line}), so "
-                   "this may run the replacement; convert it by hand where it runs JAX's pmap")
+                   f"pmap left unchanged: {why}, so this may run the replacement; convert "
+                   "it by hand where it runs JAX's pmap")
     for finding in refs.findings:
       self._warn(finding.line, finding.column, finding.severity, finding.message)
 

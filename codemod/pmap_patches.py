@@ -9,10 +9,16 @@ calls jax.pmap, so the patch no longer reaches it.
 A *patcher* is a function whose body patches jax.pmap, or calls a patcher: found across
 the files of one run (``patchers``), and chex's public ``fake_pmap`` /
 ``fake_pmap_and_jit`` for repositories that use chex without holding its source.
+
+A module that binds ``pmap`` itself (``from jax import pmap``) calls its own global, which
+code elsewhere may replace (neural-tangents' tests: ``batching.pmap = stub``, through a
+helper that takes the module as a parameter). ``module_replacements`` finds those in a
+run's files, and ``replacing`` says which of them may reach a given file.
 """
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -117,3 +123,110 @@ def first_patch(text: str, known: frozenset[str] = KNOWN_PATCHERS) -> Patch | No
     if how is not None:
       found.append(Patch(node.lineno, node.col_offset + 1, how))
   return min(found, key=lambda p: (p.line, p.column), default=None)
+
+
+@dataclass(frozen=True)
+class ModuleReplacement:
+  """Code that replaces a module's global ``pmap``: where (``path``, ``line``), how, and the
+  dotted name of the module, None where the code does not say (a module passed in)."""
+  path: str
+  line: int
+  how: str
+  module: str | None
+
+
+def _imported_modules(tree: ast.Module) -> dict[str, str]:
+  """name -> dotted module (or module attribute) of the module-level imports."""
+  names = {}
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        names[alias.asname or alias.name.partition(".")[0]] = (
+            alias.name if alias.asname else alias.name.partition(".")[0])
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      for alias in node.names:
+        names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+  return names
+
+
+def _replaced_module(node: ast.AST, imported: dict[str, str]) -> tuple[str, str | None] | None:
+  """(how, module) where ``node`` replaces the ``pmap`` of a module other than jax:
+  ``m.pmap = ...``, ``setattr(m, "pmap", ...)``, ``patch.object(m, "pmap", ...)``,
+  ``patch("pkg.m.pmap", ...)``; module None where ``m`` is not an imported module."""
+  def of(owner: ast.expr) -> tuple[str, str | None] | None:
+    try:
+      dotted = ast.unparse(owner)
+    except ValueError:
+      return None
+    head, _, rest = dotted.partition(".")
+    if not all(part.isidentifier() for part in dotted.split(".")) or head in ("self", "cls"):
+      return None
+    module = imported.get(head, "jax" if head == "jax" else None)
+    module = module and ".".join(filter(None, (module, rest)))
+    return None if module == "jax" else (dotted, module)
+
+  if isinstance(node, (ast.Assign, ast.AnnAssign)):
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for target in targets:
+      if isinstance(target, ast.Attribute) and target.attr == "pmap":
+        if (owner := of(target.value)) is not None:
+          return f"{owner[0]}.pmap = ...", owner[1]
+    return None
+  if not isinstance(node, ast.Call):
+    return None
+  name = _called_name(node.func)
+  strings = [_string(arg) for arg in node.args[:2]]
+  path = strings[0] if strings else None
+  if name in ("patch", "setattr") and path and path.endswith(".pmap") and path != "jax.pmap":
+    return f'{name}("{path}", ...)', path.removesuffix(".pmap")
+  if (name in ("object", "setattr") and len(strings) == 2 and strings[1] == "pmap"
+      and (owner := of(node.args[0])) is not None):
+    return f'{"patch.object" if name == "object" else name}({owner[0]}, "pmap", ...)', owner[1]
+  return None
+
+
+def module_replacements(sources: Iterable[tuple[str, str]]) -> tuple[ModuleReplacement, ...]:
+  """Every place the (path, text) ``sources`` of a run replace a module's ``pmap``."""
+  found = []
+  for path, text in sources:
+    if "pmap" not in text:
+      continue
+    try:
+      tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+      continue
+    imported = _imported_modules(tree)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.stmt | ast.expr) and (
+          replaced := _replaced_module(node, imported)) is not None:
+        found.append(ModuleReplacement(path, node.lineno, *replaced))
+  return tuple(sorted(found, key=lambda r: (r.path, r.line)))
+
+
+def replacing(path: str, replacements: Iterable[ModuleReplacement]) -> ModuleReplacement | None:
+  """The first of ``replacements`` that may replace the ``pmap`` of the module at ``path``:
+  one naming it (its dotted name ends the path), or one that does not say which module."""
+  stem = os.path.splitext(os.path.abspath(path))[0]
+  stem = stem.removesuffix(f"{os.sep}__init__")
+  for replacement in replacements:
+    if replacement.module is None or stem.endswith(
+        os.sep + replacement.module.replace(".", os.sep)):
+      return replacement
+  return None
+
+
+def pmap_import_line(text: str) -> int | None:
+  """The line of the module-level ``from jax import pmap`` that binds the global name
+  ``pmap`` in module ``text``, or None."""
+  if "pmap" not in text:
+    return None
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError):
+    return None
+  for node in tree.body:
+    if (isinstance(node, ast.ImportFrom) and node.module in ("jax", "jax.api")
+        and not node.level and any(a.name == "pmap" and a.asname in (None, "pmap")
+                                   for a in node.names)):
+      return node.lineno
+  return None

@@ -153,13 +153,13 @@ def _planned_keys(args, options: Options, paths: list[str]) -> set[Key]:
   return keys
 
 
-def _python_texts(paths: list[str]) -> Iterator[str]:
-  """The text of each readable, decodable .py file among ``paths``."""
+def _python_texts(paths: list[str]) -> Iterator[tuple[str, str]]:
+  """(path, text) of each readable, decodable .py file among ``paths``."""
   for path in paths:
     if path.endswith(".py"):
       try:
         with open(path, encoding="utf-8") as f:
-          yield f.read()
+          yield path, f.read()
       except (OSError, UnicodeDecodeError):
         continue  # transform_file reports it
 
@@ -216,10 +216,12 @@ def _main(argv: Sequence[str] | None) -> int:
     print(f"pmap-to-shmap: error: {e}", file=sys.stderr)
     return EXIT_INTERNAL_ERROR
   found = files.discover(args.paths, follow_symlinks=args.follow_symlinks)
+  python = list(_python_texts(found.sources))
   options = Options(target=args.target, strategy=args.strategy,
                     multihost=args.multihost, support_module=args.support_module,
                     per_file_support=not explicit,
-                    pmap_patchers=pmap_patches.patchers(_python_texts(found.sources)))
+                    pmap_patchers=pmap_patches.patchers(text for _, text in python),
+                    module_replacements=pmap_patches.module_replacements(python))
   keys = sorted(_planned_keys(args, options, found.sources))
   foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
   if args.strategy == "shard_map" and foreign:

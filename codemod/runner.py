@@ -39,6 +39,8 @@ class Options:
   # Functions that replace jax.pmap while they run: chex's, and the run's files' own
   # (pmap_patches.patchers).
   pmap_patchers: frozenset[str] = pmap_patches.KNOWN_PATCHERS
+  # Where the run's files replace a module's own pmap (pmap_patches.module_replacements).
+  module_replacements: tuple[pmap_patches.ModuleReplacement, ...] = ()
 
 
 def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
@@ -58,7 +60,8 @@ def make_command(options: Options, context: CodemodContext, source: str | None =
   from codemod.convert_pmap import ConvertPmapCommand
   return ConvertPmapCommand(context, target=options.target, multihost=options.multihost,
                             support_module=options.support_module, source=source,
-                            caller_writes_support=True, pmap_patchers=options.pmap_patchers)
+                            caller_writes_support=True, pmap_patchers=options.pmap_patchers,
+                            module_replacements=options.module_replacements)
 
 
 @dataclass

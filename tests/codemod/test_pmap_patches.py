@@ -130,3 +130,83 @@ def test_a_run_finds_the_repository_s_own_patchers(tmp_path, capsys):
              for line in lines), lines
   assert lines[-1].startswith("3 files scanned, 1 changed; 2 pmap sites found, 1 converted, "
                               "1 reported")
+
+
+@pytest.mark.parametrize("replacement, module", [
+    ("batching.pmap = stub", "pkg.batching"),
+    ("b.pmap = stub", "pkg.batching"),
+    ("pkg.batching.pmap = stub", "pkg.batching"),
+    ('mock.patch("pkg.batching.pmap", stub)', "pkg.batching"),
+    ('mock.patch.object(batching, "pmap", stub)', "pkg.batching"),
+    ('monkeypatch.setattr(batching, "pmap", stub)', "pkg.batching"),
+    ('setattr(batching, "pmap", stub)', "pkg.batching"),
+    ("module.pmap = stub", None),  # a module passed in: which one, the code does not say
+])
+def test_each_way_of_replacing_a_module_s_pmap_is_found(replacement, module):
+  text = ("import pkg.batching\nimport pkg.batching as b\nfrom pkg import batching\n\n\n"
+          f"def stub_out(module, stub, monkeypatch, mock):\n  {replacement}\n")
+  [found] = pmap_patches.module_replacements([("test_utils.py", text)])
+  assert (found.path, found.line, found.module) == ("test_utils.py", 7, module)
+
+
+@pytest.mark.parametrize("replacement", [
+    "self.pmap = stub", "jax.pmap = stub", 'mock.patch("jax.pmap", stub)',
+    'setattr(jax, "pmap", stub)', "pmap = stub"])
+def test_replacing_jax_s_own_pmap_or_an_attribute_is_no_module_replacement(replacement):
+  text = f"import jax\n\n\ndef stub_out(self, stub, mock):\n  {replacement}\n"
+  assert pmap_patches.module_replacements([("t.py", text)]) == ()
+
+
+BATCHING = '''\
+from jax import pmap
+
+
+def mapped(f, x):
+  return pmap(f)(x)
+'''
+
+STUB_OUT = '''\
+import jax
+
+
+def stub_out_pmap(batch):
+  batch.pmap = jax.vmap
+'''
+
+
+def test_a_module_whose_pmap_a_run_replaces_keeps_its_sites(tmp_path):
+  # neural-tangents' tests replace `batching.pmap` (bound by `from jax import pmap`) with a
+  # vmap through a helper given the module: converted, batching would no longer call it.
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  (tmp_path / "pkg" / "batching.py").write_text(BATCHING)
+  (tmp_path / "pkg" / "plain.py").write_text(
+      "import jax\n\n\ndef mapped(f, x):\n  return jax.pmap(f)(x)\n")
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "tests" / "test_utils.py").write_text(STUB_OUT)
+  report = tmp_path / "report.txt"
+  assert pmap_to_shmap.main([str(tmp_path), "--in-place", "--report", str(report)]) == 0
+  assert (tmp_path / "pkg" / "batching.py").read_text() == BATCHING
+  assert "jax.pmap(" not in (tmp_path / "pkg" / "plain.py").read_text()
+  lines = report.read_text().splitlines()
+  replacement = f"{tmp_path / 'tests' / 'test_utils.py'}:5"
+  assert any(line.startswith(f"{tmp_path / 'pkg' / 'batching.py'}:1:1 WARNING batch.pmap = "
+                             f"... ({replacement}) replaces the pmap of a module it is given")
+             for line in lines), lines
+  assert any(f"batching.py:5:10 ERROR pmap left unchanged: {replacement} may replace this "
+             "module's pmap" in line for line in lines), lines
+
+
+def test_a_replacement_naming_another_module_leaves_this_one_converted(tmp_path):
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  (tmp_path / "pkg" / "batching.py").write_text(BATCHING)
+  (tmp_path / "pkg" / "other.py").write_text(BATCHING)
+  (tmp_path / "test_other.py").write_text(
+      "from unittest import mock\n\n\ndef test():\n"
+      '  with mock.patch("pkg.other.pmap", lambda f: f):\n    pass\n')
+  assert pmap_to_shmap.main([str(tmp_path), "--in-place"]) == 0
+  assert (tmp_path / "pkg" / "other.py").read_text() == BATCHING
+  assert "pmap(f)" not in (tmp_path / "pkg" / "batching.py").read_text()
