@@ -202,9 +202,7 @@ class SiteFinder:
     scope (a later cell or statement that redefines the name does not count), else all."""
     defs = []
     for assignment in scope[use.value]:
-      node = assignment.node
-      if isinstance(node, cst.Name):
-        continue  # an import or plain assignment, not a def
+      node = getattr(assignment, "node", None)  # a builtin (abs) has none
       if isinstance(node, cst.FunctionDef):
         defs.append(node)
     line = self.get_metadata(PositionProvider, use).start.line

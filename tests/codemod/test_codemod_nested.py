@@ -98,3 +98,10 @@ class NestedDecoratorsTest(PmapCodemodTest):
         def outer(x):
             return jax.pmap(lambda y: y)(x)
         """)
+
+  def test_a_builtin_pmapped_is_no_body_to_look_into(self):
+    # Looking for pmaps inside the mapped function's body found abs's builtin binding,
+    # which has no node, and crashed.
+    new, findings = rewrite("import jax\n\n\ndef f(x):\n  return jax.pmap(abs)(x)\n")
+    self.assertNotIn("jax.pmap(", new)
+    self.assertFalse([f for f in findings if f.severity.value == "ERROR"], findings)
