@@ -18,8 +18,9 @@ of the arguments and its placement of them; static_broadcasted_argnums go to bot
 and placed_on, devices / backend / axis_size to the mesh's devices. A module-level site
 of a library module (or of a program calling jax.distributed.initialize) runs on a mesh
 a cached function builds, and is that code in ``on_first_call(lambda f: ...)`` where
-importing the module builds it (not in a lambda). A file that replaces jax.pmap while it
-runs keeps its sites (``pmap_patches``). A site whose
+importing the module builds it (not in a lambda). The sites that may run where the file
+replaces jax.pmap, and those of a module whose own ``pmap`` the run replaces, are left
+(``pmap_patches``). A site whose
 options plain code cannot express (axes held in variables, ...) keeps pmap's call, its
 arguments as written, on ``pmap_via_shard_map`` (the support module's function with
 pmap's signature); nested pmaps become ``host_local_io(jax.jit(on_pmap_mesh(...)(f)),
@@ -936,15 +937,29 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
 
   def _leave_if_patched(self, text: str, found: Found, refs: References) -> bool:
-    """Whether the file's pmap may be replaced while its code runs (``pmap_patches``):
-    then its sites are reported and left as they are."""
-    if (patch := pmap_patches.first_patch(text, self._pmap_patchers)) is not None:
-      self._warn(patch.line, patch.column, Severity.WARNING,
-                 f"{patch.how} replaces jax.pmap while it runs: this file's pmap sites are "
-                 "left as they are, and code converted elsewhere no longer calls jax.pmap, "
-                 "so the replacement no longer reaches it")
-      self._leave_sites(found, refs, f"the file replaces jax.pmap (line {patch.line})")
-      return True
+    """Whether the file's pmap may be replaced while any of its code runs
+    (``pmap_patches``): then its sites are reported and left as they are. The sites that
+    run under a patch of jax.pmap in the file are marked to be left (``site.error``)."""
+    if (patch := pmap_patches.patched(text, self._pmap_patchers)) is not None:
+      self._warn(patch.first.line, patch.first.column, Severity.WARNING,
+                 f"{patch.first.how} replaces jax.pmap while it runs: the pmap sites of this "
+                 "file that may run under it are left as they are, and code converted "
+                 "elsewhere no longer calls jax.pmap, so the replacement no longer reaches "
+                 "it")
+      def why(node: cst.CSTNode) -> str | None:
+        at = patch.patch_at(self._start_line(node))
+        return None if at is None else (
+            f"it may run where the file replaces jax.pmap (line {at.line}), so it may run "
+            "the replacement; convert it by hand where it runs JAX's pmap")
+
+      for site in found.sites:
+        if not site.absorbed and (error := why(site.node)):
+          site.error = error
+      for node in [n for n in found.values if n not in refs.bound and why(n)]:
+        found.values.remove(node)
+        self.sites_found += 1
+        self._report(node, Severity.ERROR, f"pmap left unchanged: {why(node)}")
+      return False
     line = pmap_patches.pmap_import_line(text)
     replaced = (pmap_patches.replacing(self.context.filename, self._module_replacements)
                 if line is not None and self.context.filename else None)
@@ -959,6 +974,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                "replacement")
     self._leave_sites(found, refs, f"{where} may replace this module's pmap")
     return True
+
+  def _start_line(self, node: cst.CSTNode) -> int:
+    return self.get_metadata(PositionProvider, node).start.line
 
   def _leave_sites(self, found: Found, refs: References, why: str) -> None:
     """Reports every site of a file, leaving them as they are."""

@@ -104,25 +104,80 @@ def patchers(texts: Iterable[str]) -> frozenset[str]:
   return frozenset(found)
 
 
-def first_patch(text: str, known: frozenset[str] = KNOWN_PATCHERS) -> Patch | None:
-  """The first place the module ``text`` patches jax.pmap, directly or by calling one of
-  ``known`` (see ``patchers``); None where it does not."""
+def _patch_at(node: ast.AST, known: frozenset[str]) -> Patch | None:
+  if not isinstance(node, (ast.stmt, ast.expr)):
+    return None
+  how = _patches_directly(node)
+  if how is None and isinstance(node, ast.Call) and _called_name(node.func) in known:
+    how = f"{_called_name(node.func)}(...)"
+  return None if how is None else Patch(node.lineno, node.col_offset + 1, how)
+
+
+def _span(node: ast.stmt) -> tuple[int, int]:
+  """The lines of a top-level statement, its decorators included."""
+  decorators = getattr(node, "decorator_list", [])
+  return min([node.lineno, *(d.lineno for d in decorators)]), node.end_lineno or node.lineno
+
+
+def _module_wide(node: ast.stmt) -> bool:
+  """Whether a patch in top-level statement ``node`` holds while any of the module runs:
+  a module-level statement, setUpModule, or a pytest fixture (autouse applies it to every
+  test)."""
+  if isinstance(node, ast.ClassDef):
+    return False
+  if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    return True
+  return node.name in ("setUpModule", "setup_module") or any(
+      "fixture" in ast.unparse(d) for d in node.decorator_list)
+
+
+@dataclass(frozen=True)
+class Patched:
+  """Where a module patches jax.pmap, and the code there that may run under a patch."""
+  first: Patch
+  # (first line, last line, patch) of each top-level statement a patch may reach
+  reached: tuple[tuple[int, int, Patch], ...]
+
+  def patch_at(self, line: int) -> Patch | None:
+    """The patch that code at ``line`` may run under, or None."""
+    return next((patch for first, last, patch in self.reached if first <= line <= last),
+                None)
+
+
+def patched(text: str, known: frozenset[str] = KNOWN_PATCHERS) -> Patched | None:
+  """Where the module ``text`` patches jax.pmap, directly or by calling one of ``known``
+  (see ``patchers``), and the code of the module that may run under the patch: each
+  top-level function or class that patches, and those it names, transitively (the whole
+  module where a patch is module-wide); None where it does not patch."""
   if not (_may_patch(text) or any(name in text for name in known)):
     return None
   try:
     tree = ast.parse(text)
   except (SyntaxError, ValueError):
     return None
-  found = []
-  for node in ast.walk(tree):
-    if not isinstance(node, (ast.stmt, ast.expr)):
-      continue
-    how = _patches_directly(node)
-    if how is None and isinstance(node, ast.Call) and _called_name(node.func) in known:
-      how = f"{_called_name(node.func)}(...)"
-    if how is not None:
-      found.append(Patch(node.lineno, node.col_offset + 1, how))
-  return min(found, key=lambda p: (p.line, p.column), default=None)
+  defined = {node.name: node for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+  reached: dict[ast.stmt, Patch] = {}  # in the order found
+  for statement in tree.body:
+    here = [p for node in ast.walk(statement) if (p := _patch_at(node, known)) is not None]
+    if here:
+      reached[statement] = min(here, key=lambda p: (p.line, p.column))
+  if not reached:
+    return None
+  first = min(reached.values(), key=lambda p: (p.line, p.column))
+  wide = [patch for statement, patch in reached.items() if _module_wide(statement)]
+  if wide:
+    return Patched(first, ((1, len(text.splitlines()) + 1, wide[0]),))
+  waiting = list(reached)
+  while waiting:  # what reached code names among the module's defs is reached too
+    statement = waiting.pop()
+    for node in ast.walk(statement):
+      if (isinstance(node, ast.Name) and node.id in defined
+          and defined[node.id] not in reached):
+        reached[defined[node.id]] = reached[statement]
+        waiting.append(defined[node.id])
+  return Patched(first, tuple((*_span(statement), patch)
+                              for statement, patch in reached.items()))
 
 
 @dataclass(frozen=True)

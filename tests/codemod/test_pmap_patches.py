@@ -1,5 +1,6 @@
 """Code that replaces jax.pmap while it runs (chex's ``fake_pmap``, ``mock.patch``) keeps
 its pmap sites: under the patch, ``jax.pmap`` there is the replacement, not JAX's pmap."""
+import re
 import textwrap
 
 import pytest
@@ -67,12 +68,12 @@ def test_patchers_are_the_functions_that_patch_pmap_directly_or_through_another(
 def test_each_way_of_patching_pmap_is_found(patch):
   text = f"import jax\n\n\ndef fake_it(fake, monkeypatch, mock):\n  {patch}\n"
   assert "fake_it" in pmap_patches.patchers([text])
-  assert pmap_patches.first_patch(text).line == 5
+  assert pmap_patches.patched(text).first.line == 5
 
 
 def test_an_attribute_named_pmap_of_something_else_is_no_patch():
   text = "import jax\n\n\nclass T:\n  def setup(self):\n    self.pmap = jax.pmap(abs)\n"
-  assert pmap_patches.first_patch(text) is None
+  assert pmap_patches.patched(text) is None
   assert pmap_patches.patchers([text]) == pmap_patches.KNOWN_PATCHERS
 
 
@@ -90,7 +91,7 @@ def test_a_file_that_calls_chex_fake_pmap_keeps_its_sites():
   assert new == source
   assert [(f.line, f.severity.value) for f in findings] == [(6, "WARNING"), (7, "ERROR")]
   assert "fake_pmap(...) replaces jax.pmap" in findings[0].message
-  assert "the file replaces jax.pmap (line 6)" in findings[1].message
+  assert "it may run where the file replaces jax.pmap (line 6)" in findings[1].message
 
 
 def test_functools_wraps_of_pmap_is_not_a_site():
@@ -126,7 +127,8 @@ def test_a_run_finds_the_repository_s_own_patchers(tmp_path, capsys):
   lines = report.read_text().splitlines()
   assert any("test_sum.py:12:8 WARNING fake_everything(...) replaces jax.pmap" in line
              for line in lines), lines
-  assert any("test_sum.py:8:10 ERROR pmap left unchanged: the file replaces jax.pmap" in line
+  assert any("test_sum.py:8:10 ERROR pmap left unchanged: it may run where the file replaces "
+             "jax.pmap (line 12)" in line
              for line in lines), lines
   assert lines[-1].startswith("3 files scanned, 1 changed; 2 pmap sites found, 1 converted, "
                               "1 reported")
@@ -210,3 +212,72 @@ def test_a_replacement_naming_another_module_leaves_this_one_converted(tmp_path)
   assert pmap_to_shmap.main([str(tmp_path), "--in-place"]) == 0
   assert (tmp_path / "pkg" / "other.py").read_text() == BATCHING
   assert "pmap(f)" not in (tmp_path / "pkg" / "batching.py").read_text()
+
+
+SCOPED = '''\
+import unittest
+
+import chex
+import jax
+import numpy as np
+
+
+def summed(x):
+  return jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")(x)
+
+
+def doubled(x):
+  return jax.pmap(lambda v: 2 * v)(x)
+
+
+def summed_twice(x):
+  return summed(summed(x))
+
+
+class FakeTest(unittest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(chex.fake_pmap())
+
+  def test_method_site(self):
+    jax.pmap(lambda v: v)(np.ones((1, 2)))
+
+
+def test_fake():
+  with chex.fake_pmap():
+    summed_twice(np.ones((3, 2)))
+
+
+def test_real():
+  doubled(np.ones((1, 2)))
+  jax.pmap(abs)(np.ones((1, 2)))
+'''
+
+
+def test_only_the_code_that_runs_under_a_patch_keeps_its_sites():
+  # jaxline's utils_test.py fakes pmap in one test: its other tests' sites are converted.
+  new, findings = rewrite(SCOPED, target="experimental")
+  left = sorted((f.line, re.search(r"replaces jax.pmap \(line (\d+)\)", f.message)[1])
+                for f in findings if f.severity.value == "ERROR")
+  # summed, named by what the faking test names; the class that fakes in setUp; each with
+  # the line of its patch. Not doubled, not test_real.
+  assert left == [(9, "31"), (27, "24")], findings
+  assert "jax.pmap(lambda v: 2 * v)" not in new and "jax.pmap(abs)" not in new
+  assert new.count("jax.pmap(") == 2
+  [warning] = [f for f in findings if "replaces jax.pmap while" in f.message]
+  assert (warning.line, warning.severity.value) == (24, "WARNING")
+  assert "the pmap sites of this file that may run under it" in warning.message
+
+
+@pytest.mark.parametrize("patch", [
+    "chex.fake_pmap().start()",
+    "@pytest.fixture(autouse=True)\ndef fake():\n  with chex.fake_pmap():\n    yield",
+    "def setUpModule():\n  chex.fake_pmap().start()",
+])
+def test_a_module_wide_patch_keeps_every_site(patch):
+  source = (f"import chex\nimport jax\nimport pytest\n\n{patch}\n\n\n"
+            "def test_a(x):\n  return jax.pmap(abs)(x)\n")
+  new, findings = rewrite(source, target="experimental")
+  assert new == source
+  assert [f.severity.value for f in findings] == ["WARNING", "ERROR"]
