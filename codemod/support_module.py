@@ -23,9 +23,10 @@ import libcst as cst
 
 from codemod import files
 
-# 8: pmap_via_shard_map over per_device and placed_on; 7: static arguments and
-# on_first_call in the plain form; 6: shorter plain-form helpers
-VERSION = 8
+# 9: a header that describes the module; 8: pmap_via_shard_map over per_device and
+# placed_on; 7: static arguments and on_first_call in the plain form; 6: shorter
+# plain-form helpers
+VERSION = 9
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 
@@ -42,11 +43,13 @@ def import_of(spelling: str | None) -> tuple[str, int] | None:
 
 # The header line, also the module's docstring: the version, and a digest of the
 # body's syntax tree (what a formatter cannot change: see tree_digest), so a copy
-# that the repository's formatter rewrote is still recognised as ours. Within 80
-# columns, like the body. v3 to v5 wrote it as a comment.
-_HEADER = '"""pmap-to-shmap support v{version} sha256:{digest}. Do not edit."""\n'
+# that the repository's formatter rewrote is still recognised as ours, and one edited
+# since is never overwritten. Within 80 columns, like the body. v3 to v5 wrote it as a
+# comment; v3 to v8 said "Do not edit".
+_HEADER = '"""Helpers for pmap-to-shmap\'s output (v{version} sha256:{digest})."""\n'
 _HEADER_RE = re.compile(
-    r'"""pmap-to-shmap support v(\d+) sha256:([0-9a-f]{24})\. Do not edit\."""'
+    r'"""Helpers for pmap-to-shmap\'s output \(v(\d+) sha256:([0-9a-f]{24})\)\."""'
+    r'|"""pmap-to-shmap support v(\d+) sha256:([0-9a-f]{24})\. Do not edit\."""'
     r"|# pmap-to-shmap support module v(\d+) sha256:([0-9a-f]{24})\. Do not edit\.")
 # v1 and v2 headers: the sha256 of the body's text, which a formatter changes.
 _OLD_HEADER_RE = re.compile(
@@ -343,8 +346,9 @@ def status_of(text: str | None, names: Collection[str] = ()) -> Status:
   match = _HEADER_RE.fullmatch(first)
   if not match:
     return Status.FOREIGN
-  # (version, digest): the docstring header's groups, or the comment header's (v3-v5)
-  version, digest = match.group(1, 2) if match.group(1) else match.group(3, 4)
+  # (version, digest): the header's groups (v9 on; v6-v8 said "Do not edit"; v3-v5 were a
+  # comment)
+  version, digest = next(match.group(i, i + 1) for i in (1, 3, 5) if match.group(i))
   if _tree_digest_cached(body_text) != digest:
     return Status.FOREIGN
   has = held(body_text)

@@ -143,11 +143,15 @@ def _older_body() -> str:
 
 
 @pytest.mark.parametrize("formatted", [False, True])
-def test_older_v3_copy_is_stale_and_replaced(tmp_path, formatted):
+@pytest.mark.parametrize("header", [
+    "# pmap-to-shmap support module v3 sha256:{digest}. Do not edit.",
+    '"""pmap-to-shmap support v8 sha256:{digest}. Do not edit."""',
+])
+def test_older_copy_is_stale_and_replaced(tmp_path, formatted, header):
   body = _older_body()
   digest = support_module.tree_digest(body)
   assert digest is not None
-  text = f"# pmap-to-shmap support module v3 sha256:{digest}. Do not edit.\n" + body
+  text = header.format(digest=digest) + "\n" + body
   if formatted:
     text = _formatted(text, STYLES["4 spaces, 88"], tmp_path)
   assert support_module.status_of(text) is support_module.Status.STALE
