@@ -126,7 +126,14 @@ class _Layout:
     candidates = []
     # ``make(...)(f)`` with a long or multi-line ``f``: f hangs under the line make starts on.
     curried_long = not isinstance(call.func, str) and args is None
-    if not hang_ok or open_col <= self.width * _ALIGN_LIMIT and not curried_long:
+    only = call.args[0] if len(call.args) == 1 else None
+    inner = only.value if isinstance(only, Arg) else only
+    if (hang_ok and isinstance(inner, Copied) and "\n" in inner.code
+        and not call.commented() and not curried_long):
+      # A lone copied argument opens on this line and its lines hang from this line's
+      # indentation, as they hung from their old line's (``f(partial(\n    g, ...))``).
+      candidates.append(head + "(" + self.value(inner, open_col, indent, reserve + 1) + ")")
+    elif not hang_ok or open_col <= self.width * _ALIGN_LIMIT and not curried_long:
       candidates.append(head + "(" + self.fill(call.args, open_col, reserve, hang_ok=False))
     if hang_ok:
       hang = indent + len(self.style.hang)
@@ -141,8 +148,6 @@ class _Layout:
               t.count("\n"))
 
     best = min(candidates, key=key)
-    only = call.args[0] if len(call.args) == 1 else None
-    inner = only.value if isinstance(only, Arg) else only
     if (hang_ok and _overflow(best, column, self.width) and isinstance(inner, Call)
         and not call.commented()):
       # Nothing fits, whatever follows: a call's only argument, itself a call, may open

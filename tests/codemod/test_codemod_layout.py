@@ -170,3 +170,27 @@ def test_line_breaks_python_does_not_make_leave_positions_as_libcst_reads_them(s
   continued = _hanging(after, "return placed_on(mesh, P('data'))(")
   # One continuation indent deeper than the `return` line (4).
   assert continued and all(line.startswith(" " * 8) for line in continued), after
+
+
+def test_a_lone_copied_argument_hangs_from_its_line_as_it_did():
+  # jaxline's train.py: the partial's arguments hung one indent under its old line; they
+  # hang one indent under per_device's line, not under where `functools.partial(` starts.
+  source = textwrap.dedent('''\
+      import functools
+
+      import jax
+
+
+      def run(eval_rng, host_id_devices, config, utils):
+        eval_rng = jax.pmap(functools.partial(
+            utils.specialize_rng_host_device, axis_name="i",
+            mode=config.random_mode_eval), axis_name="i")(eval_rng, host_id_devices)
+        return eval_rng
+      ''')
+  after, _ = rewrite(source, target="jax")
+  compile(after, "copied", "exec")
+  lines = after.splitlines()
+  at = next(i for i, line in enumerate(lines) if line.endswith("per_device(functools.partial("))
+  indent = len(lines[at]) - len(lines[at].lstrip())
+  assert lines[at + 1] == " " * (indent + 4) + 'utils.specialize_rng_host_device, axis_name="i",'
+  assert lines[at + 2] == " " * (indent + 4) + "mode=config.random_mode_eval)),", after
