@@ -90,8 +90,9 @@ class MeshPlan:
     """Whether ``value``, part of the site at ``node``, means the same before the
     statement holding the site, where the mesh is built: it is in that statement's scope
     (no comprehension or lambda of it), the statement binds none of the names it reads
-    (in a block, a loop, a walrus), and, for a ``mutable`` value (a device list), none of
-    them is handed to a call or has a method called on it elsewhere in the statement."""
+    (in a block, a loop, a walrus) before the site runs (``state, out = site(state)``
+    binds after), and, for a ``mutable`` value (a device list), none of them is handed to
+    a call or has a method called on it elsewhere in the statement."""
     try:
       statement = self._place(node)[1]
     except Unconvertible:
@@ -101,10 +102,13 @@ class MeshPlan:
       return False
     reads = _Names()
     value.visit(reads)
+    after = _assigned_after(statement)
     for name in reads.found:
       if any(not isinstance(a, (ImportAssignment, BuiltinAssignment))
              and isinstance(a.node, cst.CSTNode) and self._get(PositionProvider, a.node, None)
-             and self._inside(a.node, statement) for a in scope[name]):
+             and self._inside(a.node, statement)
+             and not any(self._inside(a.node, target) for target in after)
+             for a in scope[name]):
         return False
     if not mutable:
       return True
@@ -358,3 +362,13 @@ class _Loops(cst.CSTVisitor):
 
   def visit_While(self, node: cst.While) -> None:
     self.found.append(node)
+
+
+def _assigned_after(statement: cst.CSTNode) -> list[cst.CSTNode]:
+  """The targets of a line holding one assignment, which it binds after its value runs."""
+  if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+    return []
+  small = statement.body[0]
+  if isinstance(small, cst.Assign):
+    return [t.target for t in small.targets]
+  return [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []

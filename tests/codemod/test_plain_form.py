@@ -360,6 +360,12 @@ def run_each(xs):
   for x in xs:  # x is bound by the statement the mesh would go before
     out = jax.pmap(lambda v: v + 1)(x)
   return out
+
+
+def run_state(state):
+  # brax's replay buffer: the statement rebinds state, after the site has read it
+  state, out = jax.pmap(lambda s: (s + 1, s * 2))(state)
+  return state, out
 """
 
 
@@ -372,11 +378,12 @@ def test_a_site_called_where_it_is_made_maps_as_many_devices_as_rows(rows):
   new = _converted(ROWS)
   assert 'jax.sharding.Mesh(pmap_devices(map_args), ("i",))' in new
   assert "pmap_devices(a, b, in_axes=(None, 0))" in new
-  assert new.count("pmap_devices(") == 2, new  # not run_each's: x is the loop's
+  assert 'jax.sharding.Mesh(pmap_devices(state), ("devices",))' in new
+  assert new.count("pmap_devices(") == 3, new  # not run_each's: x is the loop's
   legacy, ours = load(ROWS, f"rows_legacy_{rows}"), load(new, f"rows_converted_{rows}")
   tree = {"w": np.arange(rows * 3, dtype=np.float32).reshape(rows, 3),
           "n": np.arange(rows, dtype=np.int32)}
-  for name, args in (("run", (tree,)),
+  for name, args in (("run", (tree,)), ("run_state", (tree["w"],)),
                      ("run_pair", (np.float32(-0.0), np.linspace(-1, 1, rows * 2,
                                                                   dtype=np.float32).reshape(rows, 2)))):
     want, got = getattr(legacy, name)(*args), getattr(ours, name)(*args)
