@@ -40,7 +40,7 @@ import io
 import os
 import re
 import tokenize
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import libcst as cst
@@ -117,7 +117,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                support_root: str | None = None, source: str | None = None,
                caller_writes_support: bool = False,
                pmap_patchers: frozenset[str] = pmap_patches.KNOWN_PATCHERS,
-               module_replacements: tuple[pmap_patches.ModuleReplacement, ...] = ()) -> None:
+               module_replacements: tuple[pmap_patches.ModuleReplacement, ...] = (),
+               run_names: Mapping[str, str] | None = None) -> None:
     Codemod.__init__(self, context)
     matcher_setup.init_matchers(self)
     if target is not None and target not in TARGETS:
@@ -131,6 +132,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._source = source  # the file's text, when the caller has it: saves regenerating it
     self._pmap_patchers = pmap_patchers
     self._module_replacements = module_replacements
+    self._run_names = run_names or {}  # see support_module.run_names_of
     self._reset()
 
   def _reset(self) -> None:
@@ -237,7 +239,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._library_module = (public_api.module_name(path) if path and os.path.isfile(path)
                             else None)
     self._imported_before_jax_starts = bool(
-        (path and os.path.isfile(path) and support_module.package_of(path) is not None)
+        (path and os.path.isfile(path) and (
+            support_module.package_of(path) is not None
+            or os.path.dirname(os.path.abspath(path)) in self._run_names))
         or _INITIALIZE.search(self._text or ""))
     for site in sites:
       if site.absorbed:

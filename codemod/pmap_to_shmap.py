@@ -148,7 +148,7 @@ def _planned_keys(args, options: Options, paths: list[str]) -> set[Key]:
     return {(args.support_root, args.support_module)}
   keys = set()
   for path in paths:
-    place = support_module.placement(path, "")
+    place = support_module.placement(path, "", options.run_names)
     keys.add((place.root, place.name))
   return keys
 
@@ -221,7 +221,9 @@ def _main(argv: Sequence[str] | None) -> int:
                     multihost=args.multihost, support_module=args.support_module,
                     per_file_support=not explicit,
                     pmap_patchers=pmap_patches.patchers(text for _, text in python),
-                    module_replacements=pmap_patches.module_replacements(python))
+                    module_replacements=pmap_patches.module_replacements(python),
+                    run_names=support_module.run_names_of(
+                        [path for path, _ in python], (text for _, text in python)))
   keys = sorted(_planned_keys(args, options, found.sources))
   foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
   if args.strategy == "shard_map" and foreign:

@@ -15,7 +15,8 @@ import difflib
 import os
 import re
 import traceback
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -41,13 +42,16 @@ class Options:
   pmap_patchers: frozenset[str] = pmap_patches.KNOWN_PATCHERS
   # Where the run's files replace a module's own pmap (pmap_patches.module_replacements).
   module_replacements: tuple[pmap_patches.ModuleReplacement, ...] = ()
+  # Directory outside any package -> the dotted name the run's files import its modules
+  # by (support_module.run_names_of).
+  run_names: Mapping[str, str] = field(default_factory=dict)
 
 
 def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
   """The support module a converted file imports (a notebook too: the module goes next to
   it, where the notebook's kernel, started in its directory, imports it)."""
   if options.per_file_support:
-    return support_module.placement(path, text)
+    return support_module.placement(path, text, options.run_names)
   if options.support_module is None:
     return None
   return support_module.Placement("", options.support_module, options.support_module)
@@ -61,7 +65,8 @@ def make_command(options: Options, context: CodemodContext, source: str | None =
   return ConvertPmapCommand(context, target=options.target, multihost=options.multihost,
                             support_module=options.support_module, source=source,
                             caller_writes_support=True, pmap_patchers=options.pmap_patchers,
-                            module_replacements=options.module_replacements)
+                            module_replacements=options.module_replacements,
+                            run_names=options.run_names)
 
 
 @dataclass

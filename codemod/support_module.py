@@ -16,7 +16,7 @@ import functools
 import hashlib
 import os
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import libcst as cst
@@ -272,18 +272,20 @@ def package_of(path: str) -> tuple[str, list[str]] | None:
     directory = parent
 
 
-def placement(path: str, text: str) -> Placement:
+def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) -> Placement:
   """The support module a file at ``path`` imports: inside its top-level package when it
   is in one (an installed package ships it), else ``pmap_shard_map`` next to the script,
   where Python finds it when the script runs (``python main.py`` puts the script's
   directory on sys.path, whatever the working directory). The file imports it the way it
   imports its own package or directory: relatively if it uses relative imports, through
   the directories above them if its imports go through those (haiku's
-  ``examples/imagenet/train.py`` imports ``examples.imagenet.dataset``)."""
+  ``examples/imagenet/train.py`` imports ``examples.imagenet.dataset``), else as the
+  run's other files import modules of its directory (``run_names``, from ``run_names_of``:
+  a namespace package's module that others import as ``pkg.c``)."""
   package = package_of(path)
   if package is None or not all(part.isidentifier() for part in package[1]):
     directory = os.path.dirname(os.path.abspath(path))
-    through = _imported_as(text, directory)
+    through = _imported_as(text, directory) or (run_names or {}).get(directory)
     return Placement(directory, DEFAULT_NAME,
                      DEFAULT_NAME if through is None else f"{through}.{DEFAULT_NAME}")
   root, parts = package
@@ -292,6 +294,15 @@ def placement(path: str, text: str) -> Placement:
     return Placement(root, name, "." * len(parts) + PACKAGE_NAME)
   through = _imported_as(text, os.path.join(root, parts[0]))
   return Placement(root, name, f"{through or parts[0]}.{PACKAGE_NAME}")
+
+
+def run_names_of(paths: Iterable[str], texts: Iterable[str]) -> dict[str, str]:
+  """For each directory of ``paths`` outside any package: the dotted name by which the
+  ``texts`` (a run's sources) import modules there, where they do (``_imported_as``)."""
+  joined = "\n".join(texts)
+  directories = {os.path.dirname(os.path.abspath(p)) for p in paths if package_of(p) is None}
+  found = {d: _imported_as(joined, d) for d in sorted(directories)}
+  return {d: name for d, name in found.items() if name is not None}
 
 
 def _imported_as(text: str, directory: str) -> str | None:

@@ -200,6 +200,28 @@ def test_an_example_imports_the_support_module_the_way_it_imports_its_package(tm
   assert json.loads(ours.stdout) == json.loads(legacy.stdout)
 
 
+def test_a_namespace_package_module_imports_the_support_module_as_others_import_it(tmp_path):
+  # paxml ships no __init__.py: base_metrics.py imports nothing of paxml itself, but its
+  # users import it as paxml.base_metrics, so the support module is paxml.pmap_shard_map.
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "metrics.py").write_text(
+      "import jax\n\nstep = jax.pmap(lambda v: jax.lax.psum(v, 'i') * 2, axis_name='i')\n")
+  (tmp_path / "pkg" / "report.py").write_text(
+      "import json\n\nimport numpy as np\n\nfrom pkg import metrics\n\n"
+      "print(json.dumps(metrics.step(np.arange(12.0).reshape(4, 3)).tolist()))\n")
+  command = [sys.executable, "-m", "pkg.report"]
+  legacy = _run(command, tmp_path)
+  assert legacy.returncode == 0, legacy.stderr
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tmp_path)]) == 0
+  converted = (tmp_path / "pkg" / "metrics.py").read_text()
+  assert "from pkg.pmap_shard_map import " in converted
+  assert "on_first_call" in converted  # imported by others: no devices asked at import
+  ours = _run(command, tmp_path)
+  assert ours.returncode == 0, ours.stderr
+  assert json.loads(ours.stdout) == json.loads(legacy.stdout)
+
+
 def test_explicit_support_module_is_used_by_every_file(tmp_path):
   tree = _package(tmp_path / "tree")
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", "--support-module",
