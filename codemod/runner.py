@@ -136,7 +136,8 @@ def _undecodable(result: FileResult, reason: object) -> None:
 
 
 def _parse_error(result: FileResult, e: cst.ParserSyntaxError) -> None:
-  message = str(e).strip().splitlines()[0]
+  # The finding says where; libcst's own "@ line:col" counts a notebook's joined cells.
+  message = re.sub(r"\s*@\s*\d+:\d+\.?$", "", str(e).strip().splitlines()[0])
   result.findings.append(Finding(e.raw_line, e.raw_column + 1, Severity.ERROR,
                                  f"cannot parse the file, skipped: {message}"))
 

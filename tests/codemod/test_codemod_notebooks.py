@@ -305,6 +305,15 @@ def test_malformed_notebooks_are_error_findings_and_the_run_goes_on(tmp_path):
   assert "jax.pmap" not in (tmp_path / "good.py").read_text()
 
 
+def test_a_cell_that_does_not_parse_is_named_with_its_own_line(tmp_path):
+  # jax-md's cookbook: libcst's message counted the line in the joined cells ("@ 8:3").
+  nb = _notebook(["import jax\n"], [SITE], ["x = 1\n", "  y = 2\n"])
+  code, new, report = _convert(tmp_path, "nb.ipynb", json.dumps(nb).encode())
+  assert code == 0 and json.loads(new) == nb
+  [line] = [l for l in report.splitlines() if "cannot parse" in l]
+  assert line.endswith(" ERROR cell 3, line 2: cannot parse the file, skipped: Syntax Error")
+
+
 # ----- line endings and the JSON layout -----
 
 def test_crlf_cells_keep_their_line_endings(tmp_path):
