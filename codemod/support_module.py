@@ -279,13 +279,15 @@ def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) 
   directory on sys.path, whatever the working directory). The file imports it the way it
   imports its own package or directory: relatively if it uses relative imports, through
   the directories above them if its imports go through those (haiku's
-  ``examples/imagenet/train.py`` imports ``examples.imagenet.dataset``), else as the
-  run's other files import modules of its directory (``run_names``, from ``run_names_of``:
-  a namespace package's module that others import as ``pkg.c``)."""
+  ``examples/imagenet/train.py`` imports ``examples.imagenet.dataset``), else, for a
+  module that is no script, as the run's other files import modules of its directory
+  (``run_names``, from ``run_names_of``: a namespace package's module that others import
+  as ``pkg.c``; a script run as ``python main.py`` finds only its own directory)."""
   package = package_of(path)
   if package is None or not all(part.isidentifier() for part in package[1]):
     directory = os.path.dirname(os.path.abspath(path))
-    through = _imported_as(text, directory) or (run_names or {}).get(directory)
+    through = _imported_as(text, directory) or (
+        None if _MAIN_GUARD.search(text) else (run_names or {}).get(directory))
     return Placement(directory, DEFAULT_NAME,
                      DEFAULT_NAME if through is None else f"{through}.{DEFAULT_NAME}")
   root, parts = package
@@ -294,6 +296,9 @@ def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) 
     return Placement(root, name, "." * len(parts) + PACKAGE_NAME)
   through = _imported_as(text, os.path.join(root, parts[0]))
   return Placement(root, name, f"{through or parts[0]}.{PACKAGE_NAME}")
+
+
+_MAIN_GUARD = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.M)
 
 
 def run_names_of(paths: Iterable[str], texts: Iterable[str]) -> dict[str, str]:

@@ -210,6 +210,9 @@ def test_a_namespace_package_module_imports_the_support_module_as_others_import_
   (tmp_path / "pkg" / "report.py").write_text(
       "import json\n\nimport numpy as np\n\nfrom pkg import metrics\n\n"
       "print(json.dumps(metrics.step(np.arange(12.0).reshape(4, 3)).tolist()))\n")
+  (tmp_path / "pkg" / "tool.py").write_text(
+      "import json\n\nimport jax\nimport numpy as np\n\nif __name__ == '__main__':\n"
+      "  print(json.dumps(jax.pmap(lambda v: v + 1)(np.full(4, 2.0)).tolist()))\n")
   command = [sys.executable, "-m", "pkg.report"]
   legacy = _run(command, tmp_path)
   assert legacy.returncode == 0, legacy.stderr
@@ -220,6 +223,10 @@ def test_a_namespace_package_module_imports_the_support_module_as_others_import_
   ours = _run(command, tmp_path)
   assert ours.returncode == 0, ours.stderr
   assert json.loads(ours.stdout) == json.loads(legacy.stdout)
+  # A script there, run as `python pkg/tool.py`, finds the module next to it.
+  assert "from pmap_shard_map import " in (tmp_path / "pkg" / "tool.py").read_text()
+  script = _run([sys.executable, str(tmp_path / "pkg" / "tool.py")], tmp_path)
+  assert script.returncode == 0 and json.loads(script.stdout) == [3.0] * 4, script.stderr
 
 
 def test_explicit_support_module_is_used_by_every_file(tmp_path):
