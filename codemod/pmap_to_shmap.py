@@ -142,13 +142,14 @@ def _imported(text: str, spelling: str) -> set[str]:
           for alias in node.names}
 
 
-def _planned_keys(args, options: Options, paths: list[str]) -> set[Key]:
-  """The support modules the files could import (where they go depends on the path only)."""
+def _planned_keys(args, options: Options, paths: list[str],
+                  texts: dict[str, str]) -> set[Key]:
+  """The support modules the files could import (``texts``: the .py files' sources)."""
   if not options.per_file_support:
     return {(args.support_root, args.support_module)}
   keys = set()
   for path in paths:
-    place = support_module.placement(path, "", options.run_names)
+    place = support_module.placement(path, texts.get(path, ""), options.run_names)
     keys.add((place.root, place.name))
   return keys
 
@@ -224,7 +225,7 @@ def _main(argv: Sequence[str] | None) -> int:
                     module_replacements=pmap_patches.module_replacements(python),
                     run_names=support_module.run_names_of(
                         [path for path, _ in python], (text for _, text in python)))
-  keys = sorted(_planned_keys(args, options, found.sources))
+  keys = sorted(_planned_keys(args, options, found.sources, dict(python)))
   foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
   if args.strategy == "shard_map" and foreign:
     for key in foreign:

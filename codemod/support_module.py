@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from codemod import files
+from codemod import config_files, files
 
 # 9: a header that describes the module; 8: pmap_via_shard_map over per_device and
 # placed_on; 7: static arguments and on_first_call in the plain form; 6: shorter
@@ -288,6 +288,10 @@ def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) 
     directory = os.path.dirname(os.path.abspath(path))
     through = _imported_as(text, directory) or (
         None if _MAIN_GUARD.search(text) else (run_names or {}).get(directory))
+    tested = _tested_package(path, text) if through is None else None
+    if tested is not None:  # a test of the repository's package uses the package's copy
+      root, top = tested
+      return Placement(root, f"{top}.{PACKAGE_NAME}", f"{top}.{PACKAGE_NAME}")
     return Placement(directory, DEFAULT_NAME,
                      DEFAULT_NAME if through is None else f"{through}.{DEFAULT_NAME}")
   root, parts = package
@@ -296,6 +300,27 @@ def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) 
     return Placement(root, name, "." * len(parts) + PACKAGE_NAME)
   through = _imported_as(text, os.path.join(root, parts[0]))
   return Placement(root, name, f"{through or parts[0]}.{PACKAGE_NAME}")
+
+
+_TEST_FILE = re.compile(r"(^test_.*|.*_test|.*_tests|^conftest)\.py$")
+_TEST_DIRECTORIES = frozenset({"test", "tests"})
+_TOP_LEVEL_IMPORTS = re.compile(r"^(?:from|import)[ \t]+(\w+)", re.M)
+
+
+def _tested_package(path: str, text: str) -> tuple[str, str] | None:
+  """(directory holding it, name) of the first package of the file's repository that a
+  test file outside packages imports (kfac-jax's ``tests/test_utils.py`` imports
+  ``kfac_jax``); None for other files."""
+  parts = os.path.abspath(path).split(os.sep)
+  if not (_TEST_FILE.match(parts[-1]) or _TEST_DIRECTORIES & set(parts[:-1])):
+    return None
+  start = os.path.dirname(os.path.abspath(path))
+  for top in dict.fromkeys(_TOP_LEVEL_IMPORTS.findall(text)):
+    for directory in config_files.directories(start):
+      for root in (directory, os.path.join(directory, "src")):
+        if os.path.isfile(os.path.join(root, top, "__init__.py")):
+          return root, top
+  return None
 
 
 _MAIN_GUARD = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.M)

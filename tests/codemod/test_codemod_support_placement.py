@@ -229,6 +229,33 @@ def test_a_namespace_package_module_imports_the_support_module_as_others_import_
   assert script.returncode == 0 and json.loads(script.stdout) == [3.0] * 4, script.stderr
 
 
+def test_tests_of_the_package_use_the_package_s_copy(tmp_path):
+  # kfac-jax's tests/ (no __init__.py) import kfac_jax: they got a second copy of the
+  # support module beside them; they import the package's own.
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "mypkg").mkdir()
+  (tmp_path / "mypkg" / "__init__.py").write_text("")
+  (tmp_path / "mypkg" / "ops.py").write_text(
+      "import jax\n\n\ndef double(x):\n  return jax.pmap(lambda v: v * 2)(x)\n")
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "tests" / "ops_test.py").write_text(
+      "import jax\nimport numpy as np\n\nfrom mypkg import ops\n\n\ndef test_double():\n"
+      "  x = np.ones((jax.device_count(), 2))\n"
+      "  assert (jax.pmap(lambda v: v / 2)(ops.double(x)) == x).all()\n")
+  (tmp_path / "scripts").mkdir()
+  (tmp_path / "scripts" / "run.py").write_text(
+      "import jax\nimport numpy as np\n\nimport mypkg\n\n"
+      "print(jax.pmap(lambda v: v + 1)(np.ones(jax.device_count())))\n")
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tmp_path)]) == 0
+  test = (tmp_path / "tests" / "ops_test.py").read_text()
+  assert "from mypkg._pmap_shard_map import per_device, placed_on" in test
+  assert not (tmp_path / "tests" / "pmap_shard_map.py").exists()
+  assert (tmp_path / "scripts" / "pmap_shard_map.py").exists()  # a script: its own copy
+  run = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+              "tests/ops_test.py"], tmp_path, PYTHONPATH=str(tmp_path))
+  assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_explicit_support_module_is_used_by_every_file(tmp_path):
   tree = _package(tmp_path / "tree")
   assert pmap_to_shmap.main(["--in-place", "--target", "experimental", "--support-module",
