@@ -286,11 +286,14 @@ def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) 
   package = package_of(path)
   if package is None or not all(part.isidentifier() for part in package[1]):
     directory = os.path.dirname(os.path.abspath(path))
-    through = _imported_as(text, directory) or (
+    # A directory without __init__.py inside a package's tree (jraph/experimental), or a
+    # test outside packages, whose files import that package: the package's copy.
+    owner = _enclosing_package(directory, text)
+    through = None if owner else _imported_as(text, directory) or (
         None if _MAIN_GUARD.search(text) else (run_names or {}).get(directory))
-    tested = _tested_package(path, text) if through is None else None
-    if tested is not None:  # a test of the repository's package uses the package's copy
-      root, top = tested
+    owner = owner or (_tested_package(path, text) if through is None else None)
+    if owner is not None:
+      root, top = owner
       return Placement(root, f"{top}.{PACKAGE_NAME}", f"{top}.{PACKAGE_NAME}")
     return Placement(directory, DEFAULT_NAME,
                      DEFAULT_NAME if through is None else f"{through}.{DEFAULT_NAME}")
@@ -305,6 +308,22 @@ def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) 
 _TEST_FILE = re.compile(r"(^test_.*|.*_test|.*_tests|^conftest)\.py$")
 _TEST_DIRECTORIES = frozenset({"test", "tests"})
 _TOP_LEVEL_IMPORTS = re.compile(r"^(?:from|import)[ \t]+(\w+)", re.M)
+
+
+def _enclosing_package(directory: str, text: str) -> tuple[str, str] | None:
+  """(directory holding it, name) of the top-level package whose tree holds
+  ``directory`` (a directory without __init__.py), where ``text`` imports it by name."""
+  here = directory
+  while not os.path.isfile(os.path.join(here, "__init__.py")):
+    parent = os.path.dirname(here)
+    if parent == here or config_files.is_root(here):
+      return None
+    here = parent
+  package = package_of(os.path.join(here, "__init__.py"))
+  if package is None:
+    return None
+  root, parts = package
+  return (root, parts[0]) if parts[0] in _TOP_LEVEL_IMPORTS.findall(text) else None
 
 
 def _tested_package(path: str, text: str) -> tuple[str, str] | None:

@@ -229,7 +229,7 @@ def test_a_namespace_package_module_imports_the_support_module_as_others_import_
   assert script.returncode == 0 and json.loads(script.stdout) == [3.0] * 4, script.stderr
 
 
-def test_tests_of_the_package_use_the_package_s_copy(tmp_path):
+def test_tests_and_namespace_directories_of_the_package_use_the_package_s_copy(tmp_path):
   # kfac-jax's tests/ (no __init__.py) import kfac_jax: they got a second copy of the
   # support module beside them; they import the package's own.
   (tmp_path / ".git").mkdir()
@@ -242,6 +242,11 @@ def test_tests_of_the_package_use_the_package_s_copy(tmp_path):
       "import jax\nimport numpy as np\n\nfrom mypkg import ops\n\n\ndef test_double():\n"
       "  x = np.ones((jax.device_count(), 2))\n"
       "  assert (jax.pmap(lambda v: v / 2)(ops.double(x)) == x).all()\n")
+  # jraph/experimental: a directory without __init__.py in the package's tree
+  (tmp_path / "mypkg" / "experimental").mkdir()
+  (tmp_path / "mypkg" / "experimental" / "halves.py").write_text(
+      "import jax\nimport numpy as np\n\nimport mypkg\n\n"
+      "print(jax.pmap(lambda v: v / 2)(np.ones(jax.device_count())).tolist())\n")
   (tmp_path / "scripts").mkdir()
   (tmp_path / "scripts" / "run.py").write_text(
       "import jax\nimport numpy as np\n\nimport mypkg\n\n"
@@ -251,6 +256,11 @@ def test_tests_of_the_package_use_the_package_s_copy(tmp_path):
   assert "from mypkg._pmap_shard_map import per_device, placed_on" in test
   assert not (tmp_path / "tests" / "pmap_shard_map.py").exists()
   assert (tmp_path / "scripts" / "pmap_shard_map.py").exists()  # a script: its own copy
+  assert "from mypkg._pmap_shard_map import " in (
+      tmp_path / "mypkg" / "experimental" / "halves.py").read_text()
+  assert not (tmp_path / "mypkg" / "experimental" / "pmap_shard_map.py").exists()
+  halves = _run([sys.executable, "-m", "mypkg.experimental.halves"], tmp_path)
+  assert halves.returncode == 0 and json.loads(halves.stdout) == [0.5] * 4, halves.stderr
   run = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
               "tests/ops_test.py"], tmp_path, PYTHONPATH=str(tmp_path))
   assert run.returncode == 0, run.stdout + run.stderr
