@@ -1107,19 +1107,26 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     lines = list(cast(cst.SimpleStatementLine, updated).leading_lines)
     pinned = [i for i, line in enumerate(lines)
               if line.comment is not None and imports.PINNED.match(line.comment.value)]
-    blank = pinned[-1] + 1 if pinned else 0
+    pin = pinned[-1] + 1 if pinned else 0
+    blank = pin
     while blank < len(lines) and lines[blank].comment is None:
       blank += 1
-    kept = lines[:blank] if isinstance(updated, (cst.FunctionDef, cst.ClassDef)) else []
+    head, blanks = lines[:pin], lines[pin:blank]  # the cell boundary goes first, once
+    kept = blanks if isinstance(updated, (cst.FunctionDef, cst.ClassDef)) else []
+    if isinstance(updated, (cst.FunctionDef, cst.ClassDef)) and not kept:
+      # at the top of a notebook's cell: the blank lines a def wants after a statement
+      kept = [cst.EmptyLine(indent=False)] * (1 if self._indent_of(line) else 2)
     if any(isinstance(m, cst.FunctionDef) for m in meshes):
-      # A mesh made by a function: two blank lines around each def, as at module level.
+      # A mesh made by a function: two blank lines around each def, as at module level
+      # (none above the first at the top of a notebook's cell).
       two = [cst.EmptyLine(indent=False)] * 2
-      meshes = [m.with_changes(leading_lines=(lines[:blank - 2] if i == 0 and blank > 2 else [])
-                               + two + list(cast(cst.FunctionDef, m).leading_lines))
+      first = head + (blanks[:-2] + two if blanks or not head else [])
+      meshes = [m.with_changes(leading_lines=(first if i == 0 else two)
+                               + list(cast(cst.FunctionDef, m).leading_lines))
                 for i, m in enumerate(meshes)]
       kept = two
     else:
-      meshes[0] = meshes[0].with_changes(leading_lines=lines[:blank])
+      meshes[0] = meshes[0].with_changes(leading_lines=head + blanks)
     return cst.FlattenSentinel([*meshes, updated.with_changes(leading_lines=kept + lines[blank:])])
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef,

@@ -15,6 +15,8 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from codemod import ipython_syntax, notebook_support, pmap_to_shmap
@@ -312,6 +314,35 @@ def test_a_cell_that_does_not_parse_is_named_with_its_own_line(tmp_path):
   assert code == 0 and json.loads(new) == nb
   [line] = [l for l in report.splitlines() if "cannot parse" in l]
   assert line.endswith(" ERROR cell 3, line 2: cannot parse the file, skipped: Syntax Error")
+
+
+@pytest.mark.parametrize("first_cell", ["import jax\n",
+                                        "import jax\n\n\ndef start():\n  jax.distributed.initialize()\n"],
+                         ids=["plain", "made_on_first_call"])
+def test_a_cell_that_starts_with_a_decorated_site_keeps_its_mesh(tmp_path, first_cell):
+  # The mesh goes before the def, after the cell's boundary: it was dropped (the boundary
+  # was written twice), or, made by a function, moved with the def into the cell above.
+  cells = [first_cell, "x = 1\n", "@jax.pmap\ndef f(v):\n  return v * 2\n"]
+  code, new, report = _convert(tmp_path, "nb.ipynb", json.dumps(_notebook(*cells)).encode())
+  assert code == 0, report
+  sources = ["".join(c["source"]) for c in json.loads(new)["cells"]]
+  assert sources[1] == "x = 1\n", sources
+  assert "mesh" in sources[2] and "def f(v):" in sources[2], sources
+  assert not sources[2].startswith("\n"), sources
+  namespace: dict = {}
+  here = os.getcwd()
+  os.chdir(tmp_path)  # where the kernel runs: the support module is beside the notebook
+  sys.path.insert(0, str(tmp_path))
+  try:
+    for source in sources:
+      exec(compile(source, "cell", "exec"), namespace)  # pylint: disable=exec-used
+  finally:
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("pmap_shard_map", None)
+    os.chdir(here)
+  assert ("def mesh():" in sources[2]) == ("initialize" in first_cell), sources
+  x = np.arange(jax.device_count() * 2.0).reshape(-1, 2)
+  np.testing.assert_array_equal(namespace["f"](x), jax.pmap(lambda v: v * 2)(x))
 
 
 # ----- line endings and the JSON layout -----
