@@ -223,8 +223,7 @@ def _main(argv: Sequence[str] | None) -> int:
                     per_file_support=not explicit,
                     pmap_patchers=pmap_patches.patchers(text for _, text in python),
                     module_replacements=pmap_patches.module_replacements(python),
-                    run_names=support_module.run_names_of(
-                        [path for path, _ in python], (text for _, text in python)))
+                    run_names=support_module.run_names_of(python))
   keys = sorted(_planned_keys(args, options, found.sources, dict(python)))
   foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
   if args.strategy == "shard_map" and foreign:

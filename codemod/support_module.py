@@ -345,13 +345,25 @@ def _tested_package(path: str, text: str) -> tuple[str, str] | None:
 _MAIN_GUARD = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.M)
 
 
-def run_names_of(paths: Iterable[str], texts: Iterable[str]) -> dict[str, str]:
-  """For each directory of ``paths`` outside any package: the dotted name by which the
-  ``texts`` (a run's sources) import modules there, where they do (``_imported_as``)."""
-  joined = "\n".join(texts)
-  directories = {os.path.dirname(os.path.abspath(p)) for p in paths if package_of(p) is None}
-  found = {d: _imported_as(joined, d) for d in sorted(directories)}
-  return {d: name for d, name in found.items() if name is not None}
+def run_names_of(sources: Iterable[tuple[str, str]]) -> dict[str, str]:
+  """For each directory outside any package among the (path, text) ``sources`` of a run:
+  the dotted name by which their texts import modules there, where they do
+  (``_imported_as``) and no file there imports a neighbour by its bare name, as a script
+  directory's files do (flax's ``examples/imagenet``: ``import models``)."""
+  sources = list(sources)
+  joined = "\n".join(text for _, text in sources)
+  by_directory: dict[str, list[str]] = {}
+  for path, text in sources:
+    if package_of(path) is None:
+      by_directory.setdefault(os.path.dirname(os.path.abspath(path)), []).append(text)
+  found = {}
+  for directory, texts in sorted(by_directory.items()):
+    if any(os.path.isfile(os.path.join(directory, top + ".py"))
+           for text in texts for top in _TOP_LEVEL_IMPORTS.findall(text)):
+      continue
+    if (name := _imported_as(joined, directory)) is not None:
+      found[directory] = name
+  return found
 
 
 def _imported_as(text: str, directory: str) -> str | None:
@@ -362,7 +374,8 @@ def _imported_as(text: str, directory: str) -> str | None:
   here = directory
   while True:
     parent, name = os.path.split(here)
-    if not name.isidentifier():
+    # Not through the repository's own directory: its parent is no place Python looks.
+    if not name.isidentifier() or config_files.is_root(here):
       return None
     names.insert(0, name)
     dotted = ".".join(names)

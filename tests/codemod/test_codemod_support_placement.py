@@ -229,6 +229,28 @@ def test_a_namespace_package_module_imports_the_support_module_as_others_import_
   assert script.returncode == 0 and json.loads(script.stdout) == [3.0] * 4, script.stderr
 
 
+def test_a_script_directory_imported_under_another_layout_keeps_its_own_copy(tmp_path):
+  # flax's examples/imagenet: its files import each other bare (`import models`); a
+  # benchmark imports it as flax.examples.imagenet, through the repository's own
+  # directory name (a layout outside the repository). The scripts keep the copy beside
+  # them, which `python main.py` there finds.
+  root = tmp_path / "proj"
+  (root / ".git").mkdir(parents=True)
+  (root / "examples" / "img").mkdir(parents=True)
+  (root / "examples" / "img" / "models.py").write_text("SCALE = 3\n")
+  (root / "examples" / "img" / "train.py").write_text(
+      "import jax\n\nimport models\n\n"
+      "step = jax.pmap(lambda v: v * models.SCALE, axis_name='batch')\n")
+  (root / "bench").mkdir()
+  (root / "bench" / "img.py").write_text("from proj.examples.img import models\n")
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(root)]) == 0
+  train = (root / "examples" / "img" / "train.py").read_text()
+  assert "from pmap_shard_map import " in train, train
+  run = _run([sys.executable, "-c", "import json, numpy as np, train; "
+              "print(json.dumps(train.step(np.ones(4)).tolist()))"], root / "examples" / "img")
+  assert run.returncode == 0 and json.loads(run.stdout) == [3.0] * 4, run.stderr
+
+
 def test_tests_and_namespace_directories_of_the_package_use_the_package_s_copy(tmp_path):
   # kfac-jax's tests/ (no __init__.py) import kfac_jax: they got a second copy of the
   # support module beside them; they import the package's own.
