@@ -8,8 +8,9 @@ New imports go into the run of import statements that holds the file's own ``jax
 import (a notebook's import cell), else the leading one, each into its isort section
 (``__future__``, standard library, third party, first party, relative) as ruff's I001
 orders them: at its sorted place where the file's section is sorted (ruff's default or
-``force-sort-within-sections``), else after the section's last statement; a section the
-file lacks is started between its neighbours. Support names join an existing import of
+``force-sort-within-sections``), else after the section's last import of the same
+package, or its last statement; a section the file lacks is started between its
+neighbours. Support names join an existing import of
 the support module.
 """
 from __future__ import annotations
@@ -260,7 +261,11 @@ def _placed(body: list, statements: list, first_party: frozenset[str],
       keys = [_key(nodes[i], force_sort) for i in members]
       after = next((i for i, k in zip(members, keys, strict=True) if k > key), None)
       if after is None or not _is_sorted(keys):
-        at = members[-1] + 1  # after the section's last statement
+        # after the section's last statement; in an unsorted one, after its last import of
+        # the same package (``from jax import random``), where it has one
+        top = _module_of(node)[0].split(".")[0]
+        same = [i for i in members if top in {m.split(".")[0] for m in _module_of(nodes[i])}]
+        at = (same[-1] if same and not _is_sorted(keys) else members[-1]) + 1
       else:
         at = after
         top = _module_of(node)[0].split(".")[0]

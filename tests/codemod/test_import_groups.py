@@ -289,6 +289,19 @@ x = 1
 '''
 
 
+def test_in_an_unsorted_section_imports_follow_the_same_package_s_last_import():
+  # flax's examples/imagenet/train.py: `import jax.numpy as jnp` before `from jax import
+  # random` leaves the block unsorted; the new jax imports go with jax's, not after tfds.
+  before = ("import flax\nimport jax\nfrom jax import lax\nimport jax.numpy as jnp\n"
+            "from jax import random\nimport optax\nimport tensorflow_datasets as tfds\n\n"
+            "x = 1\n")
+  assert not _isort_clean(before, (GOOGLE,))
+  after = _add(before, [P_SPEC, SHARD_MAP])
+  assert after == before.replace(
+      "from jax import random\n", "from jax import random\nfrom jax.experimental.shard_map "
+      "import shard_map\nfrom jax.sharding import PartitionSpec as P\n"), after
+
+
 def test_imports_after_setup_code_join_the_run_holding_jax():
   setup = 'import os\n\nos.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"\n\n'
   after = _add(setup + "import functools\nimport jax\n\nx = 1\n", CONVERTED[1:])
