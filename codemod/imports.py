@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -317,8 +318,9 @@ def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000,
   ``style``: the repository's configured sorting (``import_style``), which decides over
   the file's order and over where the support module's import goes (a top-level one,
   written in ``here``, the file's directory, is first party only where the sorter finds
-  it so); with ``force_single_line`` each name gets its own statement."""
-  single = style is not None and style.force_single_line
+  it so); with ``force_single_line``, or where no sorter is configured and the file writes
+  one name per ``from`` import, each name gets its own statement."""
+  single = style.force_single_line if style is not None else _one_name_per_from(module.body)
   if style is not None:
     first_party = first_party | style.known_first_party
   body = list(module.body)
@@ -379,6 +381,28 @@ def without(module: cst.Module, sources: tuple[str, ...], names: set) -> cst.Mod
         stmt = stmt.with_changes(body=[node.with_changes(names=kept)])
     body.append(stmt)
   return module.with_changes(body=body)
+
+
+_TYPING_MODULES = frozenset({"typing", "typing_extensions", "collections.abc"})
+
+
+def _one_name_per_from(body: Sequence[cst.CSTNode]) -> bool:
+  """Whether the file imports several names from one module one ``from`` statement each
+  (``from absl import app`` / ``from absl import flags``), and never two in one (but from
+  the typing modules, which Google's style exempts)."""
+  seen: set[str] = set()
+  repeated = False
+  for stmt in body:
+    node = _import_of(stmt)
+    if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+      module = _module_of(node)[0]
+      if module in _TYPING_MODULES:
+        continue
+      if len(node.names) > 1:
+        return False
+      repeated = repeated or module in seen
+      seen.add(module)
+  return repeated
 
 
 def _wrapped(code: str, width: int) -> str:

@@ -302,6 +302,18 @@ def test_in_an_unsorted_section_imports_follow_the_same_package_s_last_import():
       "import shard_map\nfrom jax.sharding import PartitionSpec as P\n"), after
 
 
+def test_a_file_with_one_name_per_from_import_gets_one_name_per_line():
+  # haiku's examples/imagenet/train.py (Google style, no sorter configured): `from absl
+  # import app` / `from absl import flags`; typing's multi-name imports are exempt.
+  before = ("from collections.abc import Iterable, Mapping\n\nfrom absl import app\n"
+            "from absl import flags\nimport jax\n\nx = 1\n")
+  after = _add(before, [W("pmap_shard_map", "per_device"), W("pmap_shard_map", "placed_on")])
+  assert "from pmap_shard_map import per_device\nfrom pmap_shard_map import placed_on\n" in after
+  grouped = _add(before.replace("from absl import flags\n", ""),
+                 [W("pmap_shard_map", "per_device"), W("pmap_shard_map", "placed_on")])
+  assert "from pmap_shard_map import per_device, placed_on\n" in grouped, grouped
+
+
 def test_imports_after_setup_code_join_the_run_holding_jax():
   setup = 'import os\n\nos.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"\n\n'
   after = _add(setup + "import functools\nimport jax\n\nx = 1\n", CONVERTED[1:])
