@@ -221,6 +221,8 @@ def _replaced_module(node: ast.AST, imported: dict[str, str]) -> tuple[str, str 
     return None if module == "jax" else (dotted, module)
 
   if isinstance(node, (ast.Assign, ast.AnnAssign)):
+    if isinstance(node.value, ast.Constant) or node.value is None:
+      return None  # a setting named pmap (`config.pmap = True`), no function
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     for target in targets:
       if isinstance(target, ast.Attribute) and target.attr == "pmap":
@@ -235,6 +237,7 @@ def _replaced_module(node: ast.AST, imported: dict[str, str]) -> tuple[str, str 
   if name in ("patch", "setattr") and path and path.endswith(".pmap") and path != "jax.pmap":
     return f'{name}("{path}", ...)', path.removesuffix(".pmap")
   if (name in ("object", "setattr") and len(strings) == 2 and strings[1] == "pmap"
+      and not (len(node.args) > 2 and isinstance(node.args[2], ast.Constant))
       and (owner := of(node.args[0])) is not None):
     return f'{"patch.object" if name == "object" else name}({owner[0]}, "pmap", ...)', owner[1]
   return None

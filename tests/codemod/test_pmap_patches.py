@@ -153,9 +153,10 @@ def test_each_way_of_replacing_a_module_s_pmap_is_found(replacement, module):
 
 @pytest.mark.parametrize("replacement", [
     "self.pmap = stub", "jax.pmap = stub", 'mock.patch("jax.pmap", stub)',
-    'setattr(jax, "pmap", stub)', "pmap = stub"])
+    'setattr(jax, "pmap", stub)', "pmap = stub",
+    "config.pmap = True", 'setattr(config, "pmap", False)'])  # settings, not functions
 def test_replacing_jax_s_own_pmap_or_an_attribute_is_no_module_replacement(replacement):
-  text = f"import jax\n\n\ndef stub_out(self, stub, mock):\n  {replacement}\n"
+  text = f"import jax\n\n\ndef stub_out(self, stub, mock, config):\n  {replacement}\n"
   assert pmap_patches.module_replacements([("t.py", text)]) == ()
 
 
