@@ -36,9 +36,11 @@ from collections.abc import Callable
 
 import jax
 
-# The first line of a file holding the support code (a written support module, a
-# notebook's support cell); per_device is newer than the v1/v2 headers' bodies.
-_HEADERS = ('"""pmap-to-shmap support v', "# pmap-to-shmap support module v",
+# The first line of a file holding the support code (a written support module: v9 on,
+# v6-v8, v3-v5; a notebook's support cell); per_device is newer than the v1/v2 headers'
+# bodies.
+_HEADERS = ('"""Helpers for pmap-to-shmap\'s output (v', '"""pmap-to-shmap support v',
+            "# pmap-to-shmap support module v",
             "# Support code pmap-to-shmap added for this notebook's converted pmap sites:")
 _BODY = "per_device.<locals>.body"
 _SHARDED = "_sharded.<locals>.sharded"  # what on_pmap_mesh returns

@@ -100,6 +100,19 @@ def _bound(text: str) -> tuple[int, float, int, float]:
   return int(found.group(2)), float(found.group(3)), int(found.group(4)), float(found.group(5))
 
 
+# What `check --calibrate` says where JAX's own pmap on the newest release reproduces the
+# recording bit for bit: XLA compiles the step alike on some CPUs (an AMD EPYC without
+# AVX-512), so there is no drift to calibrate from and the bound stays the default.
+NO_DRIFT = ("JAX's own pmap reproduces every recorded call bit for bit, so the bound is the "
+            "default")
+
+
+def _needs_drift(calibration: str) -> None:
+  """Skips a test of the calibrated bound where this machine shows no drift to set one."""
+  if NO_DRIFT in calibration:
+    pytest.skip(f"jax {venvs.NEWEST} and 0.6.0 agree bit for bit on this CPU: {NO_DRIFT}")
+
+
 def _tolerance_line(max_ulp: int, atol: float) -> str:
   return (f"tolerance per call: max {max_ulp} ulp (elementwise or at leaf scale)"
           + (f" or atol {atol:g}" if atol else "")
@@ -143,6 +156,7 @@ def calibrated_step(step) -> str:
 
 
 def test_the_calibrated_bound_passes_a_step_the_default_fails(step, calibrated_step):
+  _needs_drift(calibrated_step)
   original, recording, converted = step
   rc, text = _check(converted, "--against", recording)
   assert rc == 1 and "leaf [0]['b1']" in text, text  # the default: 6 ulp, no atol
@@ -163,6 +177,7 @@ def test_the_calibrated_bound_passes_a_step_the_default_fails(step, calibrated_s
 
 def test_jax_own_pmap_passes_at_the_printed_bound(step, calibrated_step):
   """The reference itself, checked at the printed bound as a user would pass it."""
+  _needs_drift(calibrated_step)
   original, recording, _ = step
   max_ulp, atol, _, _ = _bound(calibrated_step)
   rc, text = _check(original, "--against", recording, "--max-ulp", str(max_ulp), "--atol",
@@ -173,6 +188,7 @@ def test_jax_own_pmap_passes_at_the_printed_bound(step, calibrated_step):
 
 def test_a_0_01_percent_learning_rate_change_fails_at_its_site(step, calibrated_step, tmp_path):
   """The calibration runs the recorded program, not the changed one: the same bound."""
+  _needs_drift(calibrated_step)
   original, recording, _ = step
   changed = _converted_program(original, tmp_path)
   edit_one_line(changed, LEARNING_RATE, CHANGED_RATE)
@@ -193,6 +209,7 @@ def test_the_worst_loop_iteration_sets_the_bound(accumulate, tmp_path):
   program, recording = accumulate
   rc, text = _check(program, "--against", recording, "--calibrate", "--patched")
   assert rc == 0, text
+  _needs_drift(text)
   max_ulp, _, own_ulp, _ = _bound(text)
   assert own_ulp > 0 and max_ulp >= max(6, 2 * own_ulp), text
   [worst] = [l for l in text.splitlines() if l.startswith("  JAX's own largest ulp")]
