@@ -959,10 +959,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       for site in found.sites:
         if not site.absorbed and (error := why(site.node)):
           site.error = error
-      for node in [n for n in found.values if n not in refs.bound and why(n)]:
-        found.values.remove(node)
-        self.sites_found += 1
-        self._report(node, Severity.ERROR, f"pmap left unchanged: {why(node)}")
+      for node, error in [(n, why(n)) for n in found.values if n not in refs.bound]:
+        if error:
+          found.values.remove(node)
+          self.sites_found += 1
+          self._report(node, Severity.ERROR, f"pmap left unchanged: {error}")
       return False
     line = pmap_patches.pmap_import_line(text)
     replaced = (pmap_patches.replacing(self.context.filename, self._module_replacements)

@@ -289,9 +289,12 @@ def placement(path: str, text: str, run_names: Mapping[str, str] | None = None) 
     # A directory without __init__.py inside a package's tree (jraph/experimental), or a
     # test outside packages, whose files import that package: the package's copy.
     owner = _enclosing_package(directory, text)
-    through = None if owner else _imported_as(text, directory) or (
-        None if _MAIN_GUARD.search(text) else (run_names or {}).get(directory))
-    owner = owner or (_tested_package(path, text) if through is None else None)
+    through = None
+    if owner is None:
+      through = _imported_as(text, directory) or (
+          None if _MAIN_GUARD.search(text) else (run_names or {}).get(directory))
+      if through is None:
+        owner = _tested_package(path, text)
     if owner is not None:
       root, top = owner
       return Placement(root, f"{top}.{PACKAGE_NAME}", f"{top}.{PACKAGE_NAME}")
