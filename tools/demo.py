@@ -163,23 +163,29 @@ def print_reasons(failures: list[tuple[str, str, str]]) -> None:
 
 def legacy_line(runner: eq.Runner) -> list[tuple[str, str, str]]:
   """The jax 0.6.0 table; returns the failed comparisons."""
-  rows, failures = [], []
+  rows, failures, shown = [], [], []
   for case in eq.CASES:
     legacy = runner.result(case, "legacy")
     verdicts = {m: runner.compare(case, m) for m in eq.LEGACY_LINE}
-    bad = [m for m, v in verdicts.items() if not v.identical]
+    # A difference within the case's documented codemod bound (XLA:CPU contracting
+    # differently on some hosts) is shown with its reason, not counted as a failure.
+    differ = [m for m, v in verdicts.items() if not v.identical]
+    bad = [m for m in differ if not verdicts[m].ok]
     failures += [(case.name, m, verdicts[m].message) for m in bad]
+    shown += [(case.name, m, verdicts[m].message) for m in differ]
     codemod = " / ".join(cell(verdicts[m], runner.result(case, m))
                          for m in ("codemod-experimental", "codemod-jax"))
     label = case.name + (f" ({case.processes} proc)" if case.processes > 1 else "")
     total = legacy.seconds + sum(v.seconds for v in verdicts.values())
     rows.append((label, cell(None, legacy), cell(verdicts["pmap_compat"],
                  runner.result(case, "pmap_compat")), codemod,
-                 "yes" if not bad and legacy.ok else "NO", f"{total:.2f}s"))
+                 "NO" if bad or not legacy.ok else "within bound" if differ else "yes",
+                 f"{total:.2f}s"))
   print_table(("example", "legacy", "pmap_compat", "codemod exp / jax", "identical?", "time"), rows)
   print("(times: wall time of each example's run(), compile included; 'time' sums the "
-        "four modes)")
-  print_reasons(failures)
+        "four modes; 'within bound': the example's documented codemod bound, "
+        "tools/equivalence.py)")
+  print_reasons(shown)
   return failures
 
 
