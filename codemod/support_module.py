@@ -23,10 +23,10 @@ import libcst as cst
 
 from codemod import config_files, files
 
-# 9: a header that describes the module; 8: pmap_via_shard_map over per_device and
-# placed_on; 7: static arguments and on_first_call in the plain form; 6: shorter
-# plain-form helpers
-VERSION = 9
+# 10: shorter first_rows and device_put_replicated; 9: a header that describes the
+# module; 8: pmap_via_shard_map over per_device and placed_on; 7: static arguments and
+# on_first_call in the plain form; 6: shorter plain-form helpers
+VERSION = 10
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 

@@ -347,20 +347,15 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
 def device_put_replicated(x, devices=None, axis_name="devices"):
   """What jax.device_put_replicated returned: x stacked once per device, slice
   i on devices[i] (pytrees leaf by leaf); ``devices`` defaults to this
-  process's devices, the order Flax's ``replicate`` used.
-
-  The stacked axis is the mesh axis ``axis_name``: given the axis of the
-  converted site the values are passed to, they are laid out exactly as that
-  site lays out its outputs, so its ``jax.jit`` (whose cache is keyed on the
-  arguments' shardings) compiles once for the first step and the steps that
-  take the previous step's outputs.
-  """
+  process's devices, the order Flax's ``replicate`` used. Stacked over the mesh
+  axis of the converted site they feed, the values are laid out as its outputs
+  are, so its jit compiles once for the first step and the next ones."""
   devices = jax.local_devices() if devices is None else list(devices)
   if not devices:
     raise ValueError(
         "device_put_replicated needs a non-empty sequence of devices")
-  sharding = _stacked_sharding(devices, axis_name)
-  return jax.tree.map(lambda v: _stacked([v] * len(devices), sharding), x)
+  return jax.tree.map(lambda v: _stacked([v] * len(devices), devices,
+                                         axis_name), x)
 
 
 def device_put_sharded(shards, devices):
@@ -370,74 +365,48 @@ def device_put_sharded(shards, devices):
   if len(shards) != len(devices):
     raise ValueError(f"device_put_sharded got {len(shards)} shards for "
                      f"{len(devices)} devices")
-  sharding = _stacked_sharding(devices)
-  return jax.tree.map(lambda *xs: _stacked(list(xs), sharding), *shards)
+  return jax.tree.map(lambda *xs: _stacked(xs, devices), *shards)
 
 
 def first_row(x):
-  """``x[0]`` as legacy pmap gave it: ``first_rows`` of an array."""
-  return first_rows(x) if isinstance(x, jax.Array) else x[0]
+  """``x[0]`` as legacy pmap gave it: row 0 read from a device holding it whole,
+  every bit kept (``x[0]`` of an array split across devices adds up the rows,
+  which turns -0.0 into 0.0)."""
+  if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+      and x.shape and x.shape[0]
+      and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)):
+    for shard in x.addressable_shards:
+      if (shard.index[0].start in (None, 0)
+          and shard.data.shape[1:] == x.shape[1:]):
+        return _row_zero(shard.data)
+  return x[0]
 
 
 def first_rows(tree):
-  """``x[0]`` of each leaf as legacy pmap gave it (flax's ``unreplicate``): read
-  whole from a device's shard, every bit kept (a sharded ``x[0]`` adds rows
-  across devices, which loses -0.0), one program per device."""
-  leaves, treedef = jax.tree.flatten(tree)
-  shards = [_row_zero_shard(x) for x in leaves]
-  rows = [x[0] if s is None else None
-          for x, s in zip(leaves, shards, strict=True)]
-  for d in {s.device for s in shards if s is not None}:
-    at = [i for i, s in enumerate(shards) if s is not None and s.device == d]
-    for i, row in zip(at, _rows_of([shards[i].data for i in at]), strict=True):
-      rows[i] = row
-  return jax.tree.unflatten(treedef, rows)
+  """``first_row`` of each leaf (flax's ``unreplicate``)."""
+  return jax.tree.map(first_row, tree)
 
 
-@jax.jit
-def _rows_of(blocks):
-  return [block[0] for block in blocks]
+_row_zero = jax.jit(lambda block: block[0])
 
 
-def _row_zero_shard(x):
-  """A shard of jax Array ``x`` on this process's devices with all of row 0."""
-  if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.ndim
-      and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)):
-    for shard in x.addressable_shards:
-      if (shard.index[0].start in (None, 0) and shard.data.shape[0]
-          and shard.data.shape[1:] == x.shape[1:]):
-        return shard
-  return None
-
-
-def _stacked(values, sharding):
-  """``values`` stacked and placed on ``sharding``. Arrays are stacked on the
-  host and sent to each device, compiling nothing (legacy's
-  device_put_replicated compiled at most one program; jnp.stack compiles
-  several per leaf shape); weakly typed values (Python numbers) and PRNG keys,
-  which the host cannot hold as they are, are stacked by JAX."""
-  if all(_host_stackable(v) for v in values):
-    if all(v is values[0] for v in values):
-      # Replicas: one host copy, viewed n times.
-      row = np.asarray(values[0])
-      return jax.device_put(
-          np.broadcast_to(row[None], (len(values), *row.shape)), sharding)
+def _stacked(values, devices, axis_name="devices"):
+  """``values`` stacked along ``axis_name`` of a mesh over ``devices``. Arrays
+  are stacked on the host, compiling nothing (legacy compiled at most one
+  program); Python numbers (weakly typed) and PRNG keys are stacked by JAX."""
+  mesh = jax.sharding.Mesh(devices, (axis_name,))
+  sharding = jax.sharding.NamedSharding(mesh, PartitionSpec(axis_name))
+  if all(isinstance(v, (np.ndarray, np.generic)) and v.dtype != object
+         or isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer)
+         and not jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended)
+         and not v.weak_type for v in values):
+    if all(v is values[0] for v in values):  # replicas: one host copy
+      row = np.asarray(values[0])[None]
+      return jax.device_put(np.broadcast_to(row, (len(values), *row.shape[1:])),
+                            sharding)
     return jax.device_put(np.stack([np.asarray(v) for v in values]), sharding)
-  return jax.device_put(
-      jax.numpy.stack([jax.numpy.asarray(v) for v in values]), sharding)
-
-
-def _host_stackable(v):
-  if isinstance(v, (np.ndarray, np.generic)):
-    return v.dtype != object
-  return (isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer)
-          and not jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended)
-          and not v.weak_type)
-
-
-def _stacked_sharding(devices, axis_name="devices"):
-  mesh = pmap_mesh((axis_name,), (len(devices),), tuple(devices))
-  return jax.sharding.NamedSharding(mesh, PartitionSpec(axis_name))
+  return jax.device_put(jax.numpy.stack([jax.numpy.asarray(v) for v in values]),
+                        sharding)
 
 
 def _is_spec(x):
@@ -545,12 +514,7 @@ def on_first_call(build):
   at import, since its mesh asks JAX for the devices: a program may do that only
   after jax.distributed.initialize."""
   def decorate(fun):
-    made = []
-
-    def site():
-      if not made:
-        made.append(build(fun))
-      return made[0]
+    site = functools.cache(lambda: build(fun))
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
