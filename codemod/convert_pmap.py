@@ -429,6 +429,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _build(self, site: Site) -> None:
     levels = site.levels()
     outer = levels[0].options
+    if any(level.options.starred for level in levels):
+      if len(levels) > 1:
+        raise Unconvertible("nested pmaps with arguments passed with * or **")
+      # Which options they set is known only at run time, as pmap_via_shard_map reads
+      # them: only pmap's name changes.
+      self._build_via(site, 0, "")
+      return
     _forwarded_global_arg_shapes(levels)
     for level in levels[1:]:
       for name in _INNER_FORBIDDEN:
@@ -523,6 +530,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if ref is not None:
       # Only the name changes: the call, its layout and its comments stay as written.
       self._renames[ref] = cst.Name(_VALUE_PMAP)
+    elif site.options.starred:
+      raise Unconvertible(f"pmap's arguments are passed with * or **, so only its name can "
+                          f"change, and {_VALUE_PMAP} would take the line over "
+                          f"{self._style.width} columns")
     elif site.fundef is None:
       assert site.fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(self._copied(site.fun))

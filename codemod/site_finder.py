@@ -105,7 +105,7 @@ class SiteFinder:
       return Site(call, base, None, error=str(e))
     fun = options.get("fun")
     site = Site(call, options, fun)
-    if fun is None:
+    if fun is None and not options.starred:
       site.error = "pmap is called without a function (legacy pmap raises TypeError here)"
     return site
 

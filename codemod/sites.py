@@ -41,6 +41,9 @@ class PmapOptions:
   """A site's pmap arguments, by pmap's parameter name."""
   values: dict[str, cst.BaseExpression] = field(default_factory=dict)
   positional: int = 0  # how many positional arguments have been supplied so far
+  # Some are passed with * or **: which ones, and their values, are known only at run
+  # time (the readable ones are in ``values``, though * or ** may override them).
+  starred: bool = False
 
   def get(self, name: str) -> cst.BaseExpression | None:
     return self.values.get(name)
@@ -49,10 +52,14 @@ class PmapOptions:
     """These options updated by a call's arguments (a partial's, then the call's)."""
     values = dict(self.values)
     position = self.positional + skip_positional
+    starred = self.starred
     for arg in args:
       if arg.star:
-        raise Unconvertible("pmap's arguments are passed with * or **, so they cannot be read")
+        starred = True
+        continue
       if arg.keyword is None:
+        if starred:  # its position follows *args: unknown
+          continue
         if position >= len(_POSITIONAL):
           raise Unconvertible("pmap is given more than two positional arguments")
         values[_POSITIONAL[position]] = arg.value
@@ -62,7 +69,7 @@ class PmapOptions:
       if name not in KNOWN_OPTIONS:
         raise Unconvertible(f"pmap has no argument {name!r}")
       values[name] = arg.value
-    return PmapOptions(values, position)
+    return PmapOptions(values, position, starred)
 
 
 def is_none(node: cst.BaseExpression | None) -> bool:

@@ -3,9 +3,12 @@ backend, axis_size -- move to jax.jit or to the mesh; the rest are reported. don
 (to jax.jit), devices, backend and axis_size (the devices of the site's mesh) and literal
 static_broadcasted_argnums (to jax.jit and placed_on) fit the plain form; options known only
 at run time keep pmap's own call, on pmap_via_shard_map."""
+import textwrap
+
+import jax
 import numpy as np
 
-from codemod_testing import SiteTest, rewrite, support
+from codemod_testing import SiteTest, load, rewrite, support
 
 
 class OptionsTest(SiteTest):
@@ -110,8 +113,69 @@ class OptionsTest(SiteTest):
     with self.assertRaisesRegex(ValueError, "global_arg_shapes is not supported"):
       support_functions.pmap_via_shard_map(lambda x: x, global_arg_shapes=((1,),))
 
-  def test_star_kwargs_are_reported(self):
-    self.assertSiteError('g = jax.pmap(f, **pmap_kwargs)', "passed with * or **")
+  def test_star_arguments_keep_pmaps_own_call(self):
+    # Which options they set is known only at run time: pmap_via_shard_map, which takes
+    # pmap's arguments, reads them there; the call is left as written but for pmap's name.
+    for call in ("jax.pmap(f, **pmap_kwargs)", "jax.pmap(f, *args)",
+                 "jax.pmap(*args, donate_argnums=0)"):
+      with self.subTest(call):
+        self.assertConverts(f"""
+            import jax
+
+            g = {call}
+            """, f"""
+            from pmap_shard_map import pmap_via_shard_map
+
+            g = {call.replace("jax.pmap", "pmap_via_shard_map")}
+            """)
+    self.assertConverts("""
+        import functools
+
+        import jax
+
+        @functools.partial(jax.pmap, **options)
+        def g(x):
+          return x
+        """, """
+        import functools
+
+        from pmap_shard_map import pmap_via_shard_map
+
+        @functools.partial(pmap_via_shard_map, **options)
+        def g(x):
+          return x
+        """)
+
+  def test_star_arguments_give_legacy_results(self):
+    source = """
+        import jax
+        import numpy as np
+
+        def reduce(x):
+          return jax.lax.psum(x, "i") * x, jax.lax.axis_index("i")
+
+        options = dict(axis_name="i", in_axes=(0,), out_axes=(0, None))
+        g = jax.pmap(reduce, **options)
+        h = jax.pmap(reduce, *["i"])
+        x = np.linspace(-1, 1, jax.device_count() * 3, dtype=np.float32).reshape(-1, 3)
+        out = g(x), h(x)
+        """
+    new, _ = rewrite(source)
+    self.assertIn("g = pmap_via_shard_map(reduce, **options)", new)
+    self.assertIn('h = pmap_via_shard_map(reduce, *["i"])', new)
+    legacy = load(textwrap.dedent(source), "star_legacy").out
+    converted = load(new, "star_converted").out
+    for theirs, ours in zip(jax.tree.leaves(legacy), jax.tree.leaves(converted), strict=True):
+      self.assertEqual(np.asarray(theirs).tobytes(), np.asarray(ours).tobytes())
+      self.assertEqual(np.shape(theirs), np.shape(ours))
+
+  def test_nested_pmaps_with_star_arguments_are_reported(self):
+    self.assertSiteError('g = jax.pmap(jax.pmap(f, "j"), **pmap_kwargs)', "passed with * or **")
+
+  def test_star_arguments_where_the_new_name_overflows_the_line_are_reported(self):
+    self.assertSiteError(
+        "g = jax.pmap(a_function_with_a_very_long_name_indeed_for_this_line, **kwargs)",
+        "over 80 columns")
 
   def test_unknown_keyword_is_reported(self):
     self.assertSiteError('g = jax.pmap(f, "i", in_axis=0)', "no argument 'in_axis'")
