@@ -107,6 +107,11 @@ def _bound_names(code: str) -> set[str]:
   return names
 
 
+def code_cells(source: str) -> list[str]:
+  """The joined source's code cells, each as Jupyter parses it: alone."""
+  return _CELL_RE.split(source)[2::2]
+
+
 def _split(code: CellCode, new_source: str) -> list[str]:
   """Each cell's new text, with \\n line endings (ending in one only where the old text
   did)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Collection
 
 from codemod import notebook, support_module
 
@@ -145,21 +146,27 @@ def support_cell(cells: list[str]) -> int | None:
   return next((i for i, cell in enumerate(cells) if names_in(cell) is not None), None)
 
 
-def masked(source: str, cell: int | None) -> str:
-  """The joined source with the support cell's lines blanked to comments (same line
-  count, so positions in other cells hold): the codemod neither reads nor edits it."""
-  if cell is None:
-    return source
-  start, end = _cell_start(source, cell), _cell_start(source, cell + 1)
-  body_start = source.index("\n", start) + 1
-  blank = "".join("#\n" for _ in source[body_start:end].splitlines())
-  return source[:body_start] + blank + source[end:]
+def masked(source: str, cells: Collection[int]) -> str:
+  """The joined source with ``cells``' lines blanked to comments (same line count, so
+  positions in other cells hold): the codemod neither reads nor edits them."""
+  for cell in cells:
+    start, end = _cell_start(source, cell), _cell_start(source, cell + 1)
+    body_start = source.index("\n", start) + 1
+    blank = "".join("#\n" for _ in source[body_start:end].splitlines())
+    source = source[:body_start] + blank + source[end:]
+  return source
 
 
-def unmasked(new_source: str, source: str, cell: int | None) -> str:
-  """``new_source`` (from ``masked(source)``) with the support cell's text put back."""
-  if cell is None:
-    return new_source
+def unmasked(new_source: str, source: str, cells: Collection[int]) -> str:
+  """``new_source`` (from ``masked(source, cells)``) with those cells' text put back."""
+  for cell in cells:
+    start, end = _cell_start(source, cell), _cell_start(source, cell + 1)
+    new_start, new_end = _cell_start(new_source, cell), _cell_start(new_source, cell + 1)
+    new_source = new_source[:new_start] + source[start:end] + new_source[new_end:]
+  return new_source
+
+
+def cell_code(source: str, cell: int) -> str:
+  """Code cell ``cell``'s lines in the joined source, its marker line left out."""
   start, end = _cell_start(source, cell), _cell_start(source, cell + 1)
-  new_start, new_end = _cell_start(new_source, cell), _cell_start(new_source, cell + 1)
-  return new_source[:new_start] + source[start:end] + new_source[new_end:]
+  return source[source.index("\n", start) + 1 if start < len(source) else start:end]

@@ -115,18 +115,20 @@ def _support_users(args, options: Options,
     if place is not None and f"from {place.spelling} import".encode() in text:
       paths, names = users.setdefault((place.root, place.name), ([], set()))
       paths.append(result.path)
-      names |= _imported(_code_of(result.path, decoded), place.spelling)
+      for code in _code_of(result.path, decoded):
+        names |= _imported(code, place.spelling)
   return users
 
 
-def _code_of(path: str, text: str) -> str:
-  """A file's Python code: a notebook's code cells joined, else the text itself."""
+def _code_of(path: str, text: str) -> list[str]:
+  """A file's Python code: a notebook's code cells (each parses alone, as in Jupyter),
+  else the text itself."""
   try:
     code = (notebook.read_notebook(text.encode("utf-8")) if path.endswith(".ipynb")
             else notebook.read_markdown(text) if path.endswith(".md") else None)
   except ValueError:  # not a notebook after all: nothing imported from its code
-    return ""
-  return text if code is None else code.source
+    return []
+  return [text] if code is None else notebook.code_cells(code.source)
 
 
 def _imported(text: str, spelling: str) -> set[str]:

@@ -135,10 +135,10 @@ def _undecodable(result: FileResult, reason: object) -> None:
                                  f"{reason} (non-UTF-8 text needs a coding declaration)"))
 
 
-def _parse_error(result: FileResult, e: cst.ParserSyntaxError) -> None:
+def _parse_error(result: FileResult, e: cst.ParserSyntaxError, first_line: int = 1) -> None:
   # The finding says where; libcst's own "@ line:col" counts a notebook's joined cells.
   message = re.sub(r"\s*@\s*\d+:\d+\.?$", "", str(e).strip().splitlines()[0])
-  result.findings.append(Finding(e.raw_line, e.raw_column + 1, Severity.ERROR,
+  result.findings.append(Finding(e.raw_line + first_line - 1, e.raw_column + 1, Severity.ERROR,
                                  f"cannot parse the file, skipped: {message}"))
 
 
@@ -215,23 +215,20 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
     result.findings.append(Finding(1, 1, Severity.ERROR, f"not a readable notebook: {e}"))
     return
   support_cell = notebook_support.support_cell(code.cells)
-  source = notebook_support.masked(code.source, support_cell)
-  try:
-    module = cst.parse_module(source)
-  except cst.ParserSyntaxError as e:
-    _parse_error(result, e)
-    result.findings = notebook.in_cells(code, result.findings)
+  parsed = _parsed_cells(code, support_cell, result)
+  if parsed is None:
     return
+  module, source, masked, opaque = parsed
   hidden = _hidden_pmaps(code)
   if not hidden and not _KEYWORDS.search(source):
     return
   out = transform_module(module, _notebook_options(options, result.path, support_cell),
                          result.path, source=source)
   _collect(result, out)
-  result.findings = notebook.in_cells(code, result.findings + hidden)
+  result.findings = notebook.in_cells(code, opaque + result.findings + hidden)
   new_source, new_cell = notebook_support.placed(
       out.support_names if support_cell is not None else (), code.cells,
-      notebook_support.unmasked(out.module.code, code.source, support_cell))
+      notebook_support.unmasked(out.module.code, code.source, masked))
   new_raw = notebook.write_notebook(code, new_source, raw, new_cell)
   if new_raw is not None:
     result.changed, result.new_source = True, new_raw
@@ -252,22 +249,20 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
     return  # plain markdown
   hidden = _hidden_pmaps(code)
   support_cell = notebook_support.support_cell(code.cells)
-  source = notebook_support.masked(code.source, support_cell)
-  if not hidden and not _KEYWORDS.search(source):
+  if not hidden and not _KEYWORDS.search(
+      notebook_support.masked(code.source, [] if support_cell is None else [support_cell])):
     return  # no code the codemod handles
-  try:
-    module = cst.parse_module(source)
-  except cst.ParserSyntaxError as e:
-    _parse_error(result, e)
-    result.findings = notebook.in_cells(code, result.findings)
+  parsed = _parsed_cells(code, support_cell, result)
+  if parsed is None:
     return
+  module, source, masked, opaque = parsed
   out = transform_module(module, _notebook_options(options, result.path, support_cell),
                          result.path, source=source)
   _collect(result, out)
-  result.findings = notebook.in_cells(code, result.findings + hidden)
+  result.findings = notebook.in_cells(code, opaque + result.findings + hidden)
   new_source, new_cell = notebook_support.placed(
       out.support_names if support_cell is not None else (), code.cells,
-      notebook_support.unmasked(out.module.code, code.source, support_cell))
+      notebook_support.unmasked(out.module.code, code.source, masked))
   new_text = notebook.write_markdown(code, new_source)
   if new_text is not None and new_cell is not None:
     written = notebook.read_markdown(new_text)
@@ -276,6 +271,49 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   if new_text is not None:
     result.changed, result.new_source = True, new_text.encode("utf-8")
     result.diff = _diff(text, new_text, result.path)
+
+
+def _parsed_cells(code: notebook.CellCode, support_cell: int | None, result: FileResult
+                  ) -> tuple[cst.Module, str, list[int], list[Finding]] | None:
+  """The code cells parsed as one module: (the module, its source, the cells masked from
+  it, an INFO for each cell masked as it does not parse). Masked are the support cell of
+  an earlier run and, as in Jupyter, which parses each cell alone, cells that do not
+  parse as Python (pseudo-code in a document) and hold nothing the codemod converts.
+  None where a cell the codemod would read does not parse: an ERROR says where."""
+  masked = [] if support_cell is None else [support_cell]
+  source = notebook_support.masked(code.source, masked)
+  try:
+    return cst.parse_module(source), source, masked, []
+  except cst.ParserSyntaxError as e:
+    error = e
+  failing = {}  # cell: its own error
+  for i in range(len(code.cells)):
+    if i not in masked:
+      try:
+        cst.parse_module(notebook_support.cell_code(source, i))
+      except cst.ParserSyntaxError as e:
+        failing[i] = e
+  opaque = [i for i in failing if not _KEYWORDS.search(notebook_support.cell_code(source, i))]
+  if opaque:
+    masked = sorted(masked + opaque)
+    source = notebook_support.masked(code.source, masked)
+    try:
+      module = cst.parse_module(source)
+    except cst.ParserSyntaxError as e:
+      error = e
+    else:
+      return module, source, masked, [
+          Finding(code.line_starts[i], 1, Severity.INFO,
+                  "this cell does not parse as Python and holds no pmap: left as it is")
+          for i in opaque]
+  # Where a cell fails alone, its own error says where better than the joined cells'.
+  first = next((i for i in failing if i not in opaque), None)
+  if first is None:
+    _parse_error(result, error)
+  else:
+    _parse_error(result, failing[first], code.line_starts[first])
+  result.findings = notebook.in_cells(code, result.findings)
+  return None
 
 
 def _notebook_options(options: Options, path: str, support_cell: int | None) -> Options:

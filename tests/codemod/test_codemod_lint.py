@@ -54,13 +54,13 @@ def make(axes):
 import jax
 
 f = jax.pmap(lambda x: x * 2)
-g = jax.pmap(*args)
+g = jax.pmap(f, in_axis=0)  # no such argument: reported
 ''',
     # Nothing converted at all: nothing imported.
     "only_unconvertible": '''\
 import jax
 
-g = jax.pmap(*args)
+g = jax.pmap(f, in_axis=0)  # no such argument: reported
 ''',
     # The file imports jax and functools after a statement: not imported again above it.
     "imports_after_setup": '''\

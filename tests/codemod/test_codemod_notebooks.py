@@ -309,11 +309,45 @@ def test_malformed_notebooks_are_error_findings_and_the_run_goes_on(tmp_path):
 
 def test_a_cell_that_does_not_parse_is_named_with_its_own_line(tmp_path):
   # jax-md's cookbook: libcst's message counted the line in the joined cells ("@ 8:3").
-  nb = _notebook(["import jax\n"], [SITE], ["x = 1\n", "  y = 2\n"])
+  nb = _notebook(["import jax\n"], [SITE], ["x = jax.pmap\n", "  y = 2\n"])
   code, new, report = _convert(tmp_path, "nb.ipynb", json.dumps(nb).encode())
   assert code == 0 and json.loads(new) == nb
   [line] = [l for l in report.splitlines() if "cannot parse" in l]
   assert line.endswith(" ERROR cell 3, line 2: cannot parse the file, skipped: Syntax Error")
+
+
+@pytest.mark.parametrize("kind", ["ipynb", "md"])
+def test_a_cell_of_pseudo_code_without_pmap_is_left_and_the_rest_converted(tmp_path, kind):
+  # Jupyter parses each cell alone: a document's pseudo-code cell (blackjax's docs) does
+  # not keep the sites of the other cells from being converted.
+  pseudo = "for step in range(...):\n    state = update(state) ???\n"
+  cells = ["import jax\n", pseudo, SITE]
+  if kind == "ipynb":
+    data = json.dumps(_notebook(*cells)).encode()
+  else:
+    data = "".join(f"```{{code-cell}} python\n{c}```\n\n" for c in cells).encode()
+    data = b"---\njupytext:\n  text_representation:\n    format_name: myst\n---\n\n" + data
+  code, new, report = _convert(tmp_path, f"doc.{kind}", data)
+  assert code == 0, report
+  text = new.decode()
+  assert "jax.pmap" not in text and "shard_map(" in text, text
+  if kind == "md":
+    assert pseudo in text, text
+  else:
+    assert "".join(json.loads(text)["cells"][1]["source"]) == pseudo, text
+  infos = [line for line in report.splitlines() if "does not parse" in line]
+  assert len(infos) == 1 and " INFO " in infos[0] and "cell 2" in infos[0], report
+  assert "ERROR" not in report, report
+  support = (tmp_path / "pmap_shard_map.py").read_text()
+  assert "def per_device(" in support and "def placed_on(" in support, support
+
+
+def test_a_cell_that_does_not_parse_and_holds_a_pmap_stops_the_conversion(tmp_path):
+  nb = _notebook(["import jax\n"], ["f = jax.pmap(g) ???\n"], [SITE])
+  code, new, report = _convert(tmp_path, "nb.ipynb", json.dumps(nb).encode())
+  assert code == 0 and json.loads(new) == nb
+  [line] = [l for l in report.splitlines() if "ERROR" in l]
+  assert "cell 2, line 1: cannot parse" in line, report
 
 
 @pytest.mark.parametrize("first_cell", ["import jax\n",
@@ -506,7 +540,7 @@ def test_a_name_the_notebook_defines_shadows_the_automagic():
 
 def test_unparsable_cell_is_reported_at_its_cell_and_line(tmp_path):
   cells = [("markdown", "intro"), ("code", "import jax"), ("markdown", "more"),
-           ("code", "x = 1\ny = (\n")]
+           ("code", "x = jax.pmap\ny = (\n")]
   code, _, report = _convert(tmp_path, "broken.ipynb", json.dumps(_mixed_notebook(*cells)).encode())
   errors = [line for line in report.splitlines() if "ERROR" in line]
   assert len(errors) == 1 and "cell 4, line " in errors[0], report
