@@ -165,8 +165,3 @@ def unmasked(new_source: str, source: str, cells: Collection[int]) -> str:
     new_source = new_source[:new_start] + source[start:end] + new_source[new_end:]
   return new_source
 
-
-def cell_code(source: str, cell: int) -> str:
-  """Code cell ``cell``'s lines in the joined source, its marker line left out."""
-  start, end = _cell_start(source, cell), _cell_start(source, cell + 1)
-  return source[source.index("\n", start) + 1 if start < len(source) else start:end]

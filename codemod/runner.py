@@ -286,14 +286,15 @@ def _parsed_cells(code: notebook.CellCode, support_cell: int | None, result: Fil
     return cst.parse_module(source), source, masked, []
   except cst.ParserSyntaxError as e:
     error = e
+  cells = notebook.code_cells(source)
   failing = {}  # cell: its own error
-  for i in range(len(code.cells)):
+  for i, cell in enumerate(cells):
     if i not in masked:
       try:
-        cst.parse_module(notebook_support.cell_code(source, i))
+        cst.parse_module(cell)
       except cst.ParserSyntaxError as e:
         failing[i] = e
-  opaque = [i for i in failing if not _KEYWORDS.search(notebook_support.cell_code(source, i))]
+  opaque = [i for i in failing if not _KEYWORDS.search(cells[i])]
   if opaque:
     masked = sorted(masked + opaque)
     source = notebook_support.masked(code.source, masked)
