@@ -46,8 +46,8 @@ from typing import Any, cast
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import (PositionProvider, QualifiedNameProvider, QualifiedNameSource,
-                              ScopeProvider)
+from libcst.metadata import (FunctionScope, PositionProvider, QualifiedNameProvider,
+                              QualifiedNameSource, ScopeProvider)
 
 from codemod import (edits, file_style, imports, matcher_setup, pmap_patches, public_api,
                      reaching, removed_names, site_comments, site_meshes, support_module,
@@ -155,6 +155,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._file_style: file_style.FileStyle | None = None
     self._imports_requested = False
     self._support_names: list[str] = []
+    self._support_flags: set[str] = set()  # support_module.FEATURES the sites need
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._pmap_module_imports: list[tuple[str, str | None]] = []
     self._unreplicate = unreplicate.Rewrites()
@@ -173,6 +174,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     choice = targets.for_file(path if path and os.path.isfile(path) else None,
                               self._target_option)
     self.target = choice.target
+    self._choice = choice
     # libcst's runner writes the module itself (a name, never None: that is for notebooks).
     written = self.support_module or support_module.DEFAULT_NAME
     if self.support_root is not None:
@@ -666,8 +668,40 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
       self._replace_decorators(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, _comments_of(chosen))
+    self._support_flags |= {flag for flag, needed in (
+        (support_module.STATIC_ARGUMENTS, bool(static)),
+        (support_module.KEYWORD_ARGUMENTS, not self._bound_by_position(site)),
+        (support_module.SHARD_MAP_BEFORE_0_7_2,
+         self._choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES))) if needed}
     self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
                       + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
+
+  def _bound_by_position(self, site: Site) -> bool:
+    """Whether every call of the site's function binds its arguments by position: the
+    function is a def or lambda in view (every one the site's name may hold there) that
+    takes no keyword-only arguments, no ``**kwargs`` and no defaults, so a keyword call
+    names each positional parameter."""
+    funs: list[cst.CSTNode | None] = [site.fundef or site.fun]
+    if isinstance(site.fun, cst.Name) and self._module is not None:
+      scope = self.get_metadata(ScopeProvider, site.fun, None)
+      reach = reaching.reaching(self._module, self.get_metadata, site.fun)
+      if reach is None:  # an enclosing scope's name: any def that scope binds it to
+        bound = scope[site.fun.value] if scope is not None else ()
+        funs = [getattr(a, "node", None) for a in bound]
+      elif reach.outside or not reach.bindings:
+        return False
+      else:
+        values: dict[cst.CSTNode, cst.BaseExpression] = {}
+        owner = scope.node if isinstance(scope, FunctionScope) else self._module
+        owner.visit(_AssignedValues(values))
+        funs = [b if isinstance(b, cst.FunctionDef) else values.get(b)
+                for b in reach.bindings]
+      funs = funs or [None]
+    return all(isinstance(fun, (cst.FunctionDef, cst.Lambda))
+               and not fun.params.kwonly_params and fun.params.star_kwarg is None
+               and all(p.default is None for p in (*fun.params.posonly_params,
+                                                     *fun.params.params))
+               for fun in funs)
 
   def _module_constant(self, node: cst.BaseExpression) -> bool:
     """Whether ``node`` is a name the module binds once, to a string literal, and nothing
@@ -917,7 +951,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       candidates += [imports.Wanted(module_name, name, relative=relative)
                      for name in self._support_names]
     self.context.scratch[support_module.NAMES_KEY] = tuple(
-        name for name in self._support_names if imports.uses(text, name))
+        name for name in self._support_names if imports.uses(text, name)) + tuple(
+        sorted(self._support_flags))
     scope = self.get_metadata(ScopeProvider, module, None)
     return [w for w in candidates if imports.uses(text, w.bound) and not imports.binds(scope, w)]
 

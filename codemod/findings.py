@@ -54,6 +54,7 @@ class FileResult:
   diff: str = ""
   internal_error: bool = False
   io_error: bool = False  # the file could not be read or written
+  support_flags: frozenset[str] = frozenset()  # support_module.FEATURES its new code needs
 
   def not_written(self, reason: str) -> None:
     """The rewrite did not land: the file is unchanged, so no site in it was converted.

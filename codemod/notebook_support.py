@@ -111,6 +111,9 @@ def placed(names: tuple[str, ...], cells: list[str],
   """The support code for ``names``: (the joined new source with an existing support cell
   grown to hold them, or as it was; (code cell number, text) of a new cell to insert
   before that cell, or None)."""
+  # A cell holds every flag's code (``support_module.statements``): the names it lists
+  # are functions.
+  names = tuple(name for name in names if name not in support_module.FEATURES)
   if not names:
     return new_source, None
   existing = next(((i, have) for i, cell in enumerate(cells)

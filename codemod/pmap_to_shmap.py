@@ -113,10 +113,15 @@ def _support_users(args, options: Options,
     decoded = text.decode("utf-8", "replace")
     place = _placement(result.path, decoded, options, args)
     if place is not None and f"from {place.spelling} import".encode() in text:
-      paths, names = users.setdefault((place.root, place.name), ([], set()))
+      key = (place.root, place.name)
+      paths, names = users.setdefault(key, ([], set()))
       paths.append(result.path)
       for code in _code_of(result.path, decoded):
         names |= _imported(code, place.spelling)
+      # A file converted by an earlier run, whose support module is gone: its sites may
+      # need every flag's code.
+      earlier = not result.sites_converted and support_module.read(*key) is None
+      names |= support_module.FEATURES if earlier else result.support_flags
   return users
 
 

@@ -328,6 +328,7 @@ def _collect(result: FileResult, out: Transformed) -> None:
   result.findings.extend(out.findings)
   result.sites_found = out.sites_found
   result.sites_converted = out.sites_converted
+  result.support_flags = frozenset(out.support_names) & support_module.FEATURES
 
 
 def _diff(old: str, new: str, path: str) -> str:

@@ -14,6 +14,7 @@ import ast
 import enum
 import functools
 import hashlib
+import itertools
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -23,10 +24,11 @@ import libcst as cst
 
 from codemod import config_files, files
 
-# 10: shorter first_rows and device_put_replicated; 9: a header that describes the
-# module; 8: pmap_via_shard_map over per_device and placed_on; 7: static arguments and
-# on_first_call in the plain form; 6: shorter plain-form helpers
-VERSION = 10
+# 11: the code for static arguments, keyword arguments and shard_map < 0.7.2 only where
+# sites need it; 10: shorter first_rows and device_put_replicated; 9: a header that
+# describes the module; 8: pmap_via_shard_map over per_device and placed_on; 7: static
+# arguments and on_first_call in the plain form; 6: shorter plain-form helpers
+VERSION = 11
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 
@@ -72,11 +74,21 @@ _V2_TREE_DIGESTS = frozenset({
 })
 
 
+# The flags ``support_source.py`` tests (``if FLAG:``, ``a if FLAG else b``): a copy
+# keeps the code a flag guards only where the repository's sites need it.
+STATIC_ARGUMENTS = "STATIC_ARGUMENTS"  # a site with static_broadcasted_argnums
+KEYWORD_ARGUMENTS = "KEYWORD_ARGUMENTS"  # keyword arguments no position takes
+SHARD_MAP_BEFORE_0_7_2 = "SHARD_MAP_BEFORE_0_7_2"  # the repository admits such a jax
+FEATURES = frozenset({STATIC_ARGUMENTS, KEYWORD_ARGUMENTS, SHARD_MAP_BEFORE_0_7_2})
+# Functions that read their options at run time, so need every flag's code.
+_NEEDS_EVERY_FEATURE = frozenset({"pmap_via_shard_map"})
+
+
 def body(names: Collection[str] | None = None) -> str:
-  """The module's text without its header line: ``support_source.py``, or, given
-  ``names``, its docstring with just those functions, what they use and the imports
-  they need (``cut``)."""
-  return _body() if names is None else cut(frozenset(names))
+  """The module's text without its header line: all of ``support_source.py`` with every
+  flag's code, or, given ``names`` (functions and flags), its docstring with just those
+  functions, what they use and the imports they need (``cut``)."""
+  return resolved(FEATURES) if names is None else cut(frozenset(names))
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,17 +97,93 @@ def _body() -> str:
     return f.read()
 
 
+@functools.lru_cache(maxsize=16)
+def resolved(features: frozenset[str]) -> str:
+  """``support_source.py`` with each flag decided: the code under the flags in
+  ``features`` kept (unindented), the rest dropped, and the flags' definition gone."""
+  return cst.parse_module(_body()).visit(_Decided(features)).code
+
+
+class _Decided(cst.CSTTransformer):
+  """Decides each flag test: ``on`` names the flags whose code stays."""
+
+  def __init__(self, on: frozenset[str]) -> None:
+    super().__init__()
+    self.on = on
+
+  @staticmethod
+  def _flag(test: cst.BaseExpression) -> str | None:
+    return test.value if isinstance(test, cst.Name) and test.value in FEATURES else None
+
+  def leave_If(self, original_node: cst.If, updated_node: cst.If
+               ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel:
+    flag = self._flag(updated_node.test)
+    if flag is None:
+      return updated_node
+    block = (updated_node.body if flag in self.on
+             else updated_node.orelse.body if isinstance(updated_node.orelse, cst.Else)
+             else None)
+    if block is None:
+      return cst.RemoveFromParent()
+    chosen: list[cst.BaseStatement] = []
+    for stmt in block.body:  # the if's comments go with its first statement
+      assert isinstance(stmt, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+      lines = [*updated_node.leading_lines, *stmt.leading_lines] if not chosen else []
+      chosen.append(stmt.with_changes(leading_lines=lines or stmt.leading_lines))
+    return cst.FlattenSentinel(chosen)
+
+  def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp
+                  ) -> cst.BaseExpression:
+    flag = self._flag(updated_node.test)
+    if flag is None:
+      return updated_node
+    return updated_node.body if flag in self.on else updated_node.orelse
+
+  def leave_SimpleStatementLine(
+      self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+  ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+    first = updated_node.body[0]
+    if isinstance(first, cst.Assign) and all(self._flag(t.target) for t in first.targets):
+      return cst.RemoveFromParent()  # the flags' definition
+    return updated_node
+
+  def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
+                        ) -> cst.FunctionDef:
+    """Drops a parameter with a default that only dropped code read."""
+    if updated_node.deep_equals(original_node):
+      return updated_node
+    read = {n.value for n in _names_in(updated_node.body)}
+    params = updated_node.params
+    kept = [p for p in params.params if p.default is None or p.name.value in read]
+    if len(kept) == len(params.params):
+      return updated_node
+    if kept and not params.kwonly_params and isinstance(params.star_arg, cst.MaybeSentinel):
+      kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return updated_node.with_changes(params=params.with_changes(params=kept))
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+  found: list[cst.Name] = []
+
+  class Names(cst.CSTVisitor):
+    def visit_Name(self, name: cst.Name) -> None:
+      found.append(name)
+
+  node.visit(Names())
+  return found
+
+
 def source(names: Collection[str] | None = None) -> str:
   """The module's text, header included: all of it, or what ``names`` need."""
   text = body(names)
   return _HEADER.format(version=VERSION, digest=_tree_digest_cached(text)) + text
 
 
-@functools.lru_cache(maxsize=1)
-def statements() -> list[tuple[ast.stmt, str]]:
-  """The support source's top-level statements, each with its text (the comment lines
-  right above it included)."""
-  text = _body()
+@functools.lru_cache(maxsize=16)
+def statements(text: str | None = None) -> list[tuple[ast.stmt, str]]:
+  """The top-level statements of ``text`` (the support source with every flag's code
+  by default), each with its text (the comment lines right above it included)."""
+  text = resolved(FEATURES) if text is None else text
   tree = ast.parse(text)
   lines = text.splitlines(keepends=True)
   out = []
@@ -127,10 +215,10 @@ def used(node: ast.AST) -> set[str]:
   return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def needed(names: Collection[str]) -> list[tuple[ast.stmt, str]]:
-  """The support source's definitions (not its imports) that ``names`` need: theirs and
-  those they use, in the source's order."""
-  definitions = [(stmt, text) for stmt, text in statements()
+def needed(names: Collection[str], text: str | None = None) -> list[tuple[ast.stmt, str]]:
+  """The definitions (not the imports) of ``text`` (see ``statements``) that ``names``
+  need: theirs and those they use, in the source's order."""
+  definitions = [(stmt, code) for stmt, code in statements(text)
                  if not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Expr))]
   wanted = set(names)
   while True:
@@ -143,11 +231,13 @@ def needed(names: Collection[str]) -> list[tuple[ast.stmt, str]]:
 
 @functools.lru_cache(maxsize=64)
 def cut(names: frozenset[str]) -> str:
-  """The module for files that call ``names``: its docstring, the imports the kept
-  definitions read, and those definitions."""
-  kept = needed(names)
+  """The module for files that call the functions among ``names`` with the flags among
+  them: its docstring, the imports the kept definitions read, and those definitions."""
+  features = FEATURES if names & _NEEDS_EVERY_FEATURE else names & FEATURES
+  text = resolved(frozenset(features))
+  kept = needed(names - FEATURES, text)
   reads = set().union(*(used(s) for s, _ in kept))
-  every = statements()
+  every = statements(text)
   docstring = [text.strip("\n") for stmt, text in every[:1] if isinstance(stmt, ast.Expr)]
   imports = [text for stmt, text in every
              if isinstance(stmt, (ast.Import, ast.ImportFrom)) and defined(stmt) & reads]
@@ -175,6 +265,21 @@ def held(text: str) -> frozenset[str]:
                    if isinstance(stmt, ast.FunctionDef) and not name.startswith("_"))
 
 
+def held_with_flags(text: str) -> frozenset[str] | None:
+  """The public functions a support module body of this version defines, and the flags
+  whose code it holds; None for a body this version does not write (an older one's, or
+  one edited since)."""
+  has = held(text)
+  digest = tree_digest(text)
+  if digest == _tree_digest_cached(body()):
+    return has | FEATURES
+  for n in range(len(FEATURES) + 1):
+    for flags in itertools.combinations(sorted(FEATURES), n):
+      if digest == _tree_digest_cached(cut(has | frozenset(flags))):
+        return has | frozenset(flags)
+  return None
+
+
 def tree_digest(text: str) -> str | None:
   """sha256 (24 hex digits) of ``text``'s syntax tree in a canonical form; None if it
   does not parse. Formatting (indentation, quotes, line wrapping, trailing commas,
@@ -189,7 +294,7 @@ def tree_digest(text: str) -> str | None:
   return hashlib.sha256(_canonical(tree).encode("utf-8")).hexdigest()[:24]
 
 
-_tree_digest_cached = functools.lru_cache(maxsize=4)(tree_digest)
+_tree_digest_cached = functools.lru_cache(maxsize=32)(tree_digest)
 
 
 def _canonical(node: object) -> str:
@@ -427,9 +532,8 @@ def status_of(text: str | None, names: Collection[str] = ()) -> Status:
   version, digest = next(match.group(i, i + 1) for i in (1, 3, 5) if match.group(i))
   if _tree_digest_cached(body_text) != digest:
     return Status.FOREIGN
-  has = held(body_text)
-  current = digest in (_tree_digest_cached(_body()), _tree_digest_cached(cut(has)))
-  if int(version) == VERSION and current and has >= set(names):
+  has = held_with_flags(body_text)
+  if int(version) == VERSION and has is not None and has >= set(names):
     return Status.CURRENT  # possibly reformatted: left as the repository's formatter made it
   return Status.STALE
 
@@ -489,7 +593,11 @@ def wanted(text: str | None, names: Collection[str] | None) -> frozenset[str] | 
   """What a module written over ``text`` (ours, or None) must hold for ``names``."""
   if names is None:
     return None
-  return frozenset(names) | (held(text.partition("\n")[2]) if text is not None else frozenset())
+  if text is None:
+    return frozenset(names)
+  body_text = text.partition("\n")[2]
+  # An older version's copy served its files with every flag's code.
+  return frozenset(names) | (held_with_flags(body_text) or held(body_text) | FEATURES)
 
 
 def is_import_of_support(assignment) -> bool:

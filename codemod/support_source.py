@@ -8,6 +8,11 @@ import numpy as np
 
 PartitionSpec = jax.sharding.PartitionSpec
 
+# A repository's copy keeps the code under each flag only where its sites need
+# it (codemod/support_module.py cuts it): pmap's static_broadcasted_argnums;
+# keyword arguments no position takes; shard_map before jax 0.7.2.
+STATIC_ARGUMENTS = KEYWORD_ARGUMENTS = SHARD_MAP_BEFORE_0_7_2 = True
+
 # Legacy pmap kept closed-over arrays as constants of device code, as jit does.
 _PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
 
@@ -33,17 +38,23 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   @functools.wraps(fun)
   def body(*args):
     args = _at_axes(jax.numpy.squeeze, in_axes, args)
-    named = args[-1].named if args and isinstance(args[-1], _Keywords) else {}
-    args = args[:len(args) - bool(named)]
-    static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
-    run = jax.jit(fun, static_argnums=static) if _PMAP_EMBEDS_CONSTANTS else fun
-    out = run(*(a[0] if i in static else a for i, a in enumerate(args)),
-              **named)
+    if KEYWORD_ARGUMENTS:
+      named = args[-1].named if args and isinstance(args[-1], _Keywords) else {}
+      args = args[:len(args) - bool(named)]
+    if STATIC_ARGUMENTS:
+      static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
+      run = jax.jit(fun, static_argnums=static) if _PMAP_EMBEDS_CONSTANTS else fun
+      args = [a[0] if i in static else a for i, a in enumerate(args)]
+    else:
+      run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
+    out = run(*args, **named) if KEYWORD_ARGUMENTS else run(*args)
     out = _at_axes(jax.numpy.expand_dims, out_axes, out)
-    # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
-    return jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
-        sub).unflatten, jax.tree.leaves(sub)), out_axes, out,
-        is_leaf=lambda x: x is None)
+    if SHARD_MAP_BEFORE_0_7_2:
+      # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
+      out = jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
+          sub).unflatten, jax.tree.leaves(sub)), out_axes, out,
+          is_leaf=lambda x: x is None)
+    return out
 
   body.__name__ = getattr(getattr(fun, "func", fun), "__name__", "body")
   return body
@@ -73,8 +84,9 @@ def placed_on(mesh, in_specs, static_argnums=()):
   from jax.experimental import multihost_utils as hosts
 
   def place(args):
-    args = tuple(_Static((a,)) if i in static_argnums else a
-                 for i, a in enumerate(args))
+    if STATIC_ARGUMENTS:
+      args = tuple(_Static((a,)) if i in static_argnums else a
+                   for i, a in enumerate(args))
     if jax.process_count() > 1:
       return hosts.host_local_array_to_global_array(args, mesh, in_specs)
     try:
@@ -89,13 +101,16 @@ def placed_on(mesh, in_specs, static_argnums=()):
       if kwargs:  # shard_map takes positional arguments only
         bound = inspect.signature(jitted).bind(*args, **kwargs)
         args = bound.args
-        if bound.kwargs:  # keyword-only, or after a parameter left unset
-          if not (isinstance(in_specs, jax.sharding.PartitionSpec)
-                  and len(in_specs) == 1):  # pmap mapped them over axis 0
-            raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
-          args = (*args, _Keywords(bound.kwargs))
-      out = jax.tree.map(lambda part: part(), jitted(*place(args)),
-                         is_leaf=lambda x: isinstance(x, jax.tree_util.Partial))
+        if KEYWORD_ARGUMENTS:
+          if bound.kwargs:  # keyword-only, or after a parameter left unset
+            if not (isinstance(in_specs, jax.sharding.PartitionSpec)
+                    and len(in_specs) == 1):  # pmap mapped them over axis 0
+              raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
+            args = (*args, _Keywords(bound.kwargs))
+      out = jitted(*place(args))
+      if SHARD_MAP_BEFORE_0_7_2:
+        out = jax.tree.map(lambda part: part(), out, is_leaf=lambda x: isinstance(
+            x, jax.tree_util.Partial))
       if jax.process_count() == 1:
         return out
       return jax.tree.map(lambda x: hosts.global_array_to_host_local_array(

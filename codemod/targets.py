@@ -47,11 +47,24 @@ class Declared:
   high: Version | None       # the first release no longer admitted (None when unbounded)
 
 
+# The first release whose shard_map keeps a function's output tree as it is (earlier ones
+# rebuild it from placeholder leaves, which a pytree class checking its fields rejects).
+SHARD_MAP_KEEPS_OUTPUT_TREES: Version = (0, 7, 2)
+
+
 @dataclass(frozen=True)
 class Choice:
   target: str
   declared: Declared | None
   serves: bool  # whether ``target`` runs on every release the declaration admits
+
+  def admits_before(self, release: Version) -> bool:
+    """Whether the file may run on a jax older than ``release``: its repository
+    declares such a jax, or declares none and such a jax is installed (or none is)."""
+    if self.declared is not None:
+      return self.declared.low < release
+    installed = installed_version()
+    return installed is None or installed < release
 
   def note(self) -> str | None:
     """What the report says when no form runs on the whole declared range."""
@@ -87,12 +100,17 @@ def for_file(path: str | None, explicit: str | None = None) -> Choice:
 
 def installed_target() -> str:
   """'experimental' for an installed jax older than 0.6.1 (no jax.shard_map), else 'jax'."""
+  installed = installed_version()
+  return "experimental" if installed is not None and installed < FORMS["jax"][0] else "jax"
+
+
+def installed_version() -> Version | None:
+  """The installed jax's release; None where none is installed."""
   try:
     from importlib.metadata import version
-    installed = version("jax")
+    return parse_version(version("jax"))
   except Exception:  # PackageNotFoundError, or no metadata at all
-    return "jax"
-  return "experimental" if parse_version(installed) < FORMS["jax"][0] else "jax"
+    return None
 
 
 @functools.lru_cache(maxsize=256)

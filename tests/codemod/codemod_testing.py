@@ -25,6 +25,18 @@ def rewrite(source: str, **options) -> tuple[str, list]:
   return out.module.code, out.findings
 
 
+def rewrite_with_support(source: str, **options) -> tuple[str, types.ModuleType]:
+  """The codemod's output for ``source``, and the support module it writes for it (just
+  what its sites call), loaded under the name the output imports."""
+  module = cst.parse_module(textwrap.dedent(source))
+  out = transform_module(module, Options(**options))
+  written = types.ModuleType(support_module.DEFAULT_NAME)
+  written.__file__ = f"<{support_module.DEFAULT_NAME} for {sorted(out.support_names)}>"
+  exec(compile(support_module.source(out.support_names), written.__file__, "exec"),
+       written.__dict__)
+  return out.module.code, written
+
+
 def support() -> types.ModuleType:
   """The support module, as the converted code imports it (one instance per test run)."""
   name = support_module.DEFAULT_NAME

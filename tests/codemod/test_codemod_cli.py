@@ -10,6 +10,10 @@ import pytest
 
 from codemod import pmap_to_shmap, support_module
 
+# jax 0.6.0 runs the codemod here and the trees declare no jax: copies keep the code a
+# shard_map before 0.7.2 needs.
+BEFORE_0_7_2 = support_module.SHARD_MAP_BEFORE_0_7_2
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
 PLAIN = "import jax\n\nx = jax.jit(lambda v: v)\n"
@@ -73,7 +77,7 @@ def test_in_place_then_second_run_changes_nothing(tree, capsys):
   assert "from pmap_shard_map import per_device, placed_on" in written
   # The script's own copy, next to it, with what it calls.
   support = (tree / "pkg" / "pmap_shard_map.py").read_text()
-  assert support == support_module.source({"per_device", "placed_on"})
+  assert support == support_module.source({"per_device", "placed_on", BEFORE_0_7_2})
   assert not list((tree / "pkg").glob(".pmap-to-shmap-*"))
   code, out, err = run_cli("--check", tree, capsys=capsys)
   assert code == 0 and out == "", out
@@ -247,7 +251,7 @@ def test_support_module_location_and_name_follow_the_flags(tree, capsys):
                        tree / "pkg", capsys=capsys)
   assert code == 0
   assert (root / "shared" / "smap.py").read_text() == support_module.source(
-      {"per_device", "placed_on"})
+      {"per_device", "placed_on", BEFORE_0_7_2})
   assert "from shared.smap import per_device, placed_on" in (tree / "pkg" / "site.py").read_text()
 
 
@@ -260,7 +264,9 @@ def test_stale_support_module_is_replaced(tree, capsys):
   assert support_module.status_at(str(tree / "pkg"), "pmap_shard_map") is support_module.Status.STALE
   code, _, err = run_cli("--in-place", tree, capsys=capsys)
   assert code == 0 and "updated from an older version" in err
-  assert path.read_text() == support_module.source({"per_device", "placed_on"})
+  # An older copy served its files with every flag's code: the new one keeps it.
+  assert path.read_text() == support_module.source(
+      {"per_device", "placed_on", *support_module.FEATURES})
 
 
 @pytest.mark.parametrize("content", ["def on_pmap_mesh(*a, **k): ...\n", "EDITED"])

@@ -9,14 +9,13 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import types
 
 import jax
 import numpy as np
 import pytest
 
 from codemod import support_module
-from codemod_testing import load, rewrite, support
+from codemod_testing import load, rewrite, rewrite_with_support, support
 from support.compare import assert_trees_equal
 
 pytestmark = pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
@@ -929,10 +928,7 @@ def test_arguments_no_position_takes_are_mapped_over_axis_0_as_legacy_did(monkey
   partial's keyword, `key` is keyword-only; and a keyword after a parameter left to its
   default. Legacy pmap mapped both over axis 0; so does the converted site, on the
   support module as the codemod writes it for such a file (only what it calls)."""
-  new = _converted(KEYWORDS)
-  written = types.ModuleType(support_module.DEFAULT_NAME)
-  exec(compile(support_module.source({"per_device", "placed_on"}), "<written>", "exec"),
-       written.__dict__)
+  new, written = rewrite_with_support(KEYWORDS, target="experimental")
   monkeypatch.setitem(sys.modules, support_module.DEFAULT_NAME, written)
   assert_trees_equal(load(KEYWORDS, "keywords_legacy").run(),
                      load(new, "keywords_converted").run())

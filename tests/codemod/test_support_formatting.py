@@ -13,8 +13,11 @@ from codemod import support_module
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
 NAME = "pmap_shard_map.py"
-# What the converted SITE calls: the copy written next to it holds just those helpers.
+# What the converted SITE calls: the copy written next to it holds just those helpers,
+# in a repository that declares a jax whose shard_map keeps output trees (DECLARED).
 SITE_NAMES = {"per_device", "placed_on"}
+DECLARED = '[project]\nname = "tree"\ndependencies = ["jax>=0.7.2"]\n'
+
 
 # ruff format settings a repository may use (black's and pyink's styles are ruff
 # format's with these knobs): line length, indent width, quotes, docstring code.
@@ -59,6 +62,7 @@ def _converted_tree(tmp_path: pathlib.Path) -> pathlib.Path:
   """A tree whose script pkg/site.py was converted; its support copy is pkg/NAME."""
   tree = tmp_path / "tree"
   (tree / "pkg").mkdir(parents=True)
+  (tree / "pyproject.toml").write_text(DECLARED)
   (tree / "pkg" / "site.py").write_text(SITE)
   proc = _codemod(tree)
   assert proc.returncode == 0, proc.stderr

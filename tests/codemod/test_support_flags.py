@@ -1,0 +1,161 @@
+"""The support module's flags: a repository's copy keeps the code for static arguments,
+keyword arguments no position takes, and shard_map before jax 0.7.2 only where its sites
+need it (``support_module.FEATURES``); the code without a flag's part runs those sites as
+the whole module does, and a rerun keeps what a copy holds."""
+import itertools
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from codemod_testing import load, rewrite_with_support
+from support.compare import assert_trees_equal
+
+from codemod import support_module
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PLAIN = frozenset({"per_device", "placed_on"})
+FLAG_SETS = [frozenset(c) for n in range(len(support_module.FEATURES) + 1)
+             for c in itertools.combinations(sorted(support_module.FEATURES), n)]
+# What each flag's code defines or calls: present exactly where the flag is.
+MARKS = {support_module.STATIC_ARGUMENTS: "class _Static",
+         support_module.KEYWORD_ARGUMENTS: "_Keywords = ",
+         support_module.SHARD_MAP_BEFORE_0_7_2: "jax.tree_util.Partial("}
+
+
+def _ruff(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=cwd, capture_output=True,
+                        text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("flags", FLAG_SETS, ids=lambda f: "+".join(sorted(f)) or "none")
+def test_a_cut_keeps_each_flags_code_only_where_asked(tmp_path, flags):
+  text = support_module.source(PLAIN | flags)
+  for flag, mark in MARKS.items():
+    assert (mark in text) == (flag in flags), (flag, text)
+  assert not any(flag in text for flag in support_module.FEATURES)
+  assert max(map(len, text.splitlines())) <= 80
+  # Nothing left unused or undefined, and the imports sorted, as written.
+  (tmp_path / "pmap_shard_map.py").write_text(text)
+  proc = _ruff("check", "--no-cache", "--isolated", "--select", "F,I001",
+               "pmap_shard_map.py", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stdout
+  # A parameter only a dropped part read goes with it.
+  assert ("def placed_on(mesh, in_specs, static_argnums=()):" in text) == (
+      support_module.STATIC_ARGUMENTS in flags)
+
+
+def test_the_whole_module_and_run_time_options_keep_every_flags_code():
+  for names in (None, {"pmap_via_shard_map"}):
+    text = support_module.source(names)
+    assert all(mark in text for mark in MARKS.values()), names
+    assert not any(flag in text for flag in support_module.FEATURES)
+
+
+def test_a_copy_is_current_for_the_flags_it_holds_and_a_rerun_keeps_them():
+  static = PLAIN | {support_module.STATIC_ARGUMENTS}
+  text = support_module.source(static)
+  body = text.partition("\n")[2]
+  assert support_module.held_with_flags(body) == static
+  assert support_module.status_of(text, PLAIN) is support_module.Status.CURRENT
+  assert support_module.status_of(text, static) is support_module.Status.CURRENT
+  wanting = PLAIN | {support_module.KEYWORD_ARGUMENTS}
+  assert support_module.status_of(text, wanting) is support_module.Status.STALE
+  assert support_module.wanted(text, wanting) == static | wanting
+  # A copy an older version wrote served its files with every flag's code.
+  older = '"""Helpers for pmap-to-shmap\'s output (v1 sha256:000000000000000000000000)."""\n'
+  assert support_module.wanted(older, PLAIN) >= support_module.FEATURES
+
+
+SITES = {
+    "a def taking positions": ("def f(x):\n  return x\n\n\ng = jax.pmap(f, 'i')\n", set()),
+    "a lambda": ("g = jax.pmap(lambda x, y: x + y)\n", set()),
+    "a name the site rebinds": ("def main():\n  def f(x, y):\n    return x + y\n\n"
+                                "  f = jax.pmap(f, 'i')\n  return f\n", set()),
+    "a def or a partial": ("def f(x, y):\n  return x + y\n\n\nif len(__name__) > 3:\n"
+                           "  f = functools.partial(f, y=1.0)\ng = jax.pmap(f)\n",
+                           {support_module.KEYWORD_ARGUMENTS}),
+    "static arguments": ("@functools.partial(jax.pmap, static_broadcasted_argnums=1)\n"
+                         "def f(x, n):\n  return x * n\n", {support_module.STATIC_ARGUMENTS}),
+    "a keyword-only parameter": ("def f(x, *, y):\n  return x + y\n\n\ng = jax.pmap(f)\n",
+                                 {support_module.KEYWORD_ARGUMENTS}),
+    "a default": ("def f(x, y=1.0):\n  return x + y\n\n\ng = jax.pmap(f)\n",
+                  {support_module.KEYWORD_ARGUMENTS}),
+    "a partial": ("def f(x, y):\n  return x + y\n\n\n"
+                  "g = jax.pmap(functools.partial(f, y=1.0))\n",
+                  {support_module.KEYWORD_ARGUMENTS}),
+    "a function from elsewhere": ("g = jax.pmap(jax.numpy.sin)\n",
+                                  {support_module.KEYWORD_ARGUMENTS}),
+}
+
+
+@pytest.mark.parametrize("declared, old_jax", [(">=0.7.2", False), (">=0.6.1", True)])
+@pytest.mark.parametrize("site", list(SITES))
+def test_the_copy_holds_the_flags_its_sites_need(tmp_path, site, declared, old_jax):
+  code, flags = SITES[site]
+  (tmp_path / "pyproject.toml").write_text(
+      f'[project]\nname = "p"\ndependencies = ["jax{declared}"]\n')
+  (tmp_path / "site.py").write_text(f"import functools\n\nimport jax\n\n{code}")
+  proc = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--in-place",
+                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode == 0 and "1 converted" in proc.stderr, proc.stderr
+  body = (tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2]
+  expected = set(flags) | ({support_module.SHARD_MAP_BEFORE_0_7_2} if old_jax else set())
+  assert support_module.held_with_flags(body) == PLAIN | expected
+
+
+HEAD = """\
+import functools
+
+import jax
+import numpy as np
+
+
+def add(x, y):
+  return jax.lax.psum(x, "i") + y
+
+
+def scale(x, *, by):
+  return x * by
+
+
+def repeat(x, times):
+  for _ in range(times):
+    x = x * 1.5 - jax.lax.pmean(x, "i")
+  return x
+
+
+def run():
+  n = jax.local_device_count()
+  x = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
+"""
+# site -> (its pmap and calls, the flags its copy needs); keyword calls of ``add`` reach
+# its parameters by position.
+SITE_RUNS = {
+    "add": ('  p_add = jax.pmap(add, axis_name="i")\n'
+            "  out = [p_add(x, x), p_add(y=x, x=x), -np.zeros_like(x) * p_add(x, y=x)]\n",
+            set()),
+    "scale": ("  p_scale = jax.pmap(scale)\n  out = [p_scale(x, by=x), p_scale(-x, by=x)]\n",
+              {support_module.KEYWORD_ARGUMENTS}),
+    "repeat": ('  p_repeat = jax.pmap(repeat, axis_name="i", static_broadcasted_argnums=1)\n'
+               "  out = [p_repeat(x, 2), p_repeat(x, 3), p_repeat(x, 2)]\n",
+               {support_module.STATIC_ARGUMENTS}),
+}
+
+
+@pytest.mark.parametrize("sites", [*SITE_RUNS, "all"])
+def test_sites_on_the_copy_written_for_them_give_legacy_results(monkeypatch, sites):
+  """Each site alone, so its copy holds just its own flags, and all together; against
+  legacy jax.pmap, bit for bit."""
+  chosen = list(SITE_RUNS) if sites == "all" else [sites]
+  body = "".join(SITE_RUNS[name][0].replace("out = ", f"out_{name} = ") for name in chosen)
+  program = HEAD + body + f"  return [{', '.join(f'out_{name}' for name in chosen)}]\n"
+  new, written = rewrite_with_support(program, target="experimental")
+  flags = set().union(*(SITE_RUNS[name][1] for name in chosen))
+  for flag, defined in ((support_module.STATIC_ARGUMENTS, "_Static"),
+                        (support_module.KEYWORD_ARGUMENTS, "_Keywords")):
+    assert (defined in vars(written)) == (flag in flags), (flag, sorted(vars(written)))
+  monkeypatch.setitem(sys.modules, support_module.DEFAULT_NAME, written)
+  assert_trees_equal(load(program, f"flags_legacy_{sites}").run(),
+                     load(new, f"flags_converted_{sites}").run())
