@@ -329,15 +329,17 @@ def _write_support(root: str, name: str, names: set[str],
 
 
 def _unrun_formatters(results: list[FileResult]) -> list[str]:
-  """An INFO line per repository whose formatter the codemod does not run (pyink, yapf)
-  that holds changed files: those keep the codemod's layout."""
+  """An INFO line per repository whose formatter the codemod does not run (yapf, or pyink
+  where it is not installed) that holds changed files: those keep the codemod's layout."""
   changed: dict[tuple[str, str], int] = {}
   for result in results:
     found = repo_formatter.nearest(result.path) if result.changed else None
-    if found is not None and found[1] not in ("ruff", "black"):
+    if found is not None and found[1] not in ("ruff", "black") and not repo_formatter.runs(
+        found[1]):
       changed[found[:2]] = changed.get(found[:2], 0) + 1
   return [f"{_display_path(os.path.join(directory, 'pyproject.toml'))}:1:1 INFO the "
-          f"repository formats with {name} ([tool.{name}]), which the codemod does not run: "
+          f"repository formats with {name} ([tool.{name}]), which the codemod does not run"
+          f"{' (not installed here)' if name == 'pyink' else ''}: "
           f"{count} converted file{'s' * (count != 1)} below it keep{'s' * (count == 1)} "
           f"the codemod's layout; run {name} on {'it' if count == 1 else 'them'} before review"
           for (directory, name), count in sorted(changed.items())]

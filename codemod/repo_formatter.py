@@ -1,9 +1,10 @@
 """The repository's own formatter, run over a converted file that it had already formatted.
 
-A repository that formats with ruff or black checks that in CI (``ruff format --check``,
-``black --check``): a converted file laid out any other way fails that check. So where the
-repository configures one of them and the original file is exactly what it writes, the
-converted file goes through it too, and only the lines the codemod changed move.
+A repository that formats with ruff, black or pyink checks that in CI (``ruff format
+--check``, ``black --check``, ``pyink --check``): a converted file laid out any other way
+fails that check. So where the repository configures one of them and the original file is
+exactly what it writes, the converted file goes through it too, and only the lines the
+codemod changed move.
 
 Walking up from the file to the repository root, the nearest directory that configures a
 formatter decides:
@@ -15,20 +16,24 @@ formatter decides:
 - black (pyproject.toml ``[tool.black]``, or a ``black`` pre-commit hook): ``ruff format``,
   which writes black's style, with black's ``line-length``, ``skip-string-normalization``
   and ``skip-magic-trailing-comma``;
-- pyink (``[tool.pyink]``) or yapf: nothing; ruff does not write their style.
+- pyink (``[tool.pyink]``): pyink itself with that pyproject.toml, where it is installed
+  (ruff does not write its style: 4-column continuation lines in 2-column blocks);
+- yapf: nothing.
 
-The file is left as the codemod wrote it where no formatter is configured, where ruff is
-not installed, where the original is not already formatted, or where the formatted text
-would not be the same program with the same comments.
+The file is left as the codemod wrote it where no formatter is configured, where the one
+configured is not installed, where the original is not already what the installed version
+writes, or where the formatted text would not be the same program with the same comments.
 """
 from __future__ import annotations
 
 import functools
+import importlib.util
 import io
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tokenize
 from dataclasses import dataclass
 
@@ -40,17 +45,16 @@ _PRE_COMMIT_HOOK = re.compile(r"^\s*-?\s*id:\s*['\"]?(ruff-format|black)['\"]?\s
 
 @dataclass(frozen=True)
 class Formatter:
-  """``ruff format`` as the repository runs it on one file."""
-  executable: str
-  options: tuple[str, ...]  # what the command line adds to what ruff finds itself
-  name: str                 # the formatter the repository configures: ruff or black
+  """The repository's formatter as it runs on one file read from stdin."""
+  command: tuple[str, ...]  # up to the file's part: ``ruff format --line-length 100``
+  name: str                 # the formatter the repository configures: ruff, black or pyink
 
   def format(self, text: str, path: str) -> str | None:
-    """``text`` formatted as the file at ``path``; None where ruff fails on it."""
+    """``text`` formatted as the file at ``path``; None where the formatter fails on it."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
       done = subprocess.run(
-          [self.executable, "format", *self.options, "--stdin-filename", path, "-"],
+          [*self.command, "--stdin-filename", path, "-"],
           input=text.encode("utf-8"), capture_output=True, timeout=_TIMEOUT_S,
           cwd=directory if os.path.isdir(directory) else None, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -61,13 +65,25 @@ class Formatter:
 
 
 def configured(path: str) -> Formatter | None:
-  """The formatter the repository holding ``path`` configures, when ruff can run it."""
-  executable = _ruff()
+  """The formatter the repository holding ``path`` configures, where it is installed
+  (ruff runs black's style)."""
   found = nearest(path)
-  if executable is None or found is None or found[1] not in ("ruff", "black"):
+  if found is None:
     return None
-  _, name, black = found
-  return Formatter(executable, _black_options(black) if name == "black" else (), name)
+  directory, name, black = found
+  if name in ("ruff", "black") and (ruff := _ruff()) is not None:
+    return Formatter((ruff, "format", *(_black_options(black) if name == "black" else ())),
+                     name)
+  if name == "pyink" and (pyink := _pyink()) is not None:
+    return Formatter((*pyink, "--config", os.path.join(directory, "pyproject.toml"),
+                      "--quiet"), name)
+  return None
+
+
+def runs(name: str) -> bool:
+  """Whether the codemod runs the formatter ``name`` (from ``nearest``) here."""
+  return (_ruff() if name in ("ruff", "black") else _pyink() if name == "pyink"
+          else None) is not None
 
 
 def nearest(path: str) -> tuple[str, str, dict] | None:
@@ -122,6 +138,14 @@ def _ruff() -> str | None:
     return os.fspath(find_ruff_bin())
   except (ImportError, FileNotFoundError):
     return shutil.which("ruff")
+
+
+@functools.lru_cache(maxsize=1)
+def _pyink() -> tuple[str, ...] | None:
+  if importlib.util.find_spec("pyink") is not None:  # installed with this Python
+    return (sys.executable, "-m", "pyink")
+  found = shutil.which("pyink")
+  return None if found is None else (found,)
 
 
 def formatter_of(original: str, path: str) -> Formatter | None:

@@ -1,10 +1,11 @@
 """A converted file passes the repository's formatter check where the original did.
 
-Where the repository configures ruff or black (or runs either as a pre-commit hook) and
-the original file is exactly what that formatter writes, the converted file and the
-support module written next to it go through it too: checked here with ``ruff format
---check`` run with the repository's own settings. Elsewhere the codemod's own layout is
-kept, byte for byte what a run without any configuration writes."""
+Where the repository configures ruff, black or pyink (or runs ruff or black as a
+pre-commit hook) and the original file is exactly what that formatter writes, the
+converted file and the support module written next to it go through it too: checked here
+with ``ruff format --check`` (black's style) or ``pyink --check`` run with the repository's
+own settings. Elsewhere the codemod's own layout is kept, byte for byte what a run without
+any configuration writes."""
 from __future__ import annotations
 
 import os
@@ -15,8 +16,7 @@ import sys
 
 import pytest
 
-from codemod import pmap_to_shmap  # noqa: F401  (the CLI the tests run)
-from codemod import repo_formatter, support_module
+from codemod import pmap_to_shmap, repo_formatter, support_module
 
 RUFF = pathlib.Path(sys.executable).parent / "ruff"
 # Formatted as ruff and black write it at their default width.
@@ -38,6 +38,10 @@ def train(params, batches):
 '''
 # The same program in single quotes, as black writes it with skip-string-normalization.
 SINGLE_QUOTED = SITE.replace('"batch"', "'batch'")
+# The same program in 2-column blocks, as pyink writes it with pyink-indentation = 2.
+TWO_COLUMNS = SITE.replace("    ", "  ")
+PYINK_GOOGLE = ("[tool.pyink]\nline-length = 80\nunstable = true\npyink-indentation = 2\n"
+                "pyink-use-majority-quotes = true\n")
 
 
 def _repository(tmp_path: pathlib.Path, files: dict[str, str], site: str = SITE) -> pathlib.Path:
@@ -61,8 +65,13 @@ def _convert(root: pathlib.Path) -> str:
 
 
 def _format_check(root: pathlib.Path, *options: str) -> subprocess.CompletedProcess:
-  return subprocess.run([str(RUFF), "format", "--check", "--no-cache", *options, "pkg"],
-                        capture_output=True, text=True, timeout=120, check=False, cwd=root)
+  """The repository's check: ``ruff format --check`` with ``options``, or, where they
+  start with "pyink", ``pyink --check`` with the repository's pyproject.toml."""
+  command = ([sys.executable, "-m", "pyink", "--check", "--config", "pyproject.toml"]
+             if options[:1] == ("pyink",) else
+             [str(RUFF), "format", "--check", "--no-cache", *options])
+  return subprocess.run([*command, "pkg"], capture_output=True, text=True, timeout=120,
+                        check=False, cwd=root)
 
 
 BLACK_OPTIONS = ("--isolated", "--line-length", "100", "--config", "format.quote-style='preserve'")
@@ -82,6 +91,12 @@ CONFIGURED = {
     "pre-commit black": ({".pre-commit-config.yaml": (
         "repos:\n  - repo: https://github.com/psf/black\n    rev: 24.4.2\n    hooks:\n"
         "      - id: black\n")}, SITE, ("--isolated",)),
+    # Google's pyink settings (brax, chex, flax, optax, rlax)
+    "pyink": ({"pyproject.toml": PYINK_GOOGLE}, TWO_COLUMNS, ("pyink",)),
+    # ruff's lint settings beside pyink's: pyink formats
+    "ruff lint beside pyink": ({"pyproject.toml": "[tool.pyink]\nline-length = 88\n"
+                                                  "[tool.ruff.lint]\nselect = ['F']\n"},
+                               SITE, ("pyink",)),
 }
 
 
@@ -120,12 +135,10 @@ NOT_FORMATTED = {
     # configured, but this file is not what ruff writes (2-space blocks)
     "unformatted original": ({"pyproject.toml": "[tool.ruff]\nline-length = 88\n"},
                              SITE.replace("    ", "  ")),
-    # pyink and yapf are not ruff's style
-    "pyink": ({"pyproject.toml": "[tool.pyink]\nline-length = 88\n"}, SITE),
+    # yapf is not run
     "yapf": ({"pyproject.toml": "[tool.yapf]\nbased_on_style = 'pep8'\n"}, SITE),
-    # ruff's lint settings beside pyink's: pyink formats
-    "ruff lint beside pyink": ({"pyproject.toml": "[tool.pyink]\nline-length = 88\n"
-                                                  "[tool.ruff.lint]\nselect = ['F']\n"}, SITE),
+    # pyink configured, but this file is not what pyink writes (4-column blocks)
+    "unformatted for pyink": ({"pyproject.toml": PYINK_GOOGLE}, SITE),
     # a configuration ruff refuses
     "broken ruff configuration": ({"ruff.toml": "line-length = 'wide'\n"}, SITE),
 }
@@ -142,23 +155,35 @@ def test_codemod_layout_kept(tmp_path, name):
   assert (root / support).read_text() == (plain_root / support).read_text()
 
 
-@pytest.mark.parametrize("name", ["pyink", "yapf"])
-def test_a_formatter_the_codemod_does_not_run_is_named_in_the_report(tmp_path, name):
-  root = _repository(tmp_path, NOT_FORMATTED[name][0])
+def test_a_formatter_the_codemod_does_not_run_is_named_in_the_report(tmp_path):
+  root = _repository(tmp_path, NOT_FORMATTED["yapf"][0])
   run = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", str(root / "pkg")],
                        capture_output=True, text=True, timeout=300, check=False,
                        cwd=pathlib.Path(__file__).resolve().parents[2])
-  said = [line for line in run.stderr.splitlines() if f"formats with {name}" in line]
+  said = [line for line in run.stderr.splitlines() if "formats with yapf" in line]
   assert len(said) == 1 and said[0].startswith(str(root / "pyproject.toml") + ":1:1 INFO"), \
       run.stderr
-  assert f"1 converted file below it keeps the codemod's layout; run {name}" in said[0]
-  # ruff's or black's repositories, and those with none, get no such line.
-  for files in ({"pyproject.toml": "[tool.ruff]\n"}, {}):
-    other = _repository(tmp_path / str(len(files)), files)
+  assert "1 converted file below it keeps the codemod's layout; run yapf" in said[0]
+  # ruff's, black's and pyink's repositories, and those with none, get no such line.
+  for files in ({"pyproject.toml": "[tool.ruff]\n"}, {"pyproject.toml": PYINK_GOOGLE}, {}):
+    other = _repository(tmp_path / str(len(str(files))), files)
     run = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", str(other / "pkg")],
                          capture_output=True, text=True, timeout=300, check=False,
                          cwd=pathlib.Path(__file__).resolve().parents[2])
     assert "formats with" not in run.stderr, run.stderr
+
+
+def test_pyink_not_installed_is_named_in_the_report(tmp_path, monkeypatch, capsys):
+  root = _repository(tmp_path, {"pyproject.toml": PYINK_GOOGLE}, TWO_COLUMNS)
+  monkeypatch.setattr(repo_formatter, "_pyink", lambda: None)
+  assert pmap_to_shmap.main([str(root / "pkg"), "--in-place"]) == 0
+  said = [line for line in capsys.readouterr().err.splitlines() if "formats with" in line]
+  assert said == [f"{root / 'pyproject.toml'}:1:1 INFO the repository formats with pyink "
+                  "([tool.pyink]), which the codemod does not run (not installed here): 1 "
+                  "converted file below it keeps the codemod's layout; run pyink on it "
+                  "before review"]
+  assert (root / "pkg" / "train.py").read_text() == _convert(
+      _repository(tmp_path / "plain", {}, TWO_COLUMNS))
 
 
 def test_without_configuration_the_codemod_layout(tmp_path):
@@ -174,7 +199,7 @@ def _fake_formatter(tmp_path: pathlib.Path, program: str) -> repo_formatter.Form
   script.write_text(f"#!{sys.executable}\nimport sys\ntext = sys.stdin.read()\n{program}\n"
                     "sys.stdout.write(text)\n")
   script.chmod(script.stat().st_mode | stat.S_IXUSR)
-  return repo_formatter.Formatter(os.fspath(script), (), "ruff")
+  return repo_formatter.Formatter((os.fspath(script),), "ruff")
 
 
 @pytest.mark.parametrize("program", [

@@ -3,6 +3,7 @@ keyword arguments no position takes, and shard_map before jax 0.7.2 only where i
 need it (``support_module.FEATURES``); the code without a flag's part runs those sites as
 the whole module does, and a rerun keeps what a copy holds."""
 import itertools
+import json
 import pathlib
 import subprocess
 import sys
@@ -159,3 +160,21 @@ def test_sites_on_the_copy_written_for_them_give_legacy_results(monkeypatch, sit
   monkeypatch.setitem(sys.modules, support_module.DEFAULT_NAME, written)
   assert_trees_equal(load(program, f"flags_legacy_{sites}").run(),
                      load(new, f"flags_converted_{sites}").run())
+
+
+def test_a_notebooks_sites_give_their_flags_to_the_copy_beside_it(tmp_path):
+  (tmp_path / "pyproject.toml").write_text(
+      '[project]\nname = "p"\ndependencies = ["jax>=0.7.2"]\n')
+  cell = ("import functools\n\nimport jax\n\n\n"
+          "@functools.partial(jax.pmap, static_broadcasted_argnums=1)\n"
+          "def f(x, n):\n  return x * n\n")
+  notebook = {"cells": [{"cell_type": "code", "execution_count": None, "metadata": {},
+                         "outputs": [], "source": cell.splitlines(keepends=True)}],
+              "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+  (tmp_path / "run.ipynb").write_text(json.dumps(notebook))
+  proc = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--in-place",
+                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode == 0 and "1 converted" in proc.stderr, proc.stderr
+  body = (tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2]
+  assert support_module.held_with_flags(body) == PLAIN | {support_module.STATIC_ARGUMENTS}
