@@ -26,7 +26,7 @@ the files its ``--diff`` names), lost comments (the multiset of ``#`` comment to
 each original file minus the converted file's), new ruff F findings (``ruff check --select
 F`` before vs after, counted by file and code, line numbers ignored; a new file's findings
 are all new), files that lose their formatter check (where the repository configures
-ruff or black, ``codemod.repo_formatter``: a changed file that formatter left unchanged
+ruff, black or pyink and it is installed, ``codemod.repo_formatter``: a changed file that formatter left unchanged
 before and changes after; a new support module that formatter changes, where it left one
 of the changed files unchanged before), new I001
 findings (the same with ``--select I001`` where the copied tree's ruff configuration
