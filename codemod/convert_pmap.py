@@ -35,23 +35,21 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import collections
-import io
 import os
 import re
 import tokenize
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, cast
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import (FunctionScope, PositionProvider, QualifiedNameProvider,
+from libcst.metadata import (CodeRange, FunctionScope, PositionProvider, QualifiedNameProvider,
                               QualifiedNameSource, ScopeProvider)
 
-from codemod import (edits, file_style, imports, matcher_setup, pmap_patches, public_api,
-                     reaching, removed_names, site_comments, site_meshes, support_module,
-                     targets, together, unreplicate, unused_imports)
+from codemod import (imports, matcher_setup, pmap_patches, public_api, reaching,
+                     removed_apis, removed_names, site_layout, site_meshes, source_text,
+                     support_module, targets, together, unreplicate, unused_imports)
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -66,7 +64,6 @@ _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.Partiti
                          "jax._src.partition_spec.PartitionSpec"})
 _INITIALIZE = re.compile(r"\bdistributed\.initialize\(|\bfrom jax\.distributed import")
 # Comments a checker reads at the first line of the statement it reports on.
-_PRAGMA = re.compile(r"#\s*(?:type:\s*ignore|pytype:\s*disable|pyright:\s*ignore|pylint:\s*disable)")
 _INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "backend",
                     "axis_size")
 _SHARD_MAP = {"experimental": ("shard_map", "check_rep=False"),
@@ -139,20 +136,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     """Per-file state (libcst's runner reuses one command for many files)."""
     self.sites_found = 0
     self.sites_converted = 0
-    self._applied = 0
-    self._call_sites: dict[cst.CSTNode, cst.BaseExpression] = {}
-    self._arguments_below: set[cst.CSTNode] = set()  # sites whose call's arguments go below
-    self._def_sites: dict[cst.FunctionDef, list[tuple[tuple, list[cst.Decorator]]]] = {}
-    self._renames: dict[cst.CSTNode, cst.BaseExpression] = {}
-    self._renamed_lines: set[int] | None = None  # lines holding a renamed name
+    self._renames = removed_apis.Renames()  # names replaced: removed ones, pmap as a value
     self._p = "P"
     self._site_lines: list[int] = []
     self._edited_lines: set[int] = set()  # lines holding code the rewrite replaces
     self._module: cst.Module | None = None
-    self._lines: list[str] | None = None
-    self._string_starts: dict[int, int] = {}
-    self._tokens: list[tokenize.TokenInfo] = []  # the text's, read once for all who need them
-    self._file_style: file_style.FileStyle | None = None
+    self._text = source_text.SourceText("")
+    self._layout = site_layout.SiteLayout(self._text, self._position, lambda _: False)
     self._imports_requested = False
     self._support_names: list[str] = []
     self._support_flags: set[str] = set()  # support_module.FEATURES the sites need
@@ -160,7 +150,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._pmap_module_imports: list[tuple[str, str | None]] = []
     self._unreplicate = unreplicate.Rewrites()
     self._walked_idioms: cst.CSTVisitor | None = None  # walked with References, for plan()
-    self._text: str | None = None  # the module's text
     self._meshes = site_meshes.MeshPlan(cst.Module([]), self.get_metadata, set())
     # sites in the plain form -> (their mesh, the source of its devices)
     self._plain: dict[cst.CSTNode, tuple[str, str]] = {}
@@ -188,7 +177,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     new = unused_imports.apply(self.context, new, self._scopes, self.get_metadata,
                                self._edited_lines, lambda: new.code,
                                unused_imports.names_read(self._written()))
-    if self._applied != len(self._call_sites) + sum(map(len, self._def_sites.values())):
+    if not self._layout.all_applied:
       raise RuntimeError("a site planned for conversion was not rewritten")
     self.context.scratch[SITES_KEY] = (self.sites_found, self.sites_converted)
     note = choice.note()
@@ -209,9 +198,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def visit_Module(self, node: cst.Module) -> bool:
     self._module = node
     self._finder = SiteFinder(node, self.get_metadata)
-    refs = References(self.get_metadata, self.target)
+    path = self.context.filename
+    text = self._source if self._source is not None else node.code
+    self._text = source_text.SourceText(text, path if path and os.path.isfile(path) else None)
+    self._layout = site_layout.SiteLayout(self._text, self._position, self._finder.is_partial)
     # One walk, rebuilding nothing, for every analysis of the whole module.
-    self._text = text = self._source if self._source is not None else node.code
+    refs = References(self.get_metadata, self.target)
     self._walked_idioms = unreplicate.collector(self.get_metadata, text)
     together.walk(node, [refs, cast(cst.CSTVisitor, self._walked_idioms)])
     self._pmap_imports = refs.pmap_imports
@@ -224,7 +216,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self.sites_found += 1
       self._value_use(ref, refs)
     self._p = self._spec_name(node, sites)
-    self._indent_of(1)  # loads the tokens
     axes = set()
     for site in sites:
       try:
@@ -232,19 +223,18 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       except Unconvertible:
         pass
     self._meshes = site_meshes.MeshPlan(
-        node, self.get_metadata, {t.string for t in self._tokens if t.type == tokenize.NAME},
+        node, self.get_metadata, {t.string for t in self._text.tokens if t.type == tokenize.NAME},
         by_axis=len(axes) > 1)
     # A module-level mesh starts JAX's backend at import: not in a library module (whoever
     # imports it may call jax.distributed.initialize after) nor in a program that calls
     # it. Their module-level sites are made on their first call (on_first_call).
-    path = self.context.filename
     self._library_module = (public_api.module_name(path) if path and os.path.isfile(path)
                             else None)
     self._imported_before_jax_starts = bool(
         (path and os.path.isfile(path) and (
             support_module.package_of(path) is not None
             or os.path.dirname(os.path.abspath(path)) in self._run_names))
-        or _INITIALIZE.search(self._text or ""))
+        or _INITIALIZE.search(self._text.text))
     for site in sites:
       if site.absorbed:
         continue
@@ -257,7 +247,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       self._warn(finding.line, finding.column, finding.severity, finding.message)
     self._plan_renames(refs)
     converted_nodes = [s.node for s in converted]
-    edited = converted_nodes + list(self._renames) + self._unreplicate.nodes
+    edited = converted_nodes + list(self._renames.nodes) + self._unreplicate.nodes
     if not edited:
       return False  # nothing to rewrite: skip the walk
     self._site_lines = sorted(self.get_metadata(PositionProvider, n).start.line
@@ -266,6 +256,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       span = self.get_metadata(PositionProvider, n)
       self._edited_lines.update(range(span.start.line, span.end.line + 1))
     return True
+
+  def _position(self, node: cst.CSTNode) -> CodeRange:
+    return self.get_metadata(PositionProvider, node)
 
   def _scopes(self) -> set:
     """Every scope of the original module."""
@@ -385,7 +378,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if again is not None:
       return again
     end = self.get_metadata(PositionProvider, site.node).end
-    called = self._line(end.line)[end.column:].lstrip().startswith("(")
+    called = self._text.line(end.line)[end.column:].lstrip().startswith("(")
     scope = self.get_metadata(ScopeProvider, site.node, None)
     inside = scope is not None and not isinstance(scope, cst.metadata.GlobalScope)
     if not (called and inside) or self._made_per_call(site.fun, scope):
@@ -421,7 +414,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       given = level.options.get("axis_name")
       if given is None or is_none(given):
         name = DEFAULT_AXIS if depth == 0 else f"{DEFAULT_AXIS}_{depth}"
-        names.append(f"{self._style.quote}{name}{self._style.quote}")
+        names.append(f"{self._text.style.quote}{name}{self._text.style.quote}")
       else:
         names.append(_code(given))
     if len(set(names)) != len(names):
@@ -456,7 +449,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
     partial = self._partial_spelling(levels)
     pos = self.get_metadata(PositionProvider, site.node).start
-    indent = len(self._indent_of(pos.line))
+    indent = len(self._text.indent_of(pos.line))
     plain_mesh, devices = self._mesh_devices(site, extra)
     if len(levels) == 1 and (in_specs is None or out_specs is None or static_nums is None
                              or not plain_mesh):
@@ -477,16 +470,16 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       mesh_kw.append(Arg(f"axes={axes}"))
     jit_kw: list[Arg] = []
     if static is not None:
-      mesh_kw.append(Arg(self._copied(static, "static_argnums=")))
+      mesh_kw.append(Arg(self._layout.copied(static, "static_argnums=")))
       jit_kw.append(roles.setdefault("static_broadcasted_argnums",
-                                     Arg(self._copied(static, "static_argnums="))))
+                                     Arg(self._layout.copied(static, "static_argnums="))))
     for name, value in extra.items():
       assert value is not None  # extra holds the options the site sets
-      mesh_kw.append(roles.setdefault(name, Arg(self._copied(value, f"{name}="))))
+      mesh_kw.append(roles.setdefault(name, Arg(self._layout.copied(value, f"{name}="))))
     donate = outer.get("donate_argnums")
     if donate is not None:
       jit_kw.append(roles.setdefault("donate_argnums",
-                                     Arg(self._copied(donate, "donate_argnums="))))
+                                     Arg(self._layout.copied(donate, "donate_argnums="))))
     io_kw: list[Arg | Value] = [breakable(f"in_specs={in_specs}"),
                                 breakable(f"out_specs={out_specs}")]
     # pmap spanned every process's devices: each process passes host-local arrays.
@@ -508,17 +501,17 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if site.fundef is None:
       fun = levels[-1].fun
       assert fun is not None  # a call site without a function is reported, not built
-      fun_arg = Arg(Call(on_mesh, (self._copied(fun),)))
+      fun_arg = Arg(Call(on_mesh, (self._layout.copied(fun),)))
       jit = Call("jax.jit", (fun_arg, *jit_kw))
-      self._plan_call_site(site, roles, fun_arg, Call("host_local_io", (jit, *io_kw)))
+      self._layout.call_site(site, roles, fun_arg, Call("host_local_io", (jit, *io_kw)))
     else:
       jit_arg = Arg("jax.jit")  # takes the comments on pmap in partial(pmap, ...)
       jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
       decorators: list[Call | str] = [on_mesh, jit_decorator]
       decorators.append(Call(partial, ("host_local_io", *io_kw)))
-      fallback = self._attach_comments(site, roles, jit_arg if jit_kw else None,
+      fallback = self._layout.attach_comments(site, roles, jit_arg if jit_kw else None,
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
-      self._replace_decorators(site, list(reversed(decorators)), fallback, indent)
+      self._layout.decorator_site(site, list(reversed(decorators)), fallback, indent)
     # Nested pmaps (axes known only at run time are reported there, see _specs).
     self._add_imports(partial, ["on_pmap_mesh", "host_local_io"])
 
@@ -526,24 +519,24 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     """``pmap_via_shard_map(f, <pmap's arguments as written>)``, or the decorator
     ``partial(pmap_via_shard_map, ...)``: pmap's own call on a function of the support
     module with pmap's signature, each argument (and its comments) copied."""
-    roles = {name: Arg(self._copied(value, f"{name}="))
+    roles = {name: Arg(self._layout.copied(value, f"{name}="))
              for name, value in site.options.values.items() if name != "fun"}
     ref = self._pmap_named_in(site)
     if ref is not None:
       # Only the name changes: the call, its layout and its comments stay as written.
-      self._renames[ref] = cst.Name(_VALUE_PMAP)
+      self._renames.replace(ref, cst.Name(_VALUE_PMAP), self._start_line(ref))
     elif site.options.starred:
       raise Unconvertible(f"pmap's arguments are passed with * or **, so only its name can "
                           f"change, and {_VALUE_PMAP} would take the line over "
-                          f"{self._style.width} columns")
+                          f"{self._text.style.width} columns")
     elif site.fundef is None:
       assert site.fun is not None  # a call site without a function is reported, not built
-      fun_arg = Arg(self._copied(site.fun))
-      self._plan_call_site(site, roles, fun_arg, Call(_VALUE_PMAP, (fun_arg, *roles.values())))
+      fun_arg = Arg(self._layout.copied(site.fun))
+      self._layout.call_site(site, roles, fun_arg, Call(_VALUE_PMAP, (fun_arg, *roles.values())))
     else:
       decorator = Call(partial, (Arg(_VALUE_PMAP), *roles.values()))
-      fallback = self._attach_comments(site, roles, None, decorator)
-      self._replace_decorators(site, [decorator], fallback, indent)
+      fallback = self._layout.attach_comments(site, roles, None, decorator)
+      self._layout.decorator_site(site, [decorator], fallback, indent)
     self._via.add(site.node)
     self._add_imports(partial, [_VALUE_PMAP])
 
@@ -556,8 +549,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         if isinstance(ref, (cst.Name, cst.Attribute)) and qualified(
             self.get_metadata, ref) & PMAP_NAMES:
           pos = self.get_metadata(PositionProvider, ref).start
-          grown = len(self._line(pos.line)) - len(_code(ref)) + len(_VALUE_PMAP)
-          return ref if grown <= self._style.width else None
+          grown = len(self._text.line(pos.line)) - len(_code(ref)) + len(_VALUE_PMAP)
+          return ref if grown <= self._text.style.width else None
       node = node.func
     return None
 
@@ -628,7 +621,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
               if devices is not None and options.get(name) is not None]
     self._plain[site.node] = (mesh, devices or "jax.devices()")
     shard_map, check = _SHARD_MAP[self.target]
-    axes_kw = [self._copied(value, f"{name}=") for name in ("in_axes", "out_axes")
+    axes_kw = [self._layout.copied(value, f"{name}=") for name in ("in_axes", "out_axes")
                if (value := options.get(name)) is not None
                and not (isinstance(value, cst.Integer) and value.value == "0")]
     made = f"{mesh}()" if lazy else mesh
@@ -638,24 +631,24 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         *([f"static_argnums={_tuple_source(static)}"] if static else [])))
     mesh_kw = f"mesh={made}"
     pos = self.get_metadata(PositionProvider, site.node).start
-    indent = len(self._indent_of(pos.line))
+    indent = len(self._text.indent_of(pos.line))
     if first_call:
       jit = Call("jax.jit", (Call(shard_map, (Call("per_device", ("f", *axes_kw)), mesh_kw, in_arg,
                                                out_arg, check)), *jit_kw))
       build = Call("on_first_call", (Call(place, (jit,)),))
       if site.fundef is None:
         assert site.fun is not None  # a call site without a function is reported, not built
-        fun_arg = Arg(self._copied(site.fun))
-        self._plan_call_site(site, roles, fun_arg, Call(build, (fun_arg,)), chosen)
+        fun_arg = Arg(self._layout.copied(site.fun))
+        self._layout.call_site(site, roles, fun_arg, Call(build, (fun_arg,)), chosen)
       else:
-        fallback = self._attach_comments(site, roles, None, None)
-        self._replace_decorators(site, [build], fallback, indent, chosen)
+        fallback = self._layout.attach_comments(site, roles, None, None)
+        self._layout.decorator_site(site, [build], fallback, indent, chosen)
     elif site.fundef is None:
       fun = site.fun
       assert fun is not None  # a call site without a function is reported, not built
-      fun_arg = Arg(Call("per_device", (self._copied(fun), *axes_kw)))
+      fun_arg = Arg(Call("per_device", (self._layout.copied(fun), *axes_kw)))
       smap = Call(shard_map, (fun_arg, mesh_kw, in_arg, out_arg, check))
-      self._plan_call_site(site, roles, fun_arg, Call(place, (Call("jax.jit", (smap, *jit_kw)),)),
+      self._layout.call_site(site, roles, fun_arg, Call(place, (Call("jax.jit", (smap, *jit_kw)),)),
                            chosen)
     else:
       jit_arg = Arg("jax.jit")
@@ -664,10 +657,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       body: Call | str = Call(partial, ("per_device", *axes_kw)) if axes_kw else "per_device"
       # top to bottom
       decorators: list[Call | str] = [place, jit_decorator, smap, body]
-      fallback = self._attach_comments(site, roles, jit_arg if jit_kw else None,
+      fallback = self._layout.attach_comments(site, roles, jit_arg if jit_kw else None,
                                        jit_decorator if isinstance(jit_decorator, Call) else None)
-      self._replace_decorators(site, decorators, fallback, indent, chosen)
-    self._meshes.comment(site.node, _comments_of(chosen))
+      self._layout.decorator_site(site, decorators, fallback, indent, chosen)
+    self._meshes.comment(site.node, site_layout.comments_of(chosen))
     self._support_flags |= {flag for flag, needed in (
         (support_module.STATIC_ARGUMENTS, bool(static)),
         (support_module.KEYWORD_ARGUMENTS, not self._bound_by_position(site)),
@@ -724,172 +717,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                and isinstance(st.body[0].value, cst.SimpleString)
                for st in self._module.body)
 
-  def _plan_call_site(self, site: Site, roles: dict[str, Arg], fun_arg: Arg, call: Call,
-                      moved: Sequence[Arg] = ()) -> None:
-    """Plans ``call`` in place of the call site, the site's comments kept (on the
-    arguments they described, or on ``moved`` arguments, which go elsewhere; those with
-    no place before the function)."""
-    pos = self.get_metadata(PositionProvider, site.node).start
-    indent = len(self._indent_of(pos.line))
-    fun_arg.leading.extend(self._attach_comments(site, roles, fun_arg, call))
-    # What follows the site on its last line (``(x)`` of ``pmap(f)(x)``) stays there,
-    # unless the call's arguments would then pass the limit: they go on a line below.
-    end = self.get_metadata(PositionProvider, site.node).end
-    rest = self._line(end.line)[end.column:].rstrip()
-    pragma = _PRAGMA.search(rest)
-    if pragma is not None:  # goes to the statement's first line (_pragma_first)
-      rest = rest[:pragma.start()].rstrip()
-    after = len(rest)
-    text = edits.render(call, pos.column, indent, self._style, after)
-    last = text.rsplit("\n", 1)[-1]
-    if rest.startswith("(") and after > 2 and (
-        (0 if "\n" in text else pos.column) + len(last) + after > self._style.width):
-      after = 1  # the "(" stays
-      text = edits.render(call, pos.column, indent, self._style, after)
-      self._arguments_below.add(site.node)
-    expression = edits.parse_expression(text)
-    missing = _missing_comments(self._site_nodes(site), [expression], _comments_of(moved))
-    if missing:  # a comment in a place no rule covers: before the function, not lost
-      fun_arg.leading.extend(missing)
-      expression = edits.parse_expression(
-          edits.render(call, pos.column, indent, self._style, after))
-    self._call_sites[site.node] = expression
-
-  def _replace_decorators(self, site: Site, decorators: list[Call | str], fallback: list[str],
-                          indent: int, moved: Sequence[Arg] = ()) -> None:
-    """Plans ``decorators`` (top to bottom) in place of the site's run of decorators, with
-    the comments of the run kept (``fallback``: those with no place of their own; those of
-    ``moved`` arguments go elsewhere)."""
-    assert site.fundef is not None
-    originals = self._site_nodes(site)
-    first = site.fundef.decorators[site.decorators[0]]
-    new = [cst.Decorator(edits.parse_expression(
-               d if isinstance(d, str) else edits.render(d, indent + 1, indent, self._style)))
-           for d in decorators]
-    ordered: list[cst.Comment] = []
-    for i in site.decorators:
-      dec = site.fundef.decorators[i]
-      if dec is not first:
-        ordered += [line.comment for line in dec.leading_lines if line.comment is not None]
-      if dec.trailing_whitespace.comment is not None:
-        ordered.append(dec.trailing_whitespace.comment)
-    ends_line = next((c for i in site.decorators
-                      if (c := site.fundef.decorators[i].trailing_whitespace.comment)), None)
-    if ends_line is not None:
-      new[0] = new[0].with_changes(trailing_whitespace=cst.TrailingWhitespace(
-          whitespace=cst.SimpleWhitespace("  "), comment=ends_line))
-    fallback += [c.value for c in ordered if c is not ends_line]
-    kept = [line.comment.value for line in first.leading_lines if line.comment is not None]
-    fallback += _missing_comments(originals, new, kept + fallback + _comments_of(moved))
-    leading = list(first.leading_lines) + [
-        cst.EmptyLine(indent=True, comment=cst.Comment(c)) for c in fallback]
-    new[0] = new[0].with_changes(leading_lines=leading)
-    self._def_sites.setdefault(site.fundef, []).append((site.decorators, new))
-
-  def _copied(self, node: cst.BaseExpression, keyword: str = "") -> Copied:
-    """``node`` (with its parentheses) as written in the file, ``keyword`` before it."""
-    start_node = node.lpar[0] if getattr(node, "lpar", None) else node
-    end_node = node.rpar[-1] if getattr(node, "rpar", None) else node
-    start = self.get_metadata(PositionProvider, start_node).start
-    end = self.get_metadata(PositionProvider, end_node).end
-    if start.line == end.line:
-      return Copied(keyword + _code(node), start.column - len(keyword))
-    self._indent_of(1)  # loads the lines
-    assert self._lines is not None
-    lines = self._lines[start.line - 1:end.line]
-    lines[-1] = lines[-1][:end.column]
-    lines[0] = lines[0][start.column:]
-    return Copied(keyword + "\n".join(lines), start.column - len(keyword))
-
-  def _site_nodes(self, site: Site) -> list[cst.CSTNode]:
-    """The nodes the conversion replaces (their comments must all reappear)."""
-    if site.fundef is None:
-      return [site.node]
-    return [site.fundef.decorators[i] for i in site.decorators]
-
-  def _source_calls(self, level: Site) -> list[tuple[cst.Call, bool]]:
-    """The calls written at one pmap level, each with whether it is ``partial(pmap, ...)``
-    (whose first argument is pmap itself)."""
-    node = level.node.decorator if isinstance(level.node, cst.Decorator) else level.node
-    if not isinstance(node, cst.Call):
-      return []
-    if isinstance(level.node, cst.Decorator):
-      return [(node, True)]
-    if isinstance(node.func, cst.Call) and self._finder.is_partial(node.func.func):
-      return [(node, False), (node.func, True)]
-    return [(node, False)]
-
-  def _attach_comments(self, site: Site, roles: dict[str, Arg], fun_arg: Arg | None,
-                       outer: Call | None) -> list[str]:
-    """Moves the comments of the site's calls onto the arguments that replace what they
-    described; returns those with no place (for the caller to put before the site)."""
-    homeless: list[str] = []
-    placed: list[tuple[str | None, site_comments.ArgComments]] = []
-    levels = site.levels()
-    for level in levels:
-      values = level.options.values
-      copied = {id(v) for name, v in values.items()
-                if name in ("fun", "static_broadcasted_argnums", "donate_argnums", "devices",
-                            "backend", "axis_size")}
-      copied |= {id(lv.node) for lv in levels}
-      if level.fun is not None:
-        copied.add(id(level.fun))
-      for call, is_partial in self._source_calls(level):
-        found = site_comments.of_call(call, copied)
-        if outer is not None:
-          outer.head.extend(found.head)
-          outer.tail.extend(found.tail)
-          outer.close_alone |= found.close_alone and level is levels[0]
-        else:
-          homeless.extend(found.head + found.tail)
-        for i, (arg, comments) in enumerate(zip(call.args, found.args, strict=True)):
-          role = next((name for name, v in values.items() if v is arg.value), None)
-          if is_partial and i == 0:
-            role = "pmap"
-          placed.append((role, comments))
-    # axis_name shares in_specs with in_axes: in_axes's own comment keeps the line's end.
-    placed.sort(key=lambda item: item[0] == "axis_name")
-    for role, comments in placed:
-      target = roles.get(role or "", fun_arg)
-      if target is None:
-        homeless.extend(comments.leading + comments.trailing)
-        continue
-      target.leading.extend(comments.leading)
-      target.trailing.extend(comments.trailing)
-    return homeless
-
-  @property
-  def _style(self) -> file_style.FileStyle:
-    """The file's layout conventions (its line limit from its project's configuration)."""
-    if self._file_style is None:
-      self._indent_of(1)  # loads the lines
-      assert self._lines is not None
-      path = self.context.filename
-      self._file_style = file_style.detect(
-          "\n".join(self._lines), path if path and os.path.isfile(path) else None,
-          tokens=self._tokens)
-    return self._file_style
-
-  def _line(self, line: int) -> str:
-    self._indent_of(1)  # loads the lines
-    assert self._lines is not None
-    return self._lines[line - 1] if line - 1 < len(self._lines) else ""
-
-  def _indent_of(self, line: int) -> str:
-    """The indentation of ``line``; for a line that starts inside a multi-line string
-    (``\"\"\", jax.pmap(...)``), that of the line the string starts on."""
-    if self._lines is None:
-      assert self._module is not None  # set by visit_Module before any site is built
-      text = self._text if self._text is not None else self._module.code
-      # Python's line breaks only: str.splitlines also breaks at \f, \v, U+2028, ...,
-      # which would shift every later line against libcst's positions.
-      self._lines = _LINE_BREAK.split(text)
-      self._tokens = _tokens(text)
-      self._string_starts = _string_starts(self._tokens)
-    line = self._string_starts.get(line, line)
-    text = self._lines[line - 1] if line - 1 < len(self._lines) else ""
-    return text[:len(text) - len(text.lstrip())]
-
   def _specs(self, levels: list[Site], names: list[str], what: str) -> str | None:
     """Spec source for in_axes / out_axes; None for a single pmap's axes that are known
     only at run time (nested pmaps' are reported)."""
@@ -932,10 +759,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _written(self) -> str:
     """The code the rewrite writes at the sites (calls, renames, row access, decorators),
     a piece per line."""
-    written = [_code(e) for e in (*self._call_sites.values(), *self._renames.values())]
+    written = self._layout.code() + self._renames.code()
     written += self._unreplicate.code()
-    written += [_code(d.decorator) for runs in self._def_sites.values() for _, new in runs
-                for d in new]
     written += self._meshes.decorators() + self._meshes.device_lists()
     return "\n".join(written)
 
@@ -965,7 +790,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     replaced = {w.name for w in wanted if w.name in removed_names.SUPPORT_CALLS.values()}
     updated_node = imports.without(updated_node, ("jax", "jax.api"), replaced)
     path = self.context.filename
-    return imports.add(updated_node, wanted, self._style.width, style=self._style.imports,
+    style = self._text.style
+    return imports.add(updated_node, wanted, style.width, style=style.imports,
                        here=os.path.dirname(os.path.abspath(path)) if path else None)
 
   # ----- names newest JAX removed (--target jax) -----
@@ -973,17 +799,14 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def _plan_renames(self, refs: References) -> None:
     if self.target != "jax":
       return
-    for node, new_name in refs.renames:
-      self._renames[node] = edits.parse_expression(new_name)
-      self._report(node, Severity.INFO, f"{_code(node)} rewritten to {new_name}, which "
-                   "newest JAX keeps")
-    for node, support_name in refs.support_calls:
-      self._renames[node] = cst.Name(support_name)
-      self._import_support(support_name)
-      self._report(node, Severity.INFO, removed_names.SUPPORT_CALL_MESSAGE.format(
-          old=_code(node), new=support_name,
-          module=self.support_module or support_module.DEFAULT_NAME))
-    for module, name, alias in refs.removed_imports:
+    known = len(self._renames.findings)
+    removed_apis.plan(refs, lambda node: self.get_metadata(PositionProvider, node),
+                      self.support_module, into=self._renames)
+    for finding in self._renames.findings[known:]:
+      self._warn(finding.line, finding.column, finding.severity, finding.message)
+    for name in self._renames.support_names:
+      self._import_support(name)
+    for module, name, alias in self._renames.removed_imports:
       RemoveImportsVisitor.remove_unused_import(self.context, module, name, alias)
 
   def _leave_if_patched(self, text: str, found: Found, refs: References) -> bool:
@@ -1053,7 +876,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                    "hand or use --strategy shim")
       return
     self.sites_converted += 1
-    self._renames[ref] = cst.Name(_VALUE_PMAP)
+    self._renames.replace(ref, cst.Name(_VALUE_PMAP), self._start_line(ref))
     self._add_imports("", [_VALUE_PMAP])
     self._report(ref, Severity.INFO,
                  f"pmap used as a value here rewritten to {_VALUE_PMAP} (support module): "
@@ -1063,11 +886,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   # ----- x[0] of the converted sites' outputs -----
 
   def _plan_unreplicate(self, module: cst.Module, converted: list[Site]) -> None:
-    style = self._style  # loads the lines
-    assert self._lines is not None
     self._unreplicate = unreplicate.plan(
         module, self.get_metadata, [s.node for s in converted if s.fundef is None],
-        [s.fundef for s in converted if s.fundef is not None], style.width, self._lines,
+        [s.fundef for s in converted if s.fundef is not None], self._text.style.width,
+        self._text.lines,
         walked=self._walked_idioms)
     for name in self._unreplicate.support_names():
       self._import_support(name)
@@ -1094,59 +916,36 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   # ----- applying it -----
 
-  def _rename(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
-    new = self._renames.get(original)
-    if new is None:
-      return updated
-    return new.with_changes(lpar=getattr(updated, "lpar", ()), rpar=getattr(updated, "rpar", ()))
-
   def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-    return cast(cst.BaseExpression, self._rename(original_node, updated_node))
+    return cast(cst.BaseExpression, self._renames.apply(original_node, updated_node))
 
   def leave_Attribute(self, original_node: cst.Attribute,
                       updated_node: cst.Attribute) -> cst.BaseExpression:
-    return cast(cst.BaseExpression, self._rename(original_node, updated_node))
+    return cast(cst.BaseExpression, self._renames.apply(original_node, updated_node))
 
   def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-    if original_node.func in self._arguments_below and updated_node.args:
-      updated_node = updated_node.with_changes(whitespace_before_args=cst.ParenthesizedWhitespace(
-          indent=True, last_line=cst.SimpleWhitespace(self._style.hang)))
-    replacement = self._call_sites.get(original_node)
-    if replacement is None:
+    updated_node = self._layout.arguments_moved(original_node, updated_node)
+    new = self._layout.replacement(original_node, updated_node)
+    if new is None:
       return cast(cst.BaseExpression, self._unreplicate.apply(original_node, updated_node))
-    self._applied += 1
-    return replacement.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
-
-  def _fitted(self, original: cst.SimpleStatementLine,
-              updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
-    """A one-line statement a rename took past the limit, laid out again over lines
-    where they fit (``edits.arguments_broken``); else as it is."""
-    if self._renamed_lines is None:
-      self._renamed_lines = {self.get_metadata(PositionProvider, node).start.line
-                             for node in self._renames}
-    pos = self.get_metadata(PositionProvider, original)
-    if pos.start.line != pos.end.line or pos.start.line not in self._renamed_lines:
-      return updated
-    indent = self._indent_of(pos.start.line)
-    code = _code(updated.with_changes(leading_lines=[])).rstrip("\n")
-    if len(indent) + len(code) <= self._style.width:
-      return updated
-    return edits.arguments_broken(updated, indent, self._style) or updated
+    return new
 
   def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
     updated = super().on_leave(original_node, updated_node)
     if (isinstance(original_node, cst.SimpleStatementLine)
-        and isinstance(updated, cst.SimpleStatementLine) and self._renames):
-      updated = self._fitted(original_node, updated)
+        and isinstance(updated, cst.SimpleStatementLine) and self._renames.nodes):
+      at = self.get_metadata(PositionProvider, original_node)
+      updated = self._renames.fitted(at, updated, self._text.indent_of(at.start.line),
+                                     self._text.style)
     if (isinstance(original_node, cst.SimpleStatementLine)
         and isinstance(updated, cst.SimpleStatementLine) and updated is not original_node):
-      updated = _pragma_first(updated)
+      updated = site_layout.pragma_first(updated)
     if (not isinstance(original_node, cst.BaseStatement)
         or not self._meshes.has_statements_before(original_node)):
       return updated
     line = self.get_metadata(PositionProvider, original_node).start.line
-    meshes = self._meshes.statements_before(original_node, self._style,
-                                            len(self._indent_of(line)))
+    meshes = self._meshes.statements_before(original_node, self._text.style,
+                                            len(self._text.indent_of(line)))
     if not meshes or not isinstance(updated, cst.BaseStatement):
       return updated
     # The meshes take the blank lines before the statement (and a notebook's cell
@@ -1162,7 +961,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     kept = blanks if isinstance(updated, (cst.FunctionDef, cst.ClassDef)) else []
     if isinstance(updated, (cst.FunctionDef, cst.ClassDef)) and not kept:
       # at the top of a notebook's cell: the blank lines a def wants after a statement
-      kept = [cst.EmptyLine(indent=False)] * (1 if self._indent_of(line) else 2)
+      kept = [cst.EmptyLine(indent=False)] * (1 if self._text.indent_of(line) else 2)
     if any(isinstance(m, cst.FunctionDef) for m in meshes):
       # A mesh made by a function: two blank lines around each def, as at module level
       # (none above the first at the top of a notebook's cell).
@@ -1178,57 +977,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
 
   def leave_FunctionDef(self, original_node: cst.FunctionDef,
                         updated_node: cst.FunctionDef) -> cst.FunctionDef:
-    runs = self._def_sites.get(original_node)
-    if not runs:
-      return updated_node
-    replace = {indices[0]: (set(indices), new) for indices, new in runs}
-    out: list[cst.Decorator] = []
-    skip: set = set()
-    for i, dec in enumerate(updated_node.decorators):
-      if i in replace:
-        skip, new = replace[i]
-        out.extend(new)
-        self._applied += 1
-      elif i not in skip:
-        out.append(dec)
-    return updated_node.with_changes(decorators=out)
-
-
-def _pragma_first(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
-  """``statement`` with a checker's comment (``# type: ignore``) that ended its one line
-  moved to the end of its first line, now that it spans several: mypy, pytype and pylint
-  read it there."""
-  comment = statement.trailing_whitespace.comment
-  if comment is None or not _PRAGMA.match(comment.value) or "\n" not in _code(
-      statement.with_changes(leading_lines=[])).rstrip("\n"):
-    return statement
-  moved = statement.visit(_FirstLineComment(comment))
-  if moved is statement:
-    return statement
-  return cast(cst.SimpleStatementLine, moved).with_changes(
-      trailing_whitespace=statement.trailing_whitespace.with_changes(
-          whitespace=cst.SimpleWhitespace(""), comment=None))
-
-
-class _FirstLineComment(cst.CSTTransformer):
-  """Puts ``comment`` at the end of the first line break of the node, where none is."""
-
-  def __init__(self, comment: cst.Comment):
-    self.comment = comment
-    self.first: cst.ParenthesizedWhitespace | None = None
-
-  def visit_ParenthesizedWhitespace(self, node: cst.ParenthesizedWhitespace) -> bool:
-    if self.first is None:
-      self.first = node
-    return False
-
-  def leave_ParenthesizedWhitespace(self, original_node: cst.ParenthesizedWhitespace,
-                                    updated_node: cst.ParenthesizedWhitespace
-                                    ) -> cst.ParenthesizedWhitespace:
-    if original_node is not self.first or updated_node.first_line.comment is not None:
-      return updated_node
-    return updated_node.with_changes(first_line=updated_node.first_line.with_changes(
-        whitespace=cst.SimpleWhitespace("  "), comment=self.comment))
+    return self._layout.apply_decorators(original_node, updated_node)
 
 
 def _tuple_source(values: tuple[int, ...]) -> str:
@@ -1244,49 +993,6 @@ def _keyword(arg: Arg) -> str:
 _VALUE_PMAP = "pmap_via_shard_map"
 # A mesh device list that counts the rows of the call's arguments, as legacy pmap did.
 _BY_ROWS = "pmap_devices("
-
-
-def _comments_of(args: Sequence[Arg]) -> list[str]:
-  return [c for arg in args for c in arg.leading + arg.trailing]
-
-
-def _missing_comments(originals: Sequence[cst.CSTNode], new: Sequence[cst.CSTNode],
-                      placed: Sequence[str] = ()) -> list[str]:
-  """The comments of ``originals`` that neither ``new`` nor ``placed`` holds (as many times)."""
-  have = collections.Counter(c.value for node in new for c in site_comments.comments_in(node))
-  have.update(placed)
-  missing = []
-  for node in originals:
-    for comment in site_comments.comments_in(node):
-      if have[comment.value]:
-        have[comment.value] -= 1
-      else:
-        missing.append(comment.value)
-  return missing
-
-
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-def _tokens(text: str) -> list[tokenize.TokenInfo]:
-  """The tokens of ``text`` (any line breaks), up to where it stops tokenizing."""
-  found: list[tokenize.TokenInfo] = []
-  try:
-    found.extend(tokenize.generate_tokens(io.StringIO(text, newline=None).readline))
-  except (tokenize.TokenError, IndentationError, SyntaxError):
-    pass
-  return found
-
-
-def _string_starts(tokens: list[tokenize.TokenInfo]) -> dict[int, int]:
-  """Line -> the line its multi-line string token starts on, for every line that starts
-  inside one (1-based), from the text's ``tokens``."""
-  starts: dict[int, int] = {}
-  for tok in tokens:
-    if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
-      for line in range(tok.start[0] + 1, tok.end[0] + 1):
-        starts[line] = starts.get(tok.start[0], tok.start[0])
-  return starts
 
 
 def _code(node: cst.CSTNode | None) -> str:

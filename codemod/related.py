@@ -3,7 +3,8 @@
 ``jax.device_put_replicated`` / ``device_put_sharded`` (removed from newer JAX: rewritten
 for ``--target jax``, reported otherwise), the ``jax.tree_map`` family (rewritten for
 ``--target jax``), other removed modules (reported), the ``x[0]`` / ``unreplicate``
-idiom on pmap outputs and ``jax.local_device_count()``-sized reshapes. Rewrites are collected here and applied by the command.
+idiom on pmap outputs and ``jax.local_device_count()``-sized reshapes. The removed names
+are collected here and rewritten by ``removed_apis``.
 """
 from __future__ import annotations
 
@@ -56,10 +57,11 @@ GUIDANCE = {
 class RelatedPatterns(cst.CSTVisitor):
   """Collects report entries for the related patterns into ``findings``."""
 
-  def __init__(self, get_metadata: Callable, target: str):
+  def __init__(self, get_metadata: Callable, target: str, removed_only: bool = False):
     # The command's metadata lookup: this visitor walks the command's tree, not its own.
     self.get_metadata = get_metadata  # type: ignore[method-assign]
     self.rewrite_removed = target == "jax"
+    self.removed_only = removed_only  # the removed names alone: no pmap idioms
     self.findings: list[Finding] = []
     self.renames: list[tuple[cst.CSTNode, str]] = []        # node -> dotted replacement
     self.support_calls: list[tuple[cst.CSTNode, str]] = []  # callee -> support function
@@ -117,7 +119,26 @@ class RelatedPatterns(cst.CSTVisitor):
     if advice:
       self._finding(node, Severity.WARNING, advice)
 
+  def visit_Import(self, node: cst.Import) -> bool:
+    self.removed_imports_of(node)
+    return False
+
+  def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    self.removed_imports_of(node)
+    return False
+
+  def visit_Attribute(self, node: cst.Attribute) -> bool:
+    return not (node.attr.value in removed_names.LAST_NAMES and self.removed_name(node))
+
+  def visit_Name(self, node: cst.Name) -> None:
+    if node.value in self.removed_spellings:
+      self.removed_name(node)
+
+  # ----- pmap idioms -----
+
   def visit_Call(self, node: cst.Call) -> None:
+    if self.removed_only:
+      return
     if _is_reshape(node):
       self._reshape_depth += 1
     func = node.func
@@ -139,11 +160,13 @@ class RelatedPatterns(cst.CSTVisitor):
       self._add(node, "local_count")
 
   def leave_Call(self, original_node: cst.Call) -> None:
-    if _is_reshape(original_node):
+    if not self.removed_only and _is_reshape(original_node):
       self._reshape_depth -= 1
 
   def visit_Lambda(self, node: cst.Lambda) -> None:
     # `lambda x: x[0]`, the hand-written unreplicate.
+    if self.removed_only:
+      return
     body = node.body
     params = node.params.params
     if (len(params) == 1 and isinstance(body, cst.Subscript) and isinstance(body.value, cst.Name)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 
-from codemod import removed_names, together
+from codemod import together
 from codemod.axes_to_specs import Unconvertible
 from codemod.bound_targets import BindingTargets
 from codemod.related import RelatedPatterns
@@ -133,16 +133,11 @@ class References(RelatedPatterns, BindingTargets):
     self.bound: set[cst.CSTNode] = set()  # assignment, del and loop targets
     self.metadata_only: set[cst.CSTNode] = set()  # what wraps / update_wrapper copy from
 
-  def visit_Import(self, node: cst.Import) -> bool:
-    self.removed_imports_of(node)
-    return False
-
   def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-    self.removed_imports_of(node)
     for module, alias in pmap_imports_of(node):
       self.pmap_imports.append((module, alias))
       self.pmap_spellings.add(alias or "pmap")
-    return False
+    return super().visit_ImportFrom(node)
 
   # Qualified names are computed lazily, per node: ask only where the spelling could be pmap.
   def visit_Attribute(self, node: cst.Attribute) -> bool:
@@ -155,15 +150,13 @@ class References(RelatedPatterns, BindingTargets):
           alias = node.value.value
           self.pmap_module_imports.add((module, None if alias == module else alias))
         return False
-    if node.attr.value in removed_names.LAST_NAMES and self.removed_name(node):
-      return False
-    return True
+    return super().visit_Attribute(node)
 
   def visit_Name(self, node: cst.Name) -> None:
     if node.value in self.pmap_spellings and qualified(self.get_metadata, node) & PMAP_NAMES:
       self.refs.append(node)
-    elif node.value in self.removed_spellings:
-      self.removed_name(node)
+    else:
+      super().visit_Name(node)
 
   def visit_Call(self, node: cst.Call) -> None:
     self.calls.append(node)
