@@ -1,33 +1,23 @@
 """Rewrites JAX pmap sites into ``jax.jit`` over ``jax.shard_map`` with equivalent specs.
 
-Sites are found by meaning (``sites.References``, ``site_finder``): ``jax.pmap(f, ...)``
-in any spelling, ``partial(jax.pmap, ...)(f)``, and the decorators ``@jax.pmap`` /
-``@partial(jax.pmap, ...)``. A decorator site becomes
+The command is a pipeline of rewrites that share one resolution of libcst's metadata and
+one walk of the tree (a libcst command per rewrite would resolve the metadata again for
+each, which costs as much as the whole rewrite). On the original tree, where the metadata
+lives, each rewrite plans its changes keyed by the nodes they replace:
 
-    @placed_on(mesh, P("i"))
-    @functools.partial(jax.jit, donate_argnums=(0,))
-    @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
-                       check_vma=False)
-    @per_device
+  analysis      ``sites.References`` and ``site_finder`` (the sites, found by meaning: any
+                spelling of ``jax.pmap(f, ...)``, ``partial(jax.pmap, ...)(f)``, the
+                decorators) with ``unreplicate``'s collector, in one read-only walk
+  patches       ``pmap_patches``: the sites that may run where the file (or the run)
+                replaces jax.pmap are left as they are, and reported
+  sites         ``site_forms``: each site's new code, laid out by ``site_layout`` with its
+                comments, its mesh a statement ``site_meshes`` places
+  pmap values   pmap handed around as a value becomes ``pmap_via_shard_map`` (here)
+  row access    ``unreplicate``: ``x[0]`` of converted outputs becomes ``first_row(x)``
+  removed names ``removed_apis`` (``--target jax``; also a libcst command of its own)
 
-and a call ``placed_on(mesh, P("i"))(jax.jit(jax.shard_map(per_device(f), mesh=mesh,
-...)))``: the specs are pmap's in_axes / out_axes, the mesh a statement the file gets
-where it builds the pmap (``site_meshes``), and ``per_device`` / ``placed_on`` (from the
-support module the converted tree gets once, see ``codemod.support_module``) pmap's view
-of the arguments and its placement of them; static_broadcasted_argnums go to both jit
-and placed_on, devices / backend / axis_size to the mesh's devices. A module-level site
-of a library module (or of a program calling jax.distributed.initialize) runs on a mesh
-a cached function builds, and is that code in ``on_first_call(lambda f: ...)`` where
-importing the module builds it (not in a lambda). The sites that may run where the file
-replaces jax.pmap, and those of a module whose own ``pmap`` the run replaces, are left
-(``pmap_patches``). A site whose
-options plain code cannot express (axes held in variables, ...) keeps pmap's call, its
-arguments as written, on ``pmap_via_shard_map`` (the support module's function with
-pmap's signature); nested pmaps become ``host_local_io(jax.jit(on_pmap_mesh(...)(f)),
-...)``, which builds pmap's mesh on the first call. A site that cannot be converted
-exactly is left as it is and reported as an ERROR with the reason. With ``--target jax``
-the names newest JAX removed are rewritten (the ``jax.tree_map`` family,
-``device_put_replicated`` / ``device_put_sharded``) or reported. Findings go to the
+then one transforming walk applies every plan, ``imports`` puts the new imports in their
+groups and ``unused_imports`` drops those the rewrite left unread. Findings go to the
 context's warnings (``self.warn``), one ``line:col SEVERITY message`` each; the site
 counts to ``context.scratch``.
 """
@@ -44,45 +34,18 @@ from typing import Any, cast
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import (CodeRange, FunctionScope, PositionProvider, QualifiedNameProvider,
-                              QualifiedNameSource, ScopeProvider)
+from libcst.metadata import CodeRange, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (imports, matcher_setup, pmap_patches, public_api, reaching,
-                     removed_apis, removed_names, site_layout, site_meshes, source_text,
+from codemod import (imports, matcher_setup, pmap_patches, public_api, removed_apis,
+                     removed_names, site_forms, site_layout, site_meshes, source_text,
                      support_module, targets, together, unreplicate, unused_imports)
-from codemod.edits import Arg, Call, Copied, Value, breakable
-from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
+from codemod.axes_to_specs import Unconvertible
 from codemod.findings import SITES_KEY, Finding, Severity
 from codemod.site_finder import Found, SiteFinder
-from codemod.sites import (PARTIAL_NAMES, PMAP_NAMES, PmapOptions, References, Site, int_tuple,
-                           is_none, qualified)
+from codemod.sites import References, Site
 
-DEFAULT_AXIS = "devices"
 TARGETS = targets.TARGETS
-_SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.PartitionSpec",
-                         "jax.experimental.pjit.PartitionSpec",
-                         "jax._src.partition_spec.PartitionSpec"})
 _INITIALIZE = re.compile(r"\bdistributed\.initialize\(|\bfrom jax\.distributed import")
-# Comments a checker reads at the first line of the statement it reports on.
-_INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "backend",
-                    "axis_size")
-_SHARD_MAP = {"experimental": ("shard_map", "check_rep=False"),
-              "jax": ("jax.shard_map", "check_vma=False")}
-
-
-def _forwarded_global_arg_shapes(levels: list[Site]) -> list[cst.BaseExpression]:
-  """The ``global_arg_shapes`` values that are names passed through (a wrapper forwarding
-  its own parameter, None unless its caller set it): the converted site drops them. A
-  value written out is an error legacy pmap raised, so such a site is not converted."""
-  forwarded: list[cst.BaseExpression] = []
-  for level in levels:
-    shapes = level.options.get("global_arg_shapes")
-    if shapes is None or is_none(shapes):
-      continue
-    if not isinstance(shapes, (cst.Name, cst.Attribute)):
-      raise Unconvertible("global_arg_shapes is set (legacy pmap rejects it with ValueError)")
-    forwarded.append(shapes)
-  return forwarded
 
 
 class ConvertPmapCommand(VisitorBasedCodemodCommand):
@@ -137,7 +100,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self.sites_found = 0
     self.sites_converted = 0
     self._renames = removed_apis.Renames()  # names replaced: removed ones, pmap as a value
-    self._p = "P"
     self._site_lines: list[int] = []
     self._edited_lines: set[int] = set()  # lines holding code the rewrite replaces
     self._module: cst.Module | None = None
@@ -151,11 +113,6 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._unreplicate = unreplicate.Rewrites()
     self._walked_idioms: cst.CSTVisitor | None = None  # walked with References, for plan()
     self._meshes = site_meshes.MeshPlan(cst.Module([]), self.get_metadata, set())
-    # sites in the plain form -> (their mesh, the source of its devices)
-    self._plain: dict[cst.CSTNode, tuple[str, str]] = {}
-    self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
-    self._imported_before_jax_starts = False  # see visit_Module
-    self._library_module: str | None = None  # the dotted name of a public library module
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     self._reset()
@@ -215,11 +172,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for ref in found.values:
       self.sites_found += 1
       self._value_use(ref, refs)
-    self._p = self._spec_name(node, sites)
     axes = set()
     for site in sites:
       try:
-        axes.add(tuple(self._axis_names(site)))
+        axes.add(tuple(site_forms.axis_names(site, self._text.style.quote)))
       except Unconvertible:
         pass
     self._meshes = site_meshes.MeshPlan(
@@ -228,18 +184,27 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # A module-level mesh starts JAX's backend at import: not in a library module (whoever
     # imports it may call jax.distributed.initialize after) nor in a program that calls
     # it. Their module-level sites are made on their first call (on_first_call).
-    self._library_module = (public_api.module_name(path) if path and os.path.isfile(path)
-                            else None)
-    self._imported_before_jax_starts = bool(
+    imported_before_jax_starts = bool(
         (path and os.path.isfile(path) and (
             support_module.package_of(path) is not None
             or os.path.dirname(os.path.abspath(path)) in self._run_names))
         or _INITIALIZE.search(self._text.text))
+    forms = site_forms.SiteForms(
+        module=node, get_metadata=self.get_metadata, text=self._text, layout=self._layout,
+        meshes=self._meshes, renames=self._renames, choice=self._choice,
+        spec=site_forms.spec_name(self.get_metadata, sites), report=self._report,
+        library_module=(public_api.module_name(path) if path and os.path.isfile(path)
+                        else None),
+        imported_before_jax_starts=imported_before_jax_starts)
     for site in sites:
       if site.absorbed:
         continue
       self.sites_found += 1
-      self._convert(site)
+      forms.convert(site)
+    self.sites_converted += forms.converted
+    self._support_flags |= forms.support_flags
+    if forms.converted:
+      self._add_imports(forms.support_names)
     converted = [s for s in sites if not s.absorbed and s.error is None]
     if self.sites_converted:
       self._plan_unreplicate(node, converted)
@@ -280,471 +245,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         return False
     return super().on_visit(node)
 
-  def _report_public(self, site: Site) -> None:
-    """A site in a library's public API changes it for every caller: said at the site."""
-    if self._library_module is None or self._module is None:
-      return
-    line = self.get_metadata(PositionProvider, site.node).start.line
-    name = public_api.holder(self._module, self.get_metadata, line)
-    if name is not None:
-      self._report(site.node, Severity.WARNING,
-                   f"{self._library_module}.{name} is public API of a library, so this "
-                   "rewrite changes it for every caller: a result of the site it hands on is "
-                   "now an array on a NamedSharding mesh, not a PmapSharding one (the same "
-                   "values; a caller's own x[0] on it gathers across devices and may read "
-                   "-0.0 as 0.0): say so in the release notes")
-
-  def _spec_name(self, module: cst.Module, sites: list[Site]) -> str:
-    """``P`` unless the file binds ``P`` to something other than PartitionSpec."""
-    for site in sites:
-      scope = self.get_metadata(ScopeProvider, site.node, None)
-      if scope is None:
-        continue
-      names = {q.name for q in scope.get_qualified_names_for("P")}
-      if names - _SPEC_NAMES:
-        return "jax.sharding.PartitionSpec"
-    return "P"
-
-  # ----- building the replacement -----
-
-  def _convert(self, site: Site) -> None:
-    if site.error is None:
-      try:
-        self._build(site)
-      except Unconvertible as e:
-        site.error = str(e)
-    if site.error is not None:
-      self._report(site.node, Severity.ERROR, f"pmap left unchanged: {site.error}")
-      return
-    self.sites_converted += 1
-    self._report_public(site)
-    names = ", ".join(self._axis_names(site))
-    plain = self._plain.get(site.node)
-    if site.node in self._via:
-      self._report(site.node, Severity.INFO,
-                   f"pmap converted to {_VALUE_PMAP} (support module) with the same arguments: "
-                   "pmap's signature over jax.jit and shard_map, for options known only at run "
-                   "time")
-    elif plain is None:
-      why = ""
-      if self._meshes.at_module_level(site.node) and self._imported_before_jax_starts:
-        why = ("; at module level in a library module or a program that calls "
-               "jax.distributed.initialize: its mesh is built on the first call, not when "
-               "the module is imported")
-      self._report(site.node, Severity.INFO,
-                   f"pmap converted to jax.jit(shard_map) over mesh axes {names}{why}")
-    else:
-      mesh, devices = plain
-      rows = ""
-      if devices.startswith(_BY_ROWS):
-        rows = (" (the devices legacy pmap mapped these arguments over: as many as they "
-                "have rows)")
-      elif devices.startswith("jax.devices(") and devices.endswith(")"):
-        # Legacy pmap chose its devices from the arguments, on every call.
-        rows = (f"; legacy pmap mapped over as many devices as the arguments have rows: "
-                f"where they can have fewer, build the mesh over {devices}[:rows]")
-      self._report(site.node, Severity.INFO,
-                   f"pmap converted to jax.jit(shard_map) on {mesh}, a mesh over {devices} "
-                   f"with axis {names}" + self._meshes.where(site.node) + rows)
-      again = self._evaluated_again(site)
-      if (again is not None and isinstance(site.fun, cst.Attribute)
-          and not self._module_attribute(site.fun)):
-        # A bound method is a new object on each access: legacy pmap compiled it again
-        # too; a function held in an attribute is the same object, which it reused.
-        self._report(site.node, Severity.WARNING,
-                     f"the converted site is built {again}: each time makes a new jax.jit, "
-                     f"which traces and compiles again; legacy pmap did too if {_code(site.fun)} "
-                     "is a bound method (a new object on each access), but reused its compile "
-                     "if it is a function: then build the site once, outside")
-      elif again is not None:
-        self._report(site.node, Severity.WARNING,
-                     f"the converted site is built {again}: each time makes a new jax.jit, "
-                     "which traces and compiles again where legacy pmap reused its compile "
-                     "of the same function; build it once, outside")
-    # pmap_via_shard_map takes global_arg_shapes as legacy pmap did.
-    for shapes in [] if site.node in self._via else _forwarded_global_arg_shapes(site.levels()):
-      self._report(shapes, Severity.WARNING,
-                   f"global_arg_shapes={_code(shapes)} dropped: legacy pmap raised ValueError "
-                   "unless it was None, the converted site ignores it")
-
-  def _evaluated_again(self, site: Site) -> str | None:
-    """Where a call site is built anew each time it runs: in a loop or a comprehension,
-    or called where it is built inside a function (a helper run per step)."""
-    # A lambda or partial made there is a new function each time: legacy pmap compiled
-    # it again too.
-    if site.fundef is not None or not isinstance(site.fun, (cst.Name, cst.Attribute)):
-      return None
-    again = self._meshes.evaluated_again(site.node)
-    if again is not None:
-      return again
-    end = self.get_metadata(PositionProvider, site.node).end
-    called = self._text.line(end.line)[end.column:].lstrip().startswith("(")
-    scope = self.get_metadata(ScopeProvider, site.node, None)
-    inside = scope is not None and not isinstance(scope, cst.metadata.GlobalScope)
-    if not (called and inside) or self._made_per_call(site.fun, scope):
-      return None
-    return "and called inside a function, on each call of it"
-
-  def _module_attribute(self, node: cst.Attribute) -> bool:
-    """Whether ``node`` reads a name of an imported module (``jnp.ones_like``): a function
-    there, not a method bound anew on each access."""
-    return any(q.source is QualifiedNameSource.IMPORT
-               for q in self.get_metadata(QualifiedNameProvider, node, set()))
-
-  def _made_per_call(self, fun: cst.BaseExpression, scope: Any) -> bool:
-    """Whether ``fun`` names, wherever it is bound before the site, a function its
-    enclosing function makes on each call (a def, lambda or partial there): legacy pmap
-    compiled such a function again on each call too."""
-    if not isinstance(fun, cst.Name) or self._module is None:
-      return False
-    reach = reaching.reaching(self._module, self.get_metadata, fun)
-    if reach is None or reach.outside or not reach.bindings:
-      return False
-    values: dict[cst.CSTNode, cst.BaseExpression] = {}
-    scope.node.visit(_AssignedValues(values))
-    return all(isinstance(b, cst.FunctionDef) or isinstance(values.get(b), cst.Lambda)
-               or (isinstance(value := values.get(b), cst.Call)
-                   and bool(qualified(self.get_metadata, value.func) & PARTIAL_NAMES))
-               for b in reach.bindings)
-
-  def _axis_names(self, site: Site) -> list[str]:
-    levels = site.levels()
-    names = []
-    for depth, level in enumerate(levels):
-      given = level.options.get("axis_name")
-      if given is None or is_none(given):
-        name = DEFAULT_AXIS if depth == 0 else f"{DEFAULT_AXIS}_{depth}"
-        names.append(f"{self._text.style.quote}{name}{self._text.style.quote}")
-      else:
-        names.append(_code(given))
-    if len(set(names)) != len(names):
-      raise Unconvertible(f"the nested pmaps share an axis name ({', '.join(names)})")
-    return names
-
-  def _build(self, site: Site) -> None:
-    levels = site.levels()
-    outer = levels[0].options
-    if any(level.options.starred for level in levels):
-      if len(levels) > 1:
-        raise Unconvertible("nested pmaps with arguments passed with * or **")
-      # Which options they set is known only at run time, as pmap_via_shard_map reads
-      # them: only pmap's name changes.
-      self._build_via(site, 0, "")
-      return
-    _forwarded_global_arg_shapes(levels)
-    for level in levels[1:]:
-      for name in _INNER_FORBIDDEN:
-        if level.options.get(name) is not None:
-          raise Unconvertible(f"the inner of nested pmaps sets {name}")
-    if len(levels) > 1 and outer.get("static_broadcasted_argnums") is not None:
-      raise Unconvertible("nested pmaps with static_broadcasted_argnums")
-    names = self._axis_names(site)
-    in_specs = self._specs(levels, names, "in_axes")
-    out_specs = self._specs(levels, names, "out_axes")
-    static = outer.get("static_broadcasted_argnums")
-    static_nums = () if is_none(static) else int_tuple(static, "static_broadcasted_argnums")
-    int_tuple(outer.get("donate_argnums"), "donate_argnums")
-    extra = {name: outer.get(name) for name in ("axis_size", "devices", "backend")
-             if outer.get(name) is not None and not is_none(outer.get(name))}
-
-    partial = self._partial_spelling(levels)
-    pos = self.get_metadata(PositionProvider, site.node).start
-    indent = len(self._text.indent_of(pos.line))
-    plain_mesh, devices = self._mesh_devices(site, extra)
-    if len(levels) == 1 and (in_specs is None or out_specs is None or static_nums is None
-                             or not plain_mesh):
-      # Options known only at run time: pmap's own arguments, to the function that gives
-      # pmap's signature over jax.jit and shard_map.
-      self._build_via(site, indent, partial)
-      return
-    assert in_specs is not None and out_specs is not None  # nested: literal or reported
-    shard_map, check = _SHARD_MAP[self.target]
-    # Each generated argument is an Arg, so the comments around the pmap argument it
-    # replaces can be attached to it (``_attach_comments``).
-    roles: dict[str, Arg] = {}
-    in_arg = roles["in_axes"] = roles["axis_name"] = Arg(breakable(f"in_specs={in_specs}"))
-    out_arg = roles["out_axes"] = Arg(breakable(f"out_specs={out_specs}"))
-    mesh_kw: list[Arg] = [Arg("drop_device_axis=True")]
-    axes = f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
-    if len(names) > 1 or "axis_size" in extra:
-      mesh_kw.append(Arg(f"axes={axes}"))
-    jit_kw: list[Arg] = []
-    if static is not None:
-      mesh_kw.append(Arg(self._layout.copied(static, "static_argnums=")))
-      jit_kw.append(roles.setdefault("static_broadcasted_argnums",
-                                     Arg(self._layout.copied(static, "static_argnums="))))
-    for name, value in extra.items():
-      assert value is not None  # extra holds the options the site sets
-      mesh_kw.append(roles.setdefault(name, Arg(self._layout.copied(value, f"{name}="))))
-    donate = outer.get("donate_argnums")
-    if donate is not None:
-      jit_kw.append(roles.setdefault("donate_argnums",
-                                     Arg(self._layout.copied(donate, "donate_argnums="))))
-    io_kw: list[Arg | Value] = [breakable(f"in_specs={in_specs}"),
-                                breakable(f"out_specs={out_specs}")]
-    # pmap spanned every process's devices: each process passes host-local arrays.
-    mesh_kw.append(Arg("across_hosts=True"))
-    io_kw += [Arg(kw.value) for kw in mesh_kw if _keyword(kw) in ("axes", "static_argnums", "devices")]
-
-    if len(levels) == 1:
-      assert static_nums is not None  # else built by _build_via above
-      # A module-level site of a library module, or of a program that calls
-      # jax.distributed.initialize, must not ask JAX for its devices at import.
-      lazy = self._meshes.at_module_level(site.node) and self._imported_before_jax_starts
-      if devices is None and not static_nums and not lazy:
-        devices = self._devices_of_rows(site)
-      self._build_plain(site, names, roles, (in_specs, static_nums), in_arg, out_arg, jit_kw,
-                        partial, devices, lazy)
-      return
-    smap = Call(partial, (shard_map, in_arg, out_arg, check))
-    on_mesh = Call("on_pmap_mesh", (smap, *mesh_kw))
-    if site.fundef is None:
-      fun = levels[-1].fun
-      assert fun is not None  # a call site without a function is reported, not built
-      fun_arg = Arg(Call(on_mesh, (self._layout.copied(fun),)))
-      jit = Call("jax.jit", (fun_arg, *jit_kw))
-      self._layout.call_site(site, roles, fun_arg, Call("host_local_io", (jit, *io_kw)))
-    else:
-      jit_arg = Arg("jax.jit")  # takes the comments on pmap in partial(pmap, ...)
-      jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
-      decorators: list[Call | str] = [on_mesh, jit_decorator]
-      decorators.append(Call(partial, ("host_local_io", *io_kw)))
-      fallback = self._layout.attach_comments(site, roles, jit_arg if jit_kw else None,
-                                       jit_decorator if isinstance(jit_decorator, Call) else None)
-      self._layout.decorator_site(site, list(reversed(decorators)), fallback, indent)
-    # Nested pmaps (axes known only at run time are reported there, see _specs).
-    self._add_imports(partial, ["on_pmap_mesh", "host_local_io"])
-
-  def _build_via(self, site: Site, indent: int, partial: str) -> None:
-    """``pmap_via_shard_map(f, <pmap's arguments as written>)``, or the decorator
-    ``partial(pmap_via_shard_map, ...)``: pmap's own call on a function of the support
-    module with pmap's signature, each argument (and its comments) copied."""
-    roles = {name: Arg(self._layout.copied(value, f"{name}="))
-             for name, value in site.options.values.items() if name != "fun"}
-    ref = self._pmap_named_in(site)
-    if ref is not None:
-      # Only the name changes: the call, its layout and its comments stay as written.
-      self._renames.replace(ref, cst.Name(_VALUE_PMAP), self._start_line(ref))
-    elif site.options.starred:
-      raise Unconvertible(f"pmap's arguments are passed with * or **, so only its name can "
-                          f"change, and {_VALUE_PMAP} would take the line over "
-                          f"{self._text.style.width} columns")
-    elif site.fundef is None:
-      assert site.fun is not None  # a call site without a function is reported, not built
-      fun_arg = Arg(self._layout.copied(site.fun))
-      self._layout.call_site(site, roles, fun_arg, Call(_VALUE_PMAP, (fun_arg, *roles.values())))
-    else:
-      decorator = Call(partial, (Arg(_VALUE_PMAP), *roles.values()))
-      fallback = self._layout.attach_comments(site, roles, None, decorator)
-      self._layout.decorator_site(site, [decorator], fallback, indent)
-    self._via.add(site.node)
-    self._add_imports(partial, [_VALUE_PMAP])
-
-  def _pmap_named_in(self, site: Site) -> cst.CSTNode | None:
-    """The expression naming pmap in the site's call (``jax.pmap(f, ...)``,
-    ``partial(jax.pmap, ...)``), if renaming it keeps its line within the file's limit."""
-    node = site.node.decorator if isinstance(site.node, cst.Decorator) else site.node
-    while isinstance(node, cst.Call):
-      for ref in (node.func, *[arg.value for arg in node.args[:1]]):
-        if isinstance(ref, (cst.Name, cst.Attribute)) and qualified(
-            self.get_metadata, ref) & PMAP_NAMES:
-          pos = self.get_metadata(PositionProvider, ref).start
-          grown = len(self._text.line(pos.line)) - len(_code(ref)) + len(_VALUE_PMAP)
-          return ref if grown <= self._text.style.width else None
-      node = node.func
-    return None
-
-  def _mesh_devices(self, site: Site, extra: dict[str, cst.BaseExpression | None]
-                    ) -> tuple[bool, str | None]:
-    """(whether a mesh statement can say which devices the site maps over, the source of
-    that device list where pmap's ``devices=``, ``backend=`` or ``axis_size=`` chose it,
-    else None for ``jax.devices()``). It cannot for ``devices`` with ``axis_size``, or for
-    a value (or an axis name that is not a literal) that spans lines or means something
-    else before the site's statement."""
-    axis = site.options.get("axis_name")
-    if (axis is not None and not is_none(axis) and not isinstance(axis, cst.SimpleString)
-        and not self._meshes.hoistable(site.node, axis, mutable=False)):
-      return False, None
-    if "devices" in extra and "axis_size" in extra:
-      return False, None
-    for name, value in extra.items():
-      assert value is not None  # extra holds the options the site sets
-      pos = self.get_metadata(PositionProvider, value)
-      if (pos.start.line != pos.end.line
-          or not self._meshes.hoistable(site.node, value, mutable=name == "devices")):
-        return False, None
-    if "devices" in extra:
-      return True, _code(extra["devices"])
-    pool = f"jax.devices({_code(extra['backend'])})" if "backend" in extra else None
-    if "axis_size" in extra:  # pmap took the first axis_size devices
-      pool = f"{pool or 'jax.devices()'}[:{_code(extra['axis_size'])}]"
-    return True, pool
-
-  def _devices_of_rows(self, site: Site) -> str | None:
-    """For a site called where it is made on names (``pmap(f)(x, y)``), the devices
-    legacy pmap mapped that call over, as the mesh's device list: ``pmap_devices(x, y)``,
-    as many of ``jax.devices()`` as the arguments have rows along their mapped axes.
-    None where the arguments are not names that hold the same value where the mesh is
-    built (the mesh then spans ``jax.devices()``, and the report says so)."""
-    call = self._meshes.caller(site.node)
-    if call is None or not call.args:
-      return None
-    for arg in call.args:
-      if (arg.keyword is not None or arg.star or not isinstance(arg.value, cst.Name)
-          or not self._meshes.hoistable(site.node, arg.value, mutable=False)):
-        return None
-    in_axes = site.options.get("in_axes")
-    axes = ("" if in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0")
-            else f", in_axes={_code(in_axes)}")
-    return f"{_BY_ROWS}{', '.join(_code(a.value) for a in call.args)}{axes})"
-
-  def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg],
-                   placement: tuple[str, tuple[int, ...]], in_arg: Arg, out_arg: Arg,
-                   jit_kw: list[Arg], partial: str, devices: str | None,
-                   lazy: bool = False) -> None:
-    """The site as a JAX engineer writes it: ``jax.jit`` over ``jax.shard_map`` on a mesh
-    the file builds (``site_meshes``), the function through ``per_device`` (pmap's view
-    of its arguments), and ``placed_on`` putting the arguments on the mesh first
-    (``placement``: the in_specs, and pmap's static_broadcasted_argnums, which it holds
-    as they are through shard_map). A ``lazy`` site's mesh is a cached function, and a
-    lazy site that importing the module builds is that code in
-    ``on_first_call(lambda f: ...)``: nothing asks JAX for its devices before the site's
-    first call."""
-    in_specs, static = placement
-    options = site.options
-    given = options.get("axis_name")
-    literal = (given is None or is_none(given) or isinstance(given, cst.SimpleString)
-               or self._module_constant(given))
-    mesh = self._meshes.mesh_for(site.node, names, literal, devices, lazy)
-    # Comments on devices= / backend= go with the mesh statement, which says them now.
-    chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
-              if devices is not None and options.get(name) is not None]
-    self._plain[site.node] = (mesh, devices or "jax.devices()")
-    shard_map, check = _SHARD_MAP[self.target]
-    axes_kw = [self._layout.copied(value, f"{name}=") for name in ("in_axes", "out_axes")
-               if (value := options.get(name)) is not None
-               and not (isinstance(value, cst.Integer) and value.value == "0")]
-    made = f"{mesh}()" if lazy else mesh
-    first_call = lazy and self._meshes.built_at_import(site.node)
-    place = Call("lambda f: placed_on" if first_call else "placed_on", (
-        made, breakable(in_specs),
-        *([f"static_argnums={_tuple_source(static)}"] if static else [])))
-    mesh_kw = f"mesh={made}"
-    pos = self.get_metadata(PositionProvider, site.node).start
-    indent = len(self._text.indent_of(pos.line))
-    if first_call:
-      jit = Call("jax.jit", (Call(shard_map, (Call("per_device", ("f", *axes_kw)), mesh_kw, in_arg,
-                                               out_arg, check)), *jit_kw))
-      build = Call("on_first_call", (Call(place, (jit,)),))
-      if site.fundef is None:
-        assert site.fun is not None  # a call site without a function is reported, not built
-        fun_arg = Arg(self._layout.copied(site.fun))
-        self._layout.call_site(site, roles, fun_arg, Call(build, (fun_arg,)), chosen)
-      else:
-        fallback = self._layout.attach_comments(site, roles, None, None)
-        self._layout.decorator_site(site, [build], fallback, indent, chosen)
-    elif site.fundef is None:
-      fun = site.fun
-      assert fun is not None  # a call site without a function is reported, not built
-      fun_arg = Arg(Call("per_device", (self._layout.copied(fun), *axes_kw)))
-      smap = Call(shard_map, (fun_arg, mesh_kw, in_arg, out_arg, check))
-      self._layout.call_site(site, roles, fun_arg, Call(place, (Call("jax.jit", (smap, *jit_kw)),)),
-                           chosen)
-    else:
-      jit_arg = Arg("jax.jit")
-      jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
-      smap = Call(partial, (shard_map, mesh_kw, in_arg, out_arg, check))
-      body: Call | str = Call(partial, ("per_device", *axes_kw)) if axes_kw else "per_device"
-      # top to bottom
-      decorators: list[Call | str] = [place, jit_decorator, smap, body]
-      fallback = self._layout.attach_comments(site, roles, jit_arg if jit_kw else None,
-                                       jit_decorator if isinstance(jit_decorator, Call) else None)
-      self._layout.decorator_site(site, decorators, fallback, indent, chosen)
-    self._meshes.comment(site.node, site_layout.comments_of(chosen))
-    self._support_flags |= {flag for flag, needed in (
-        (support_module.STATIC_ARGUMENTS, bool(static)),
-        (support_module.KEYWORD_ARGUMENTS, not self._bound_by_position(site)),
-        (support_module.SHARD_MAP_BEFORE_0_7_2,
-         self._choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES))) if needed}
-    self._add_imports(partial, ["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
-                      + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
-
-  def _bound_by_position(self, site: Site) -> bool:
-    """Whether every call of the site's function binds its arguments by position: the
-    function is a def or lambda in view (every one the site's name may hold there) that
-    takes no keyword-only arguments, no ``**kwargs`` and no defaults, so a keyword call
-    names each positional parameter."""
-    funs: list[cst.CSTNode | None] = [site.fundef or site.fun]
-    if isinstance(site.fun, cst.Name) and self._module is not None:
-      scope = self.get_metadata(ScopeProvider, site.fun, None)
-      reach = reaching.reaching(self._module, self.get_metadata, site.fun)
-      if reach is None:  # an enclosing scope's name: any def that scope binds it to
-        bound = scope[site.fun.value] if scope is not None else ()
-        funs = [getattr(a, "node", None) for a in bound]
-      elif reach.outside or not reach.bindings:
-        return False
-      else:
-        values: dict[cst.CSTNode, cst.BaseExpression] = {}
-        owner = scope.node if isinstance(scope, FunctionScope) else self._module
-        owner.visit(_AssignedValues(values))
-        funs = [b if isinstance(b, cst.FunctionDef) else values.get(b)
-                for b in reach.bindings]
-      funs = funs or [None]
-    return all(isinstance(fun, (cst.FunctionDef, cst.Lambda))
-               and not fun.params.kwonly_params and fun.params.star_kwarg is None
-               and all(p.default is None for p in (*fun.params.posonly_params,
-                                                     *fun.params.params))
-               for fun in funs)
-
-  def _module_constant(self, node: cst.BaseExpression) -> bool:
-    """Whether ``node`` is a name the module binds once, to a string literal, and nothing
-    binds again (no ``global`` rebinding, no local of that name where it is read): it
-    means the same wherever the file reads it, as a literal does."""
-    if not isinstance(node, cst.Name):
-      return False
-    scope = self.get_metadata(ScopeProvider, node, None)
-    if scope is None:
-      return False
-    assignments = list(scope[node.value])
-    if (len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment)
-        or not isinstance(assignments[0].scope, cst.metadata.GlobalScope)
-        or self._module is None):
-      return False
-    bound = assignments[0].node
-    return any(isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1
-               and isinstance(st.body[0], cst.Assign) and len(st.body[0].targets) == 1
-               and st.body[0].targets[0].target is bound
-               and isinstance(st.body[0].value, cst.SimpleString)
-               for st in self._module.body)
-
-  def _specs(self, levels: list[Site], names: list[str], what: str) -> str | None:
-    """Spec source for in_axes / out_axes; None for a single pmap's axes that are known
-    only at run time (nested pmaps' are reported)."""
-    try:
-      trees = [self._axes(level.options, what) for level in levels]
-    except NotLiteral:
-      if len(levels) > 1:
-        raise
-      return None
-    return specs_source(trees, names, self._p, outputs=what == "out_axes", what=what)
-
-  def _axes(self, options: PmapOptions, name: str):
-    node = options.get(name)
-    return 0 if node is None else read_axes(node, name)
-
-  def _partial_spelling(self, levels: list[Site]) -> str:
-    for level in levels:
-      expr = level.node.decorator if isinstance(level.node, cst.Decorator) else None
-      if isinstance(expr, cst.Call):
-        return _code(expr.func)
-    return "functools.partial"
-
   def _import_support(self, name: str) -> None:
     if name not in self._support_names:
       self._support_names.append(name)
 
-  def _add_imports(self, partial: str, support_names: list[str]) -> None:
-    del partial  # the imports follow from the code written (see leave_Module)
+  def _add_imports(self, support_names: list[str]) -> None:
+    """The support names the new code calls; the first call also drops the pmap imports
+    nothing reads any more."""
     for name in support_names:
       self._import_support(name)
     if self._imports_requested:
@@ -876,10 +383,10 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                    "hand or use --strategy shim")
       return
     self.sites_converted += 1
-    self._renames.replace(ref, cst.Name(_VALUE_PMAP), self._start_line(ref))
-    self._add_imports("", [_VALUE_PMAP])
+    self._renames.replace(ref, cst.Name(site_forms.VALUE_PMAP), self._start_line(ref))
+    self._add_imports([site_forms.VALUE_PMAP])
     self._report(ref, Severity.INFO,
-                 f"pmap used as a value here rewritten to {_VALUE_PMAP} (support module): "
+                 f"pmap used as a value here rewritten to {site_forms.VALUE_PMAP} (support module): "
                  "pmap's signature over jax.jit and shard_map, converting each pmap it makes "
                  "when it runs, as the codemod does where it sees the call")
 
@@ -978,47 +485,3 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def leave_FunctionDef(self, original_node: cst.FunctionDef,
                         updated_node: cst.FunctionDef) -> cst.FunctionDef:
     return self._layout.apply_decorators(original_node, updated_node)
-
-
-def _tuple_source(values: tuple[int, ...]) -> str:
-  return f"({values[0]},)" if len(values) == 1 else f"({', '.join(map(str, values))})"
-
-
-def _keyword(arg: Arg) -> str:
-  text = arg.value.code if isinstance(arg.value, Copied) else arg.value
-  return text.split("=", 1)[0] if isinstance(text, str) else ""
-
-
-# What a pmap handed around as a value becomes (the support module's function).
-_VALUE_PMAP = "pmap_via_shard_map"
-# A mesh device list that counts the rows of the call's arguments, as legacy pmap did.
-_BY_ROWS = "pmap_devices("
-
-
-def _code(node: cst.CSTNode | None) -> str:
-  assert node is not None  # callers pass arguments the site was checked to have
-  return cst.Module([]).code_for_node(node)
-
-
-class _AssignedValues(cst.CSTVisitor):
-  """Each name a plain ``name = value`` binds in a body, with its value (nested function
-  and class bodies are other scopes)."""
-
-  def __init__(self, values: dict[cst.CSTNode, cst.BaseExpression]):
-    self.values = values
-    self.depth = 0
-
-  def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-    self.depth += 1
-    return self.depth == 1
-
-  def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-    self.depth -= 1
-
-  def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-    return False
-
-  def visit_Assign(self, node: cst.Assign) -> None:
-    for target in node.targets:
-      if isinstance(target.target, cst.Name):
-        self.values[target.target] = node.value
