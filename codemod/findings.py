@@ -55,6 +55,10 @@ class FileResult:
   internal_error: bool = False
   io_error: bool = False  # the file could not be read or written
   support_flags: frozenset[str] = frozenset()  # support_module.FEATURES its new code needs
+  # (root, dotted name) of the support module the file imports, and the names it imports
+  # from it after the run (this run's and an earlier run's)
+  support_key: tuple[str, str] | None = None
+  support_imports: frozenset[str] = frozenset()
 
   def not_written(self, reason: str) -> None:
     """The rewrite did not land: the file is unchanged, so no site in it was converted.

@@ -20,7 +20,7 @@ notebook gets the support code as a cell of its own; ``--support-module`` /
 from __future__ import annotations
 
 import argparse
-import ast
+import dataclasses
 import difflib
 import multiprocessing
 import os
@@ -29,9 +29,9 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 
-from codemod import files, notebook, pmap_patches, repo_formatter, support_module
+from codemod import files, pmap_patches, repo_formatter, support_module
 from codemod.findings import FileResult, Finding, Severity, Totals
-from codemod.runner import Options, support_placement, transform_file, write_result
+from codemod.runner import Options, transform_file, write_result
 
 EXIT_OK, EXIT_CHANGES_PENDING, EXIT_INTERNAL_ERROR, EXIT_UNREADABLE_OR_UNWRITABLE = 0, 1, 2, 3
 
@@ -79,86 +79,36 @@ def default_support_root(paths: Sequence[str]) -> str:
   return os.path.commonpath(dirs)
 
 
-def _text_of(result: FileResult) -> bytes | None:
-  """The file's text after this run (as an earlier run left it, when unchanged)."""
-  if result.internal_error:
-    return None
-  if result.changed:
-    return result.new_source
-  try:
-    with open(result.path, "rb") as f:  # converted by an earlier run
-      return f.read()
-  except OSError:
-    return None  # already reported as unreadable
-
-
 Key = tuple[str, str]  # (root, dotted name) of a support module
 
 
-def _placement(path: str, text: str, options: Options, args) -> support_module.Placement | None:
-  if not options.per_file_support:
-    return support_module.Placement(args.support_root, args.support_module, args.support_module)
-  return support_placement(path, text, options)
-
-
-def _support_users(args, options: Options,
-                   results: list[FileResult]) -> dict[Key, tuple[list[str], set[str]]]:
+def _support_users(results: list[FileResult]) -> dict[Key, tuple[list[str], set[str]]]:
   """Each support module the files import after this run, with the files importing it
   and the names they import from it."""
   users: dict[Key, tuple[list[str], set[str]]] = {}
   for result in results:
-    text = _text_of(result)
-    if text is None:
+    if result.internal_error or result.support_key is None or not result.support_imports:
       continue
-    decoded = text.decode("utf-8", "replace")
-    place = _placement(result.path, decoded, options, args)
-    if place is not None and f"from {place.spelling} import".encode() in text:
-      key = (place.root, place.name)
-      paths, names = users.setdefault(key, ([], set()))
-      paths.append(result.path)
-      for code in _code_of(result.path, decoded):
-        names |= _imported(code, place.spelling)
-      # A file converted by an earlier run, whose support module is gone: its sites may
-      # need every flag's code.
-      earlier = not result.sites_converted and support_module.read(*key) is None
-      names |= support_module.FEATURES if earlier else result.support_flags
+    paths, names = users.setdefault(result.support_key, ([], set()))
+    paths.append(result.path)
+    names |= result.support_imports
+    # A file converted by an earlier run, whose support module is gone: its sites may
+    # need every flag's code.
+    earlier = not result.sites_converted and support_module.read(*result.support_key) is None
+    names |= support_module.FEATURES if earlier else result.support_flags
   return users
 
 
-def _code_of(path: str, text: str) -> list[str]:
-  """A file's Python code: a notebook's code cells (each parses alone, as in Jupyter),
-  else the text itself."""
-  try:
-    code = (notebook.read_notebook(text.encode("utf-8")) if path.endswith(".ipynb")
-            else notebook.read_markdown(text) if path.endswith(".md") else None)
-  except ValueError:  # not a notebook after all: nothing imported from its code
-    return []
-  return [text] if code is None else notebook.code_cells(code.source)
-
-
-def _imported(text: str, spelling: str) -> set[str]:
-  """The names ``text`` imports from the module it spells ``spelling``."""
-  module = spelling.lstrip(".")
-  level = len(spelling) - len(module)
-  try:
-    tree = ast.parse(text)
-  except (SyntaxError, ValueError):
-    return set()
-  return {alias.name for node in ast.walk(tree)
-          if isinstance(node, ast.ImportFrom) and node.module == module and node.level == level
-          for alias in node.names}
-
-
-def _planned_keys(args, options: Options, paths: list[str],
-                  texts: dict[str, str]) -> set[Key]:
-  """The support modules the files could import (``texts``: the .py files' sources)."""
+def _plan(args, options: Options, paths: list[str],
+          texts: dict[str, str]) -> dict[str, support_module.Placement]:
+  """The support module each file imports (``texts``: the .py files' sources): planned
+  once, before the run, which passes it on."""
   if not options.per_file_support:
-    return {(args.support_root, args.support_module)}
-  keys = set()
-  for path in paths:
-    place = support_module.placement(path, texts.get(path, ""), options.run_names)
-    keys.add((place.root, place.name))
-  return keys
+    shared = support_module.Placement(args.support_root, args.support_module,
+                                      args.support_module)
+    return {path: shared for path in paths}
+  return {path: support_module.placement(path, texts.get(path, ""), options.run_names)
+          for path in paths}
 
 
 def _python_texts(paths: list[str]) -> Iterator[tuple[str, str]]:
@@ -231,7 +181,9 @@ def _main(argv: Sequence[str] | None) -> int:
                     pmap_patchers=pmap_patches.patchers(text for _, text in python),
                     module_replacements=pmap_patches.module_replacements(python),
                     run_names=support_module.run_names_of(python))
-  keys = sorted(_planned_keys(args, options, found.sources, dict(python)))
+  plan = _plan(args, options, found.sources, dict(python))
+  options = dataclasses.replace(options, placements=plan)
+  keys = sorted({(place.root, place.name) for place in plan.values()})
   foreign = [key for key in keys if support_module.status_at(*key) is support_module.Status.FOREIGN]
   if args.strategy == "shard_map" and foreign:
     for key in foreign:
@@ -243,7 +195,7 @@ def _main(argv: Sequence[str] | None) -> int:
       remove=args.in_place)
   sources = [f for f in found.sources if os.path.realpath(f) != os.path.realpath(support_path)]
   results = _run_all(sources, options, args.jobs)
-  users = _support_users(args, options, results)
+  users = _support_users(results)
   changes = {key: paths for key, (paths, names) in sorted(users.items())
              if support_module.status_at(*key, names) is not support_module.Status.CURRENT}
 

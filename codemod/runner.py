@@ -10,6 +10,7 @@ The bytes libcst writes back keep the file's encoding and newline style.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import os
@@ -24,6 +25,7 @@ from libcst.codemod import CodemodContext
 from codemod import (files, notebook, notebook_support, pmap_patches, removed_names,
                      repo_formatter, support_module)
 from codemod.findings import SITES_KEY, FileResult, Finding, Severity
+from codemod.support_module import Placement
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,16 @@ class Options:
   # Directory outside any package -> the dotted name the run's files import its modules
   # by (support_module.run_names_of).
   run_names: Mapping[str, str] = field(default_factory=dict)
+  # Path -> the support module that file imports, planned once for the run (the CLI's
+  # plan); a file not in it gets support_placement's.
+  placements: Mapping[str, Placement] = field(default_factory=dict)
 
 
 def support_placement(path: str, text: str, options: Options) -> support_module.Placement | None:
   """The support module a converted file imports (a notebook too: the module goes next to
   it, where the notebook's kernel, started in its directory, imports it)."""
+  if path in options.placements:
+    return options.placements[path]
   if options.per_file_support:
     return support_module.placement(path, text, options.run_names)
   if options.support_module is None:
@@ -178,9 +185,12 @@ def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
     _undecodable(result, e.msg if isinstance(e, SyntaxError) else e)
     return
   text = raw.decode(module.encoding)
-  if not _KEYWORDS.search(text) or support_module.is_support_module(text):
+  if support_module.is_support_module(text):
     return
   place = support_placement(result.path, text, options)
+  _imports_of_support(result, place, text)
+  if not _KEYWORDS.search(text):
+    return
   options = dataclasses.replace(options,
                                 support_module=place.spelling if place is not None else None)
   out = transform_module(module, options, result.path, source=text)
@@ -220,10 +230,11 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
     return
   module, source, masked, opaque = parsed
   hidden = _hidden_pmaps(code)
+  place = _notebook_placement(options, result.path, support_cell)
+  _imports_of_support(result, place, source)
   if not hidden and not _KEYWORDS.search(source):
     return
-  out = transform_module(module, _notebook_options(options, result.path, support_cell),
-                         result.path, source=source)
+  out = transform_module(module, _notebook_options(options, place), result.path, source=source)
   _collect(result, out)
   result.findings = notebook.in_cells(code, opaque + result.findings + hidden)
   new_source, new_cell = notebook_support.placed(
@@ -256,8 +267,9 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   if parsed is None:
     return
   module, source, masked, opaque = parsed
-  out = transform_module(module, _notebook_options(options, result.path, support_cell),
-                         result.path, source=source)
+  place = _notebook_placement(options, result.path, support_cell)
+  _imports_of_support(result, place, source)
+  out = transform_module(module, _notebook_options(options, place), result.path, source=source)
   _collect(result, out)
   result.findings = notebook.in_cells(code, opaque + result.findings + hidden)
   new_source, new_cell = notebook_support.placed(
@@ -317,11 +329,35 @@ def _parsed_cells(code: notebook.CellCode, support_cell: int | None, result: Fil
   return None
 
 
-def _notebook_options(options: Options, path: str, support_cell: int | None) -> Options:
+def _notebook_placement(options: Options, path: str, support_cell: int | None
+                        ) -> support_module.Placement | None:
   """A notebook imports the support module like a script does; one that holds a support
   cell from an earlier run keeps calling what the cell defines (grown when needed)."""
-  place = support_placement(path, "", options) if support_cell is None else None
+  return support_placement(path, "", options) if support_cell is None else None
+
+
+def _notebook_options(options: Options, place: support_module.Placement | None) -> Options:
   return dataclasses.replace(options, support_module=place.spelling if place else None)
+
+
+def _imports_of_support(result: FileResult, place: support_module.Placement | None,
+                        text: str) -> None:
+  """Records the support module the file imports, and what it imports from it already
+  (an earlier run's conversion)."""
+  if place is None:
+    return
+  result.support_key = (place.root, place.name)
+  if place.spelling not in text:
+    return
+  module = place.spelling.lstrip(".")
+  level = len(place.spelling) - len(module)
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError):
+    return
+  result.support_imports |= {alias.name for node in ast.walk(tree)
+                             if isinstance(node, ast.ImportFrom) and node.module == module
+                             and node.level == level for alias in node.names}
 
 
 def _collect(result: FileResult, out: Transformed) -> None:
@@ -329,6 +365,8 @@ def _collect(result: FileResult, out: Transformed) -> None:
   result.sites_found = out.sites_found
   result.sites_converted = out.sites_converted
   result.support_flags = frozenset(out.support_names) & support_module.FEATURES
+  if result.support_key is not None:
+    result.support_imports |= frozenset(out.support_names) - support_module.FEATURES
 
 
 def _diff(old: str, new: str, path: str) -> str:

@@ -428,3 +428,32 @@ def test_markdown_notebook_imports_the_module_next_to_it(tmp_path):
       "Prose.") < new.index("step = placed_on(mesh, P('d'))(")
   assert "Support code" not in new and (tmp_path / "pmap_shard_map.py").exists()
   assert pmap_to_shmap.main(["--check", str(path)]) == 0
+
+
+def test_placement_is_planned_once_per_file_and_passed_on(tmp_path, monkeypatch):
+  # The run plans where each file's support module goes before it converts anything; the
+  # conversion and the writing of the modules use that plan, never a second decision.
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "mypkg").mkdir()
+  (tmp_path / "mypkg" / "__init__.py").write_text("")
+  (tmp_path / "mypkg" / "ops.py").write_text(OPS)
+  (tmp_path / "scripts").mkdir()
+  (tmp_path / "scripts" / "run.py").write_text(
+      "import jax\nimport numpy as np\n\n"
+      "print(jax.pmap(lambda v: v + 1)(np.ones(jax.device_count())))\n")
+  (tmp_path / "scripts" / "notes.py").write_text("x = 1\n")
+  decided: list[str] = []
+  plan = support_module.placement
+
+  def counted(path, *args, **kwargs):
+    decided.append(os.path.relpath(path, tmp_path))
+    return plan(path, *args, **kwargs)
+
+  monkeypatch.setattr(support_module, "placement", counted)
+  assert pmap_to_shmap.main(["--in-place", "--target", "experimental", str(tmp_path)]) == 0
+  assert sorted(decided) == sorted(
+      ["mypkg/__init__.py", "mypkg/ops.py", "scripts/run.py", "scripts/notes.py"])
+  assert "from mypkg._pmap_shard_map import per_device, placed_on" in (
+      tmp_path / "mypkg" / "ops.py").read_text()
+  assert (tmp_path / "mypkg" / "_pmap_shard_map.py").exists()
+  assert (tmp_path / "scripts" / "pmap_shard_map.py").exists()
