@@ -224,22 +224,10 @@ def _transform_notebook(raw: bytes, result: FileResult, options: Options) -> Non
   except ValueError as e:
     result.findings.append(Finding(1, 1, Severity.ERROR, f"not a readable notebook: {e}"))
     return
-  support_cell = notebook_support.support_cell(code.cells)
-  parsed = _parsed_cells(code, support_cell, result)
-  if parsed is None:
+  converted = _converted_cells(code, result, options)
+  if converted is None:
     return
-  module, source, masked, opaque = parsed
-  hidden = _hidden_pmaps(code)
-  place = _notebook_placement(options, result.path, support_cell)
-  _imports_of_support(result, place, source)
-  if not hidden and not _KEYWORDS.search(source):
-    return
-  out = transform_module(module, _notebook_options(options, place), result.path, source=source)
-  _collect(result, out)
-  result.findings = notebook.in_cells(code, opaque + result.findings + hidden)
-  new_source, new_cell = notebook_support.placed(
-      out.support_names if support_cell is not None else (), code.cells,
-      notebook_support.unmasked(out.module.code, code.source, masked))
+  new_source, new_cell = converted
   new_raw = notebook.write_notebook(code, new_source, raw, new_cell)
   if new_raw is not None:
     result.changed, result.new_source = True, new_raw
@@ -258,23 +246,10 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   code = notebook.read_markdown(text)
   if code is None:
     return  # plain markdown
-  hidden = _hidden_pmaps(code)
-  support_cell = notebook_support.support_cell(code.cells)
-  if not hidden and not _KEYWORDS.search(
-      notebook_support.masked(code.source, [] if support_cell is None else [support_cell])):
-    return  # no code the codemod handles
-  parsed = _parsed_cells(code, support_cell, result)
-  if parsed is None:
+  converted = _converted_cells(code, result, options)
+  if converted is None:
     return
-  module, source, masked, opaque = parsed
-  place = _notebook_placement(options, result.path, support_cell)
-  _imports_of_support(result, place, source)
-  out = transform_module(module, _notebook_options(options, place), result.path, source=source)
-  _collect(result, out)
-  result.findings = notebook.in_cells(code, opaque + result.findings + hidden)
-  new_source, new_cell = notebook_support.placed(
-      out.support_names if support_cell is not None else (), code.cells,
-      notebook_support.unmasked(out.module.code, code.source, masked))
+  new_source, new_cell = converted
   new_text = notebook.write_markdown(code, new_source)
   if new_text is not None and new_cell is not None:
     written = notebook.read_markdown(new_text)
@@ -283,6 +258,30 @@ def _transform_markdown(raw: bytes, result: FileResult, options: Options) -> Non
   if new_text is not None:
     result.changed, result.new_source = True, new_text.encode("utf-8")
     result.diff = _diff(text, new_text, result.path)
+
+
+def _converted_cells(code: notebook.CellCode, result: FileResult, options: Options
+                     ) -> tuple[str, tuple[int, str] | None] | None:
+  """A notebook's code cells (``.ipynb``, MyST or jupytext markdown) converted as one
+  module: (their joined new source, a support cell to insert before a code cell, or
+  None); None where they hold nothing to convert, or do not parse (an ERROR says where)."""
+  support_cell = notebook_support.support_cell(code.cells)
+  place = _notebook_placement(options, result.path, support_cell)
+  source = notebook_support.masked(code.source, [] if support_cell is None else [support_cell])
+  _imports_of_support(result, place, source)
+  hidden = _hidden_pmaps(code)
+  if not hidden and not _KEYWORDS.search(source):
+    return None  # no code the codemod handles
+  parsed = _parsed_cells(code, support_cell, result)
+  if parsed is None:
+    return None
+  module, source, masked, opaque = parsed
+  out = transform_module(module, _notebook_options(options, place), result.path, source=source)
+  _collect(result, out)
+  result.findings = notebook.in_cells(code, opaque + result.findings + hidden)
+  return notebook_support.placed(
+      out.support_names if support_cell is not None else (), code.cells,
+      notebook_support.unmasked(out.module.code, code.source, masked))
 
 
 def _parsed_cells(code: notebook.CellCode, support_cell: int | None, result: FileResult
