@@ -383,10 +383,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                    "hand or use --strategy shim")
       return
     self.sites_converted += 1
-    self._renames.replace(ref, cst.Name(site_forms.VALUE_PMAP), self._start_line(ref))
-    self._add_imports([site_forms.VALUE_PMAP])
+    value_pmap = site_forms.VALUE_PMAP
+    self._renames.replace(ref, cst.Name(value_pmap), self._start_line(ref))
+    self._add_imports([value_pmap])
     self._report(ref, Severity.INFO,
-                 f"pmap used as a value here rewritten to {site_forms.VALUE_PMAP} (support module): "
+                 f"pmap used as a value here rewritten to {value_pmap} (support module): "
                  "pmap's signature over jax.jit and shard_map, converting each pmap it makes "
                  "when it runs, as the codemod does where it sees the call")
 

@@ -38,7 +38,8 @@ from codemod import (public_api, reaching, removed_apis, site_layout, site_meshe
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.findings import Severity
-from codemod.sites import PARTIAL_NAMES, PMAP_NAMES, PmapOptions, Site, int_tuple, is_none, qualified
+from codemod.sites import (PARTIAL_NAMES, PMAP_NAMES, PmapOptions, Site, int_tuple, is_none,
+                           qualified)
 from codemod.source_text import SourceText
 
 DEFAULT_AXIS = "devices"
@@ -132,7 +133,7 @@ class SiteForms:
 
   def _report_public(self, site: Site) -> None:
     """A site in a library's public API changes it for every caller: said at the site."""
-    if self._library_module is None or self._module is None:
+    if self._library_module is None:
       return
     line = self.get_metadata(PositionProvider, site.node).start.line
     name = public_api.holder(self._module, self.get_metadata, line)
@@ -233,7 +234,7 @@ class SiteForms:
     """Whether ``fun`` names, wherever it is bound before the site, a function its
     enclosing function makes on each call (a def, lambda or partial there): legacy pmap
     compiled such a function again on each call too."""
-    if not isinstance(fun, cst.Name) or self._module is None:
+    if not isinstance(fun, cst.Name):
       return False
     reach = reaching.reaching(self._module, self.get_metadata, fun)
     if reach is None or reach.outside or not reach.bindings:
@@ -311,7 +312,8 @@ class SiteForms:
                                 breakable(f"out_specs={out_specs}")]
     # pmap spanned every process's devices: each process passes host-local arrays.
     mesh_kw.append(Arg("across_hosts=True"))
-    io_kw += [Arg(kw.value) for kw in mesh_kw if _keyword(kw) in ("axes", "static_argnums", "devices")]
+    io_kw += [Arg(kw.value) for kw in mesh_kw
+              if _keyword(kw) in ("axes", "static_argnums", "devices")]
 
     if len(levels) == 1:
       assert static_nums is not None  # else built by _build_via above
@@ -351,7 +353,8 @@ class SiteForms:
     ref = self._pmap_named_in(site)
     if ref is not None:
       # Only the name changes: the call, its layout and its comments stay as written.
-      self._renames.replace(ref, cst.Name(VALUE_PMAP), self.get_metadata(PositionProvider, ref).start.line)
+      line = self.get_metadata(PositionProvider, ref).start.line
+      self._renames.replace(ref, cst.Name(VALUE_PMAP), line)
     elif site.options.starred:
       raise Unconvertible(f"pmap's arguments are passed with * or **, so only its name can "
                           f"change, and {VALUE_PMAP} would take the line over "
@@ -502,7 +505,7 @@ class SiteForms:
     takes no keyword-only arguments, no ``**kwargs`` and no defaults, so a keyword call
     names each positional parameter."""
     funs: list[cst.CSTNode | None] = [site.fundef or site.fun]
-    if isinstance(site.fun, cst.Name) and self._module is not None:
+    if isinstance(site.fun, cst.Name):
       scope = self.get_metadata(ScopeProvider, site.fun, None)
       reach = reaching.reaching(self._module, self.get_metadata, site.fun)
       if reach is None:  # an enclosing scope's name: any def that scope binds it to
@@ -534,8 +537,7 @@ class SiteForms:
       return False
     assignments = list(scope[node.value])
     if (len(assignments) != 1 or not isinstance(assignments[0], cst.metadata.Assignment)
-        or not isinstance(assignments[0].scope, cst.metadata.GlobalScope)
-        or self._module is None):
+        or not isinstance(assignments[0].scope, cst.metadata.GlobalScope)):
       return False
     bound = assignments[0].node
     return any(isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1
