@@ -134,8 +134,11 @@ def _run_all(files: list[str], options: Options, jobs: int) -> list[FileResult]:
   if jobs > 1 and len(files) > 1:
     # Forking a process that already runs JAX's threads can deadlock; spawn then.
     context = multiprocessing.get_context("spawn" if "jax" in sys.modules else None)
+    # Each worker gets its files' part of the plan, not the whole run's.
+    each = [dataclasses.replace(options, placements={
+        path: options.placements[path]} if path in options.placements else {}) for path in files]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-      for result in pool.map(transform_file, files, [options] * len(files), chunksize=8):
+      for result in pool.map(transform_file, files, each, chunksize=8):
         results.append(result)
         progress(len(results))
   else:

@@ -188,7 +188,7 @@ def _transform_python(raw: bytes, result: FileResult, options: Options) -> None:
   if support_module.is_support_module(text):
     return
   place = support_placement(result.path, text, options)
-  _imports_of_support(result, place, text)
+  _imports_of_support(result, place, [text])
   if not _KEYWORDS.search(text):
     return
   options = dataclasses.replace(options,
@@ -268,7 +268,7 @@ def _converted_cells(code: notebook.CellCode, result: FileResult, options: Optio
   support_cell = notebook_support.support_cell(code.cells)
   place = _notebook_placement(options, result.path, support_cell)
   source = notebook_support.masked(code.source, [] if support_cell is None else [support_cell])
-  _imports_of_support(result, place, source)
+  _imports_of_support(result, place, notebook.code_cells(source))
   hidden = _hidden_pmaps(code)
   if not hidden and not _KEYWORDS.search(source):
     return None  # no code the codemod handles
@@ -340,23 +340,25 @@ def _notebook_options(options: Options, place: support_module.Placement | None) 
 
 
 def _imports_of_support(result: FileResult, place: support_module.Placement | None,
-                        text: str) -> None:
-  """Records the support module the file imports, and what it imports from it already
-  (an earlier run's conversion)."""
+                        code: list[str]) -> None:
+  """Records the support module the file imports, and what its ``code`` (the text, or a
+  notebook's cells, each parsed alone as in Jupyter) imports from it already: an earlier
+  run's conversion."""
   if place is None:
     return
   result.support_key = (place.root, place.name)
-  if place.spelling not in text:
-    return
   module = place.spelling.lstrip(".")
   level = len(place.spelling) - len(module)
-  try:
-    tree = ast.parse(text)
-  except (SyntaxError, ValueError):
-    return
-  result.support_imports |= {alias.name for node in ast.walk(tree)
-                             if isinstance(node, ast.ImportFrom) and node.module == module
-                             and node.level == level for alias in node.names}
+  for text in code:
+    if place.spelling not in text:
+      continue
+    try:
+      tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+      continue
+    result.support_imports |= {alias.name for node in ast.walk(tree)
+                               if isinstance(node, ast.ImportFrom) and node.module == module
+                               and node.level == level for alias in node.names}
 
 
 def _collect(result: FileResult, out: Transformed) -> None:
