@@ -143,7 +143,9 @@ def _ruff() -> str | None:
 @functools.lru_cache(maxsize=1)
 def _pyink() -> tuple[str, ...] | None:
   if importlib.util.find_spec("pyink") is not None:  # installed with this Python
-    return (sys.executable, "-m", "pyink")
+    # -I: the file's directory, where it runs, is not on sys.path (a package's own io/
+    # would shadow the standard library's).
+    return (sys.executable, "-I", "-m", "pyink")
   found = shutil.which("pyink")
   return None if found is None else (found,)
 

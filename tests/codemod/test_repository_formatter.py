@@ -51,6 +51,7 @@ def _repository(tmp_path: pathlib.Path, files: dict[str, str], site: str = SITE)
   (root / "pkg" / "__init__.py").write_text("")
   (root / "pkg" / "train.py").write_text(site)
   for name, text in files.items():
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
     (root / name).write_text(text)
   return root
 
@@ -93,6 +94,9 @@ CONFIGURED = {
         "      - id: black\n")}, SITE, ("--isolated",)),
     # Google's pyink settings (brax, chex, flax, optax, rlax)
     "pyink": ({"pyproject.toml": PYINK_GOOGLE}, TWO_COLUMNS, ("pyink",)),
+    # the same in a package with a module named as a standard library one (brax's math.py)
+    "pyink, package with math.py": ({"pyproject.toml": PYINK_GOOGLE, "pkg/math.py": ""},
+                                    TWO_COLUMNS, ("pyink",)),
     # ruff's lint settings beside pyink's: pyink formats
     "ruff lint beside pyink": ({"pyproject.toml": "[tool.pyink]\nline-length = 88\n"
                                                   "[tool.ruff.lint]\nselect = ['F']\n"},
