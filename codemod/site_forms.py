@@ -338,8 +338,9 @@ class SiteForms:
       jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
       decorators: list[Call | str] = [on_mesh, jit_decorator]
       decorators.append(Call(partial, ("host_local_io", *io_kw)))
-      fallback = self._layout.attach_comments(site, roles, jit_arg if jit_kw else None,
-                                       jit_decorator if isinstance(jit_decorator, Call) else None)
+      fallback = self._layout.attach_comments(
+          site, roles, jit_arg if jit_kw else None,
+          jit_decorator if isinstance(jit_decorator, Call) else None)
       self._layout.decorator_site(site, list(reversed(decorators)), fallback, indent)
     # Nested pmaps (axes known only at run time are reported there, see _specs).
     self._uses(["on_pmap_mesh", "host_local_io"])
@@ -362,7 +363,8 @@ class SiteForms:
     elif site.fundef is None:
       assert site.fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(self._layout.copied(site.fun))
-      self._layout.call_site(site, roles, fun_arg, Call(VALUE_PMAP, (fun_arg, *roles.values())))
+      call = Call(VALUE_PMAP, (fun_arg, *roles.values()))
+      self._layout.call_site(site, roles, fun_arg, call)
     else:
       decorator = Call(partial, (Arg(VALUE_PMAP), *roles.values()))
       fallback = self._layout.attach_comments(site, roles, None, decorator)
@@ -478,8 +480,8 @@ class SiteForms:
       assert fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(Call("per_device", (self._layout.copied(fun), *axes_kw)))
       smap = Call(shard_map, (fun_arg, mesh_kw, in_arg, out_arg, check))
-      self._layout.call_site(site, roles, fun_arg, Call(place, (Call("jax.jit", (smap, *jit_kw)),)),
-                           chosen)
+      jitted = Call("jax.jit", (smap, *jit_kw))
+      self._layout.call_site(site, roles, fun_arg, Call(place, (jitted,)), chosen)
     else:
       jit_arg = Arg("jax.jit")
       jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
@@ -487,8 +489,9 @@ class SiteForms:
       body: Call | str = Call(partial, ("per_device", *axes_kw)) if axes_kw else "per_device"
       # top to bottom
       decorators: list[Call | str] = [place, jit_decorator, smap, body]
-      fallback = self._layout.attach_comments(site, roles, jit_arg if jit_kw else None,
-                                       jit_decorator if isinstance(jit_decorator, Call) else None)
+      fallback = self._layout.attach_comments(
+          site, roles, jit_arg if jit_kw else None,
+          jit_decorator if isinstance(jit_decorator, Call) else None)
       self._layout.decorator_site(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, site_layout.comments_of(chosen))
     self.support_flags |= {flag for flag, needed in (
@@ -497,7 +500,7 @@ class SiteForms:
         (support_module.SHARD_MAP_BEFORE_0_7_2,
          self._choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES))) if needed}
     self._uses(["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
-                      + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
+               + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
 
   def _bound_by_position(self, site: Site) -> bool:
     """Whether every call of the site's function binds its arguments by position: the

@@ -5,8 +5,8 @@ the file's limit and indentation); this module puts a call site's replacement wh
 expression was and a decorator site's decorators in place of its run of decorators. The
 comments of the replaced code go onto the arguments that replace what they described
 (``site_comments``), else before the site: none is lost, which is checked against the
-replaced nodes. The command applies the plans in its one walk (``apply_call``,
-``apply_decorators``).
+replaced nodes. The command applies the plans in its one walk (``replacement``,
+``arguments_moved``, ``apply_decorators``).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class SiteLayout:
     return self._applied == len(self.calls) + sum(map(len, self.decorators.values()))
 
   def call_site(self, site: Site, roles: dict[str, Arg], fun_arg: Arg, call: Call,
-                      moved: Sequence[Arg] = ()) -> None:
+                moved: Sequence[Arg] = ()) -> None:
     """Plans ``call`` in place of the call site, the site's comments kept (on the
     arguments they described, or on ``moved`` arguments, which go elsewhere; those with
     no place before the function)."""
@@ -85,7 +85,7 @@ class SiteLayout:
     self.calls[site.node] = expression
 
   def decorator_site(self, site: Site, decorators: list[Call | str], fallback: list[str],
-                          indent: int, moved: Sequence[Arg] = ()) -> None:
+                     indent: int, moved: Sequence[Arg] = ()) -> None:
     """Plans ``decorators`` (top to bottom) in place of the site's run of decorators, with
     the comments of the run kept (``fallback``: those with no place of their own; those of
     ``moved`` arguments go elsewhere)."""
@@ -134,7 +134,7 @@ class SiteLayout:
     return [(node, False)]
 
   def attach_comments(self, site: Site, roles: dict[str, Arg], fun_arg: Arg | None,
-                       outer: Call | None) -> list[str]:
+                      outer: Call | None) -> list[str]:
     """Moves the comments of the site's calls onto the arguments that replace what they
     described; returns those with no place (for the caller to put before the site)."""
     homeless: list[str] = []
