@@ -14,6 +14,7 @@ lives, each rewrite plans its changes keyed by the nodes they replace:
                 comments, its mesh a statement ``site_meshes`` places
   pmap values   pmap handed around as a value becomes ``pmap_via_shard_map`` (here)
   row access    ``unreplicate``: ``x[0]`` of converted outputs becomes ``first_row(x)``
+                (``row_access`` runs it alone over code an earlier run converted)
   removed names ``removed_apis`` (``--target jax``; also a libcst command of its own)
 
 then one transforming walk applies every plan, ``imports`` puts the new imports in their
