@@ -297,10 +297,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     # function of that name: the support import would redefine it (ruff F811).
     replaced = {w.name for w in wanted if w.name in removed_names.SUPPORT_CALLS.values()}
     updated_node = imports.without(updated_node, ("jax", "jax.api"), replaced)
-    path = self.context.filename
-    style = self._text.style
-    return imports.add(updated_node, wanted, style.width, style=style.imports,
-                       here=os.path.dirname(os.path.abspath(path)) if path else None)
+    return imports.add_to_file(updated_node, wanted, self._text.style, self.context.filename)
 
   # ----- names newest JAX removed (--target jax) -----
 

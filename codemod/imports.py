@@ -15,6 +15,7 @@ the support module.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from codemod import site_comments
+from codemod.file_style import FileStyle
 from codemod.import_style import ImportStyle
 
 
@@ -361,6 +363,14 @@ def add(module: cst.Module, wanted: list[Wanted], width: int = 10_000,
       if style is None or "." in module or style.first_party(module, here)}
   force_sort = None if style is None else style.force_sort_within_sections
   return module.with_changes(body=_placed(body, statements, first_party, force_sort))
+
+
+def add_to_file(module: cst.Module, wanted: list[Wanted], style: FileStyle,
+                path: str | None) -> cst.Module:
+  """``add`` in the layout of the file at ``path`` (its limit and configured sorting; a
+  top-level support module is looked for in the file's directory)."""
+  return add(module, wanted, style.width, style=style.imports,
+             here=os.path.dirname(os.path.abspath(path)) if path else None)
 
 
 def without(module: cst.Module, sources: tuple[str, ...], names: set) -> cst.Module:

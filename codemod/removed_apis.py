@@ -31,6 +31,7 @@ from libcst.metadata import CodeRange, PositionProvider, QualifiedNameProvider
 
 from codemod import edits, file_style, imports, related, removed_names, support_module, together
 from codemod.findings import Finding, Severity
+from codemod.source_text import SourceText
 
 
 @dataclass
@@ -117,8 +118,7 @@ class RemovedApisCommand(VisitorBasedCodemodCommand):
     super().__init__(context)
     self.support_module = support_module
     self._renames = Renames()
-    self._style: file_style.FileStyle | None = None
-    self._lines: list[str] = []
+    self._text: SourceText | None = None  # set where there is anything to rewrite
 
   def visit_Module(self, node: cst.Module) -> bool:
     patterns = related.RelatedPatterns(self.get_metadata, "jax", removed_only=True)
@@ -133,8 +133,7 @@ class RemovedApisCommand(VisitorBasedCodemodCommand):
     if not self._renames.nodes:
       return False
     path = self.context.filename
-    self._lines = node.code.split("\n")
-    self._style = file_style.detect(node.code, path if path and os.path.isfile(path) else None)
+    self._text = SourceText(node.code, path if path and os.path.isfile(path) else None)
     return True
 
   def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
@@ -147,12 +146,11 @@ class RemovedApisCommand(VisitorBasedCodemodCommand):
   def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                 updated_node: cst.SimpleStatementLine
                                 ) -> cst.SimpleStatementLine:
-    if updated_node is original_node or self._style is None:
+    if updated_node is original_node or self._text is None:
       return updated_node
     at = self.get_metadata(PositionProvider, original_node)
-    line = self._lines[at.start.line - 1]
-    return self._renames.fitted(at, updated_node, line[:len(line) - len(line.lstrip())],
-                                self._style)
+    return self._renames.fitted(at, updated_node, self._text.indent_of(at.start.line),
+                                self._text.style)
 
   def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
     names = self._renames.support_names
@@ -162,9 +160,6 @@ class RemovedApisCommand(VisitorBasedCodemodCommand):
     module_name, relative = support
     # ``from jax import device_put_replicated``: the support import takes over its name.
     updated_node = imports.without(updated_node, ("jax", "jax.api"), set(names))
-    assert self._style is not None  # set where there is anything to rewrite
-    path = self.context.filename
-    return imports.add(updated_node, [imports.Wanted(module_name, name, relative=relative)
-                                      for name in names],
-                       self._style.width, style=self._style.imports,
-                       here=os.path.dirname(os.path.abspath(path)) if path else None)
+    assert self._text is not None  # set where there is anything to rewrite
+    wanted = [imports.Wanted(module_name, name, relative=relative) for name in names]
+    return imports.add_to_file(updated_node, wanted, self._text.style, self.context.filename)

@@ -117,12 +117,8 @@ class RowAccessCommand(VisitorBasedCodemodCommand):
     if support is None or not names:
       return updated_node
     module_name, relative = support
-    path = self.context.filename
-    style = self._text.style
-    return imports.add(updated_node, [imports.Wanted(module_name, name, relative=relative)
-                                      for name in names],
-                       style.width, style=style.imports,
-                       here=os.path.dirname(os.path.abspath(path)) if path else None)
+    wanted = [imports.Wanted(module_name, name, relative=relative) for name in names]
+    return imports.add_to_file(updated_node, wanted, self._text.style, self.context.filename)
 
 
 class _Sites(cst.CSTVisitor):
