@@ -9,24 +9,27 @@ at least one converted site this transform rewrites
   ``jax.tree.map(lambda x: x[0], t)`` (or ``jax.tree_util.tree_map``, ``jax.tree_map``,
       ``tree_multimap``)                                ->  ``first_rows(t)``
   the same with more arguments (``is_leaf=``)         ->  the lambda alone: ``first_row``
-  ``out[0]``, ``step(x)[0]``, ``out.a.b[0]`` where every binding of ``out`` that may
-      reach that point (``codemod.reaching``: rebinding, branches, loops) is to a
-      converted site's outputs or to ``flax.jax_utils.replicate(...)`` /
-      ``jax.device_put_replicated(...)`` results (``out = step(x)``, ``state, out =
-      step(x)``, ``state = replicate(state)``), and ``step`` only to a converted site
-                                                      ->  ``first_row(out)``
+  ``out[0]``, ``step(x)[0]``, ``out.a.b[0]``             ->  ``first_row(out)``
+
+each only where the value read (``t``, every tree the map is given, ``out``) is at that
+point a converted site's output or a replicated value: a call of the site (``step``
+bound only to one) or of ``flax.jax_utils.replicate`` / ``jax.device_put_replicated``,
+a name whose every binding that may reach that point (``codemod.reaching``: rebinding,
+branches, loops) is to such a call's results (``out = step(x)``, ``state, out =
+step(x)``), an attribute of one, a tuple, list or dict literal of them, or a parameter,
+never rebound, of a function only this file can call (nested, or private to the module)
+and only calls, where every call passes it such a value (an ``_unreplicate(tree)`` helper).
 
 ``first_row(x)`` is ``x[0]`` exactly, for every ``x``: a jax Array with a local shard
 holding row 0 whole gives that row read from the shard's buffer (same values, dtype,
 shape and weak type, on that device, committed to it where legacy pmap's ``x[0]`` was
-not), and
-anything else (numpy arrays, Python values such as a tuple of outputs, tracers, PRNG key
+not), and anything else (numpy arrays, Python values such as a tuple of outputs, tracers, PRNG key
 arrays) is indexed as ``x[0]``; ``first_rows(t)`` is ``jax.tree.map(first_row, t)``, its
 rows read in one program per device. So the rewrite is safe on any value; but it, and
-its entry, say the value is a converted site's output, so ``out[0]`` is rewritten only
-where that is proven at that point: elsewhere, for a name bound to such outputs at some
-other point (``model = init(); model[0]; model = replicate(model)``), an INFO entry says
-why it stays (another binding may reach it, or its value cannot be followed there).
+its entry, say the value is a converted site's output, so it is rewritten only where
+that is proven at that point: elsewhere an INFO entry says why it stays (for a name bound
+to such outputs at some other point, ``model = init(); model[0]; model = replicate(model)``,
+that another binding may reach it, or that its value cannot be followed there).
 What else stays reported (the INFO ``related`` gives, with the reason) is what the
 transform cannot rewrite cleanly: the support name bound to something else where the
 rewrite would use it, comments inside the replaced text, or a line that would grow past
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import libcst as cst
-from libcst.metadata import PositionProvider, ScopeProvider
+from libcst.metadata import FunctionScope, GlobalScope, PositionProvider, ScopeProvider
 
 from codemod import reaching, related, site_comments, support_module
 from codemod.bound_targets import BindingTargets
@@ -158,6 +161,12 @@ def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CS
       + [(node, "subscript") for node, (output, _) in verdicts.items() if output])
   candidates.sort(key=lambda item: _start(get_metadata, item[0]))
   rewrites = Rewrites()
+  unproven: dict[cst.CSTNode, str] = {}  # tree forms whose trees are not shown outputs
+  for node, kind in candidates:
+    if kind != "subscript":
+      why = outputs.trees_verdict(_trees(node, kind, found))
+      if why is not None:
+        unproven[node] = why
   growth: collections.Counter = collections.Counter()  # line -> characters added so far
 
   def obstacle(node: cst.CSTNode, kind: str) -> str | None:
@@ -173,8 +182,8 @@ def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CS
     return None
 
   for node, kind in candidates:
-    reason = obstacle(node, kind)
-    if reason is not None and kind == "tree_map":
+    reason = unproven.get(node) or obstacle(node, kind)
+    if reason is not None and kind == "tree_map" and node not in unproven:
       rewrites.positions.add(_column(get_metadata, node))
       node, kind = cast(cst.Call, node).args[0].value, "lambda"  # the lambda alone, if it can be
       reason = obstacle(node, kind)
@@ -198,6 +207,17 @@ def plan(module: cst.Module, get_metadata: Callable, site_nodes: Sequence[cst.CS
   if any(kind == "flax" for kind in rewrites.kinds.values()):
     rewrites.flax_imports = found.flax_imports  # removed where nothing else uses them
   return rewrites
+
+
+def _trees(node: cst.CSTNode, kind: str, found: _Idioms) -> list[cst.BaseExpression] | None:
+  """The values a tree form reads row 0 of (None: not all of them can be told)."""
+  if kind in ("flax", "tree_map"):
+    return [cast(cst.Call, node).args[-1].value]
+  call = found.lambda_calls[cast(cst.Lambda, node)]
+  if any(a.star for a in call.args):
+    return None
+  return [a.value for a in call.args if a.value is not node and (
+      a.keyword is None or a.keyword.value == "tree")]
 
 
 def _column(get_metadata: Callable, node: cst.CSTNode) -> tuple[int, int]:
@@ -272,6 +292,8 @@ class _Idioms(FlaxImportsVisitor, BindingTargets):
     self._unreplicates: list[cst.Call] = []  # calls of some ``unreplicate``
     self.lambdas: list[cst.Lambda] = []
     self.tree_maps: list[cst.Call] = []  # f(lambda x: x[0], tree), nothing else
+    self.lambda_calls: dict[cst.Lambda, cst.Call] = {}  # the tree map each lambda is given to
+    self.calls: dict[cst.Name, cst.Call] = {}  # calls of a name, by the name
     self.subscripts: list[cst.Subscript] = []
     self.stored: set[cst.Subscript] = set()
     self._indexed: set[cst.Subscript] = set()  # subscripts that are indexed again
@@ -279,6 +301,8 @@ class _Idioms(FlaxImportsVisitor, BindingTargets):
 
   def visit_Call(self, node: cst.Call) -> None:
     func = node.func
+    if isinstance(func, cst.Name):
+      self.calls[func] = node
     last = last_name(func)
     if last == "unreplicate":
       if len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star:
@@ -295,6 +319,7 @@ class _Idioms(FlaxImportsVisitor, BindingTargets):
           self.tree_maps.append(node)
         else:
           self.lambdas.append(fun)
+          self.lambda_calls[fun] = node
 
   def visit_Subscript(self, node: cst.Subscript) -> None:
     value = node.value
@@ -355,6 +380,7 @@ class _Outputs:
       if assign.value in site_nodes:
         self.site_bindings.update(t.target for t in assign.targets
                                   if isinstance(t.target, cst.Name))
+    self._following: set = set()  # the functions (and parameters) being followed
     self.output_bindings: set[cst.CSTNode] = set()
     for assign in found.assigns:
       if isinstance(assign.value, cst.Call) and self._is_producer(assign.value.func):
@@ -381,10 +407,43 @@ class _Outputs:
 
   def _is_producer(self, func: cst.BaseExpression) -> bool:
     """A converted site, or Flax's ``replicate`` / JAX's ``device_put_replicated`` (whose
-    values converted code also holds as one row per device)."""
+    values converted code also holds as one row per device), or a function of this file
+    that only returns what those return."""
     if self._is_site(func):
       return True
-    return last_name(func) in _REPLICATE_LAST and bool(self.found.names(func) & _REPLICATE)
+    if last_name(func) in _REPLICATE_LAST and bool(self.found.names(func) & _REPLICATE):
+      return True
+    referents = self._referents(func) if isinstance(func, cst.Name) else None
+    if not referents or len(referents) != 1:
+      return False
+    fun = getattr(next(iter(referents)), "node", None)
+    if (not isinstance(fun, cst.FunctionDef) or fun.decorators or fun.asynchronous
+        or fun in self._following):
+      return False
+    returns = _Returns()
+    fun.body.visit(returns)
+    last = fun.body.body[-1] if isinstance(fun.body, cst.IndentedBlock) else fun.body
+    ends = (isinstance(last, cst.SimpleStatementLine) and bool(last.body)
+            and isinstance(last.body[-1], cst.Return))
+    if not ends or returns.yields:
+      return False  # it may fall off its end (None), or it is a generator
+    self._following.add(fun)
+    try:
+      return all(isinstance(r.value, cst.Call) and self._is_producer(r.value.func)
+                 for r in returns.found)
+    finally:
+      self._following.discard(fun)
+
+  def trees_verdict(self, trees: list[cst.BaseExpression] | None) -> str | None:
+    """None where every tree a tree form reads is an output here, else why it stays."""
+    if trees is None:
+      return "its trees are passed with * or **"
+    for tree in trees:
+      output, why = self.verdict(tree)
+      if not output:
+        return why or (f"`{_code(tree)}` is not shown to be a converted site's output or a "
+                       "replicated value here")
+    return None
 
   def verdict(self, value: cst.BaseExpression) -> tuple[bool, str | None]:
     """Whether ``value`` is an output here, and if not, why, where that is worth an entry:
@@ -392,12 +451,17 @@ class _Outputs:
     value = _root(value)
     if isinstance(value, cst.Call):
       return self._is_producer(value.func), None
+    if isinstance(value, (cst.Tuple, cst.List, cst.Dict)):  # the tree forms' containers
+      return bool(value.elements) and all(
+          isinstance(e, (cst.Element, cst.DictElement)) and self.verdict(e.value)[0]
+          for e in value.elements), None
     if not isinstance(value, cst.Name):
       return False, None
     referents = self._referents(value)
-    if referents is None or not any(getattr(r, "node", None) in self.output_bindings
-                                    for r in referents):
-      return False, None  # never bound to an output: nothing to say
+    if referents is None:
+      return False, None
+    if not any(getattr(r, "node", None) in self.output_bindings for r in referents):
+      return self._parameter_of_outputs(value), None
     name = value.value
     reach = reaching.reaching(self.module, self.get_metadata, value)
     if reach is None:
@@ -413,8 +477,82 @@ class _Outputs:
       return False, f"no binding of `{name}` reaches this point"
     return True, None
 
+  def _parameter_of_outputs(self, name: cst.Name) -> bool:
+    """Whether ``name`` reads a parameter, never rebound, of a function only this file can
+    call (a nested one, or a module's private one) and only calls, where every call passes
+    it an output."""
+    reach = reaching.reaching(self.module, self.get_metadata, name)
+    if reach is None or reach.outside or len(reach.bindings) != 1:
+      return False
+    param = next(iter(reach.bindings))
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if not isinstance(scope, FunctionScope) or not isinstance(param, cst.Param):
+      return False
+    fun = scope.node
+    if not isinstance(fun, cst.FunctionDef):
+      return False
+    positional = [*fun.params.posonly_params, *fun.params.params]
+    keyword_ok = param not in fun.params.posonly_params
+    if param not in positional and param not in fun.params.kwonly_params:
+      return False  # *args or **kwargs
+    outer = self.get_metadata(ScopeProvider, fun, None)
+    if fun.decorators or outer is None or (fun, param) in self._following:
+      return False
+    if isinstance(outer, GlobalScope) and not fun.name.value.startswith("_"):
+      return False  # other modules may call it
+    if not isinstance(outer, (GlobalScope, FunctionScope)):
+      return False  # a method, or a function a comprehension or class holds
+    assignments = list(outer.assignments[fun.name.value])
+    if len(assignments) != 1 or getattr(assignments[0], "node", None) is not fun:
+      return False
+    uses = [access.node for access in assignments[0].references]
+    calls = [self.found.calls.get(use) if isinstance(use, cst.Name) else None
+             for use in uses]
+    if not calls:
+      return False
+    self._following.add((fun, param))
+    try:
+      for call in calls:
+        if call is None or any(a.star for a in call.args):
+          return False  # the function passed on as a value, or arguments unpacked
+        given = [a.value for a in call.args
+                 if keyword_ok and a.keyword is not None and a.keyword.value == param.name.value]
+        if not given and param in positional:
+          index = positional.index(param)
+          plain = [a.value for a in call.args if a.keyword is None]
+          given = plain[index:index + 1]
+        if not given or not self.verdict(given[0])[0]:
+          return False
+      return True
+    finally:
+      self._following.discard((fun, param))
+
   def _line(self, node: cst.CSTNode) -> int:
     return self.get_metadata(PositionProvider, node).start.line
+
+
+class _Returns(cst.CSTVisitor):
+  """A function body's ``return`` statements (and whether it yields), nested scopes
+  apart."""
+
+  def __init__(self) -> None:
+    self.found: list[cst.Return] = []
+    self.yields = False
+
+  def visit_Return(self, node: cst.Return) -> None:
+    self.found.append(node)
+
+  def visit_Yield(self, node: cst.Yield) -> None:
+    self.yields = True
+
+  def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+    return False
+
+  def visit_Lambda(self, node: cst.Lambda) -> bool:
+    return False
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+    return False
 
 
 def _names_in(target: cst.BaseExpression) -> list[cst.Name]:

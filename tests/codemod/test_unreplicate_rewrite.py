@@ -80,17 +80,19 @@ def run(state, batch):
   def test_flax_unreplicate_imported_by_name_or_through_flax(self):
     self._converts("from flax.jax_utils import unreplicate", """\
 def run(state):
-  return unreplicate(state)
+  return unreplicate(step(state, state))
 """, """\
 def run(state):
-  return first_rows(state)
+  return first_rows(step(state, state))
 """)
     self._converts("import flax.jax_utils", """\
 def run(state):
+  state = step(state, state)
   return flax.jax_utils.unreplicate(
       state)
 """, """\
 def run(state):
+  state = step(state, state)
   return first_rows(
       state)
 """)
@@ -107,7 +109,8 @@ def run(state):
   def test_tree_map_lambdas(self):
     # f(lambda x: x[0], tree) is first_rows(tree); with more arguments only the lambda goes.
     self._converts("", """\
-def run(metrics, state):
+def run(state, batch):
+  state, metrics = step(state, batch)
   a = jax.tree.map(lambda x: x[0], metrics)
   b = jax.tree_util.tree_map(lambda leaf: leaf[0], state, is_leaf=None)
   c = jax.tree_util.tree_map(f=lambda y: y[0], tree=state)
@@ -116,7 +119,8 @@ def run(metrics, state):
       state)
   return a, b, c, d
 """, """\
-def run(metrics, state):
+def run(state, batch):
+  state, metrics = step(state, batch)
   a = first_rows(metrics)
   b = jax.tree_util.tree_map(first_row, state, is_leaf=None)
   c = jax.tree_util.tree_map(f=first_row, tree=state)
@@ -129,10 +133,12 @@ def run(metrics, state):
   def test_jax_tree_map_per_target(self):
     # --target jax renames jax.tree_map where the lambda alone is rewritten.
     for target in ("experimental", "jax"):
-      self._converts("", "def run(s):\n  return jax.tree_map(lambda x: x[0], s)\n",
-                     "def run(s):\n  return first_rows(s)\n", target=target)
-    self._converts("", "def run(s):\n  return jax.tree_map(lambda x: x[0], s, is_leaf=None)\n",
-                   "def run(s):\n  return jax.tree.map(first_row, s, is_leaf=None)\n",
+      self._converts("", "def run(s):\n  return jax.tree_map(lambda x: x[0], step(s, s))\n",
+                     "def run(s):\n  return first_rows(step(s, s))\n", target=target)
+    self._converts("", "def run(s):\n  s = step(s, s)\n"
+                   "  return jax.tree_map(lambda x: x[0], s, is_leaf=None)\n",
+                   "def run(s):\n  s = step(s, s)\n"
+                   "  return jax.tree.map(first_row, s, is_leaf=None)\n",
                    target="jax", support="first_row, per_device, placed_on")
 
   def test_outputs_of_a_converted_site(self):
@@ -189,6 +195,52 @@ def run(state, batch, make_state):
   return (start, first_row(state.params.kernel), metrics.shape[0],
           first_row(jax_utils.replicate(batch).x), state.stats[0][0])
 """, support="first_row, per_device, placed_on", kept_import="from flax import jax_utils")
+
+  def test_helpers_that_only_return_outputs(self):
+    # The file's own replicate (and a function returning what a site returns) makes
+    # outputs as what it returns does; one that may return something else, or fall off its
+    # end, does not.
+    self._converts("", """\
+def replicate(tree):
+  return jax.device_put_replicated(tree, jax.local_devices())
+
+
+def _train(state, batch):
+  if batch is None:
+    return step(state, state)
+  return step(state, batch)
+
+
+def _maybe(state, batch):
+  if batch is not None:
+    return step(state, batch)
+
+
+def run(state, batch):
+  state = replicate(state)
+  first = state[0]
+  return first, _train(state, batch)[0], _maybe(state, batch)[0]
+""", """\
+def replicate(tree):
+  return jax.device_put_replicated(tree, jax.local_devices())
+
+
+def _train(state, batch):
+  if batch is None:
+    return step(state, state)
+  return step(state, batch)
+
+
+def _maybe(state, batch):
+  if batch is not None:
+    return step(state, batch)
+
+
+def run(state, batch):
+  state = replicate(state)
+  first = first_row(state)
+  return first, first_row(_train(state, batch)), _maybe(state, batch)[0]
+""", support="first_row, per_device, placed_on")
 
   def _stays(self, body):
     self._converts("", body, body, support="per_device, placed_on")
@@ -402,16 +454,71 @@ def run(a, b, f):
   return x, y, z, w
 """)
 
-  def test_examples_own_unreplicate_def_calls_first_row(self):
-    # A file's own helper named like the support one's idiom: its body is rewritten, the
-    # def keeps its name (no recursion, no clash).
+  def test_private_helper_given_only_outputs(self):
+    # A helper only this file calls, and only with outputs (brax's _unpmap): its body is
+    # rewritten, the def keeps its name. Tuples, lists and dicts of outputs are outputs.
     self._converts("", """\
+def _unreplicate(tree):
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def run(state, batch):
+  state, metrics = step(state, batch)
+  return _unreplicate(state), _unreplicate(tree=(metrics, {"s": state}))
+""", """\
+def _unreplicate(tree):
+  return first_rows(tree)
+
+
+def run(state, batch):
+  state, metrics = step(state, batch)
+  return _unreplicate(state), _unreplicate(tree=(metrics, {"s": state}))
+""")
+
+  def test_nested_helper_given_only_outputs(self):
+    self._converts("", """\
+def run(state, batch):
+  def unreplicate(tree, index):
+    return jax.tree.map(lambda x: x[0], tree), index[0]
+  state, metrics = step(state, batch)
+  return unreplicate(state, [1]), unreplicate(metrics, [2])
+""", """\
+def run(state, batch):
+  def unreplicate(tree, index):
+    return first_rows(tree), index[0]
+  state, metrics = step(state, batch)
+  return unreplicate(state, [1]), unreplicate(metrics, [2])
+""")
+
+
+  def test_tree_forms_of_values_not_provably_outputs_stay(self):
+    # The tree forms read row 0 of values the file shows to be outputs, as x[0] does: a
+    # parameter of a function other modules may call, or given a value that is not an
+    # output by one of its calls, or a helper passed on as a value, stays as written.
+    self._stays("""\
 def unreplicate(tree):
   return jax.tree.map(lambda x: x[0], tree)
-""", """\
-def unreplicate(tree):
-  return first_rows(tree)
+
+
+def _rows(tree):
+  return jax.tree.map(lambda x: x[0], tree, is_leaf=None)
+
+
+def _first(tree):
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def run(state, batch, init):
+  model = init(batch)  # (params, state)
+  host = jax.tree.map(lambda x: x[0], model)
+  model = step(state, batch)
+  return (unreplicate(model), _rows(model), _rows(init), list(map(_first, [model])),
+          host)
 """)
+    infos = _infos(f"import functools\n\nimport jax\n\n\n{STEP_BEFORE}\n\n"
+                   "def run(init, batch):\n  return jax.tree.map(lambda x: x[0], init(batch))\n")
+    assert infos[-1][1].endswith("(not rewritten: `init(batch)` is not shown to be a converted "
+                                 "site's output or a replicated value here)"), infos
 
 
 class NotRewrittenTest(PmapCodemodTest):
@@ -440,10 +547,10 @@ def first_row(x):
 
 
 def run(s):
-  return jax.tree.map(lambda x: x[0], s), step(s)[0]
+  return jax.tree.map(lambda x: x[0], step(s)), step(s)[0]
 """
     new, _ = rewrite(source)
-    assert new.endswith("def run(s):\n  return first_rows(s), step(s)[0]\n")
+    assert new.endswith("def run(s):\n  return first_rows(step(s)), step(s)[0]\n")
     infos = _infos(source)
     assert [l for l, _ in infos] == [11, 11], infos
     assert infos[1][1].endswith(
@@ -451,7 +558,7 @@ def run(s):
     # The file's own first_rows: the tree map's lambda alone becomes first_row.
     new, _ = rewrite(source.replace("def first_row(", "def first_rows("))
     assert new.endswith(
-        "def run(s):\n  return jax.tree.map(first_row, s), first_row(step(s))\n")
+        "def run(s):\n  return jax.tree.map(first_row, step(s)), first_row(step(s))\n")
 
   def test_line_limit(self):
     # 80 columns: `first_row(...)` would overflow this line, the lambda form never does.

@@ -158,8 +158,8 @@ PROGRAM = textwrap.dedent("""
     def run():
       n = jax.local_device_count()
       batch = np.arange(n * 6, dtype=np.float32).reshape(n, 2, 3) / 16
-      state = init(n)
-      losses = []
+      state, loss, per_device = train_step(init(n), batch)
+      losses = [loss[0]]
       for _ in range(2):
         state, loss, per_device = train_step(state, batch)
         losses.append(loss[0])
@@ -188,7 +188,7 @@ def flax_stub(monkeypatch):
 def test_program_rewrites_every_idiom():
   new, _ = rewrite(PROGRAM)
   assert "from flax" not in new and "x[0]" not in new and "loss[0]" not in new
-  for text in ("losses.append(first_row(loss))", "host = first_rows(state)",
+  for text in ("losses = [first_row(loss)]", "losses.append(first_row(loss))", "host = first_rows(state)",
                "firsts = first_rows(per_device)", "jax.tree.map(first_row, per_device, is_leaf",
                "first_row(train_step(state, batch))"):
     assert text in new, new
