@@ -33,8 +33,8 @@ import libcst as cst
 from libcst.metadata import (FunctionScope, PositionProvider, QualifiedNameProvider,
                               QualifiedNameSource, ScopeProvider)
 
-from codemod import (public_api, reaching, removed_apis, site_layout, site_meshes, support_module,
-                     targets)
+from codemod import (public_api, reaching, removed_apis, site_calls, site_layout, site_meshes,
+                     support_module, targets)
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.findings import Severity
@@ -127,6 +127,7 @@ class SiteForms:
     # sites in the plain form -> (their mesh, the source of its devices)
     self._plain: dict[cst.CSTNode, tuple[str, str]] = {}
     self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
+    self._calls = site_calls.SiteCalls(module, get_metadata)
 
   def _uses(self, names: list[str]) -> None:
     self.support_names += [name for name in names if name not in self.support_names]
@@ -496,11 +497,18 @@ class SiteForms:
     self._meshes.comment(site.node, site_layout.comments_of(chosen))
     self.support_flags |= {flag for flag, needed in (
         (support_module.STATIC_ARGUMENTS, bool(static)),
-        (support_module.KEYWORD_ARGUMENTS, not self._bound_by_position(site)),
+        (support_module.KEYWORD_ARGUMENTS,
+         not self._bound_by_position(site) and not self._called_by_position(site)),
         (support_module.SHARD_MAP_BEFORE_0_7_2,
          self._choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES))) if needed}
     self._uses(["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
                + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
+
+  def _called_by_position(self, site: Site) -> bool:
+    """Whether every call of the site passes its arguments by position (``site_calls``)."""
+    statement = self._meshes.statement(site.node)
+    return statement is not None and self._calls.by_position(
+        site.node, statement, site.fundef, outermost=site.decorators[:1] == (0,))
 
   def _bound_by_position(self, site: Site) -> bool:
     """Whether every call of the site's function binds its arguments by position: the

@@ -116,6 +116,13 @@ class MeshPlan:
     statement.visit(handed)
     return not reads.found & handed.found
 
+  def statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
+    """The statement of its owner's body that holds the site at ``node``."""
+    try:
+      return self._place(node)[1]
+    except Unconvertible:
+      return None
+
   def caller(self, node: cst.CSTNode) -> cst.Call | None:
     """The call that calls the site at ``node`` where it is made: ``pmap(f)(x)``."""
     try:

@@ -87,6 +87,23 @@ SITES = {
                   {support_module.KEYWORD_ARGUMENTS}),
     "a function from elsewhere": ("g = jax.pmap(jax.numpy.sin)\n",
                                   {support_module.KEYWORD_ARGUMENTS}),
+    # Whatever the function, no call passing keywords leaves the keyword code unused.
+    "called where it is made": ("def run(x):\n  return jax.pmap(jax.numpy.sin)(x + 1)\n", set()),
+    "a local only called by position": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n"
+                                        "  return g(x), [g(y) for y in x]\n", set()),
+    "a private module name only called by position": (
+        "_g = jax.pmap(jax.numpy.sin)\n\n\ndef run(x):\n  return _g(x)\n", set()),
+    "a private def with a default": ("@jax.pmap\ndef _f(x, y=1.0):\n  return x + y\n\n\n"
+                                     "def run(x):\n  return _f(x)\n", set()),
+    "a local called with a keyword": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n"
+                                      "  return g(x=x)\n", {support_module.KEYWORD_ARGUMENTS}),
+    "a local called with **": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n"
+                               "  return g(**x)\n", {support_module.KEYWORD_ARGUMENTS}),
+    "a local handed on": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n  g(x)\n  return g\n",
+                          {support_module.KEYWORD_ARGUMENTS}),
+    "a private def another decorator wraps": (
+        "@functools.lru_cache\n@jax.pmap\ndef _f(x, y=1.0):\n  return x + y\n\n\n"
+        "def run(x):\n  return _f(x)\n", {support_module.KEYWORD_ARGUMENTS}),
 }
 
 
@@ -139,6 +156,8 @@ SITE_RUNS = {
             set()),
     "scale": ("  p_scale = jax.pmap(scale)\n  out = [p_scale(x, by=x), p_scale(-x, by=x)]\n",
               {support_module.KEYWORD_ARGUMENTS}),
+    "partial": ("  p_part = jax.pmap(functools.partial(scale, by=2.0))\n"
+                "  out = [p_part(x), p_part(-x)]\n", set()),
     "repeat": ('  p_repeat = jax.pmap(repeat, axis_name="i", static_broadcasted_argnums=1)\n'
                "  out = [p_repeat(x, 2), p_repeat(x, 3), p_repeat(x, 2)]\n",
                {support_module.STATIC_ARGUMENTS}),
