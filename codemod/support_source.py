@@ -101,12 +101,14 @@ def placed_on(mesh, in_specs, static_argnums=()):
       if kwargs:  # shard_map takes positional arguments only
         bound = inspect.signature(jitted).bind(*args, **kwargs)
         args = bound.args
-        if KEYWORD_ARGUMENTS:
-          if bound.kwargs:  # keyword-only, or after a parameter left unset
+        if bound.kwargs:  # keyword-only, or after a parameter left unset
+          if KEYWORD_ARGUMENTS:
             if not (isinstance(in_specs, jax.sharding.PartitionSpec)
                     and len(in_specs) == 1):  # pmap mapped them over axis 0
               raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
             args = (*args, _Keywords(bound.kwargs))
+          else:  # no site here was seen called so: rerun pmap-to-shmap
+            raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
       out = jitted(*place(args))
       if SHARD_MAP_BEFORE_0_7_2:
         out = jax.tree.map(lambda part: part(), out, is_leaf=lambda x: isinstance(

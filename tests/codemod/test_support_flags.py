@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from codemod_testing import load, rewrite_with_support
 from support.compare import assert_trees_equal
@@ -197,3 +198,38 @@ def test_a_notebooks_sites_give_their_flags_to_the_copy_beside_it(tmp_path):
   assert proc.returncode == 0 and "1 converted" in proc.stderr, proc.stderr
   body = (tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2]
   assert support_module.held_with_flags(body) == PLAIN | {support_module.STATIC_ARGUMENTS}
+
+
+KEYWORD_LATER = """\
+import jax
+import numpy as np
+
+
+def shift(x, scale=1.0, by=0.0):
+  return x * scale + by
+
+
+_p_shift = jax.pmap(shift)
+
+
+def run():
+  x = np.ones((jax.local_device_count(), 3), np.float32)
+  return _p_shift(x)
+"""
+
+
+def test_a_copy_without_the_keyword_code_refuses_what_it_cannot_pass_on(monkeypatch):
+  """A site only ever called by position gets a copy without the keyword code; a later
+  edit that calls it with a keyword that leaves a parameter before it unset gets an error
+  naming the argument (rerunning the codemod then adds the code), never the parameter's
+  default in its place."""
+  new, written = rewrite_with_support(KEYWORD_LATER, target="experimental")
+  assert "_Keywords" not in vars(written)
+  monkeypatch.setitem(sys.modules, support_module.DEFAULT_NAME, written)
+  converted = load(new, "flags_keyword_refused")
+  assert_trees_equal(load(KEYWORD_LATER, "flags_keyword_legacy").run(), converted.run())
+  x, scale = np.ones((8, 3), np.float32), np.full((8, 1), 2.0, np.float32)
+  assert_trees_equal(load(KEYWORD_LATER, "flags_keyword_legacy2")._p_shift(x, scale, by=x),
+                     converted._p_shift(x, scale, by=x))  # every parameter before it given
+  with pytest.raises(TypeError, match="pass by by position"):
+    converted._p_shift(x, by=x)
