@@ -173,8 +173,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     for ref in found.values:
       self.sites_found += 1
       self._value_use(ref, refs)
+    # Sites with a named axis first: an unnamed one may then run on their body's mesh,
+    # and leaves the meshes' names alone.
+    sites = sorted(sites, key=site_forms.unnamed)
     axes = set()
-    for site in sites:
+    for site in [s for s in sites if not site_forms.unnamed(s)] or sites:
       try:
         axes.add(tuple(site_forms.axis_names(site, self._text.style.quote)))
       except Unconvertible:

@@ -84,6 +84,13 @@ def spec_name(get_metadata: Callable, sites: list[Site]) -> str:
   return "P"
 
 
+def unnamed(site: Site) -> bool:
+  """Whether the site is one pmap whose axis has no name its function could read: it may
+  run on a mesh other sites of its body built (``site_meshes.MeshPlan.joinable``)."""
+  given = site.options.get("axis_name")
+  return site.inner is None and (given is None or is_none(given))
+
+
 def axis_names(site: Site, quote: str) -> list[str]:
   """The mesh axis names of a site's pmaps, outer first (``devices`` for an unnamed axis)."""
   names = []
@@ -124,8 +131,8 @@ class SiteForms:
     self.converted = 0
     self.support_names: list[str] = []
     self.support_flags: set[str] = set()  # support_module.FEATURES the sites need
-    # sites in the plain form -> (their mesh, the source of its devices)
-    self._plain: dict[cst.CSTNode, tuple[str, str]] = {}
+    # sites in the plain form -> (their mesh, the source of its devices, its axes)
+    self._plain: dict[cst.CSTNode, tuple[str, str, str]] = {}
     self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
     self._calls = site_calls.SiteCalls(module, get_metadata)
 
@@ -174,7 +181,7 @@ class SiteForms:
       self._report(site.node, Severity.INFO,
                    f"pmap converted to jax.jit(shard_map) over mesh axes {names}{why}")
     else:
-      mesh, devices = plain
+      mesh, devices, names = plain
       rows = ""
       if devices.startswith(_BY_ROWS):
         rows = (" (the devices legacy pmap mapped these arguments over: as many as they "
@@ -323,6 +330,17 @@ class SiteForms:
       lazy = self._meshes.at_module_level(site.node) and self._imported_before_jax_starts
       if devices is None and not static_nums and not lazy:
         devices = self._devices_of_rows(site)
+      joined = (self._meshes.joinable(site.node) if devices is None and not lazy
+                and unnamed(site) else None)
+      if joined is not None and list(joined) != names:
+        # No name of its own to keep: it runs on the body's mesh, whose inputs and
+        # outputs its own would otherwise lay out again under another axis name.
+        names = list(joined)
+        in_specs = self._specs(levels, names, "in_axes")
+        out_specs = self._specs(levels, names, "out_axes")
+        assert in_specs is not None and out_specs is not None  # literal, as with its own
+        in_arg = roles["in_axes"] = roles["axis_name"] = Arg(breakable(f"in_specs={in_specs}"))
+        out_arg = roles["out_axes"] = Arg(breakable(f"out_specs={out_specs}"))
       self._build_plain(site, names, roles, (in_specs, static_nums), in_arg, out_arg, jit_kw,
                         partial, devices, lazy)
       return
@@ -452,7 +470,7 @@ class SiteForms:
     # Comments on devices= / backend= go with the mesh statement, which says them now.
     chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
               if devices is not None and options.get(name) is not None]
-    self._plain[site.node] = (mesh, devices or "jax.devices()")
+    self._plain[site.node] = (mesh, devices or "jax.devices()", ", ".join(names))
     shard_map, check = _SHARD_MAP[self._choice.target]
     axes_kw = [self._layout.copied(value, f"{name}=") for name in ("in_axes", "out_axes")
                if (value := options.get(name)) is not None

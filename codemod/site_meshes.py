@@ -9,7 +9,9 @@ one, and so on down (a loop's body is not entered). Building it there, not at th
 the module, keeps a converted library from starting JAX's backend when it is imported
 (which would come before a program's ``jax.distributed.initialize``). Sites of one body with the same
 literal axis names (or module constants bound once to a string) share one mesh, built
-before the first of them; an axis name that is not a literal (a variable), pmap's
+before the first of them, and a pmap without ``axis_name`` (an axis its function cannot
+name) runs on the body's first mesh over ``jax.devices()``, where there is one (sites
+with named axes are planned first); an axis name that is not a literal (a variable), pmap's
 ``devices=`` / ``backend=`` / ``axis_size=`` (the mesh then spans those devices,
 ``jax.devices(backend)``, the first ``axis_size`` of them), or a site called where it is
 made on names (``pmap_devices(x)``: as many devices as ``x`` has rows), gets its mesh
@@ -80,6 +82,20 @@ class MeshPlan:
     self._of_site[node] = mesh
     self._before = None
     return mesh.name
+
+  def joinable(self, node: cst.CSTNode) -> tuple[str, ...] | None:
+    """The axis of the first mesh over ``jax.devices()`` already planned in the body that
+    builds the site at ``node``, one with a single literal axis (built before its first
+    site, so before this one too): a site whose axis has no name its function could
+    read runs on it as well as on a mesh of its own. None where there is none."""
+    try:
+      owner = self._place(node)[0]
+    except Unconvertible:
+      return None
+    for (place, axes, devices, lazy) in self._meshes:
+      if place == id(owner) and devices is None and not lazy and len(axes) == 1:
+        return axes
+    return None
 
   def comment(self, node: cst.CSTNode, comments: list[str]) -> None:
     """Comments the user wrote on the site's ``devices=`` / ``backend=``: they go with

@@ -84,6 +84,44 @@ def test_call_sites_in_a_function_share_its_mesh_per_axis_name():
   assert 'placed_on(model_mesh, P("model"))' in body
 
 
+UNNAMED_JOINS = '''\
+import jax
+import numpy as np
+
+_AXIS = "batch"
+
+
+def run():
+  x = np.arange(jax.local_device_count() * 3, dtype=np.float32).reshape(-1, 3)
+  init = jax.pmap(lambda v: v * 2)
+  step = jax.pmap(lambda v: v - jax.lax.pmean(v, _AXIS), axis_name=_AXIS)
+  report = jax.pmap(lambda v: v.sum())
+  state = init(x)
+  for _ in range(3):
+    state = step(state)
+  other = jax.pmap(lambda v: v * 3)(x)
+  return state, report(state), other
+'''
+
+
+def test_unnamed_sites_run_on_the_mesh_their_body_builds():
+  """A pmap without axis_name has no name its function could read: it runs on the mesh
+  its body builds for the named sites (before or after it), one mesh, one axis, so no
+  input is laid out again between the sites; results and compiles are legacy's."""
+  new = _converted(UNNAMED_JOINS)
+  body = new[new.index("def run"):]
+  assert body.count("jax.sharding.Mesh(") == 2, body  # the immediate call maps its rows
+  assert "mesh = jax.sharding.Mesh(jax.devices(), (_AXIS,))" in body
+  assert body.index("mesh = ") < body.index("init = ")
+  assert body.count("placed_on(mesh, P(_AXIS))") == 3, body
+  assert "devices_mesh = jax.sharding.Mesh(pmap_devices(x), (\"devices\",))" in body
+  legacy, legacy_compiles = _run_counting(load(UNNAMED_JOINS, "unnamed_legacy"))
+  ours, our_compiles = _run_counting(load(new, "unnamed_converted"))
+  assert_trees_equal(legacy, ours)
+  assert len([n for n in our_compiles if "lambda" in n]) == len(
+      [n for n in legacy_compiles if "lambda" in n]), (legacy_compiles, our_compiles)
+
+
 def test_a_mesh_goes_into_the_branch_that_holds_its_sites_not_into_a_loop():
   source = textwrap.dedent('''\
       import jax

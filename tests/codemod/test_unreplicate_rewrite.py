@@ -155,11 +155,9 @@ def run(state, batch):
   return (losses, out[0], step(state, batch)[0],
           p_double(out)[0])
 """, """\
-devices_mesh = jax.sharding.Mesh(jax.devices(), ("devices",))
-p_double = placed_on(devices_mesh, P("devices"))(
-    jax.jit(shard_map(per_device(lambda x: x * 2), mesh=devices_mesh,
-                      in_specs=P("devices"), out_specs=P("devices"),
-                      check_rep=False)))
+p_double = placed_on(mesh, P("i"))(
+    jax.jit(shard_map(per_device(lambda x: x * 2), mesh=mesh, in_specs=P("i"),
+                      out_specs=P("i"), check_rep=False)))
 
 
 def run(state, batch):
@@ -170,7 +168,7 @@ def run(state, batch):
   out = p_double(batch)
   return (losses, first_row(out), first_row(step(state, batch)),
           first_row(p_double(out)))
-""", support="first_row, per_device, placed_on", step_mesh="i_mesh")
+""", support="first_row, per_device, placed_on")
 
   def test_attributes_of_outputs_and_replicated_values(self):
     # A Flax TrainState's fields, of a site's output or of jax_utils.replicate's, as the
