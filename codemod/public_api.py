@@ -16,7 +16,7 @@ from collections.abc import Callable
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from codemod import support_module
+from codemod import function_exits, support_module
 
 
 def _private(name: str) -> bool:
@@ -55,34 +55,12 @@ def _assigned_names(statement: cst.SimpleStatementLine) -> list[str]:
   return names
 
 
-class _HandsBack(cst.CSTVisitor):
-  """Whether a function's own body returns a value or yields (nested scopes aside)."""
-
-  def __init__(self) -> None:
-    self.found = False
-
-  def visit_Return(self, node: cst.Return) -> None:
-    if node.value is not None and not (isinstance(node.value, cst.Name)
-                                       and node.value.value == "None"):
-      self.found = True
-
-  def visit_Yield(self, node: cst.Yield) -> None:
-    self.found = True
-
-  def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-    return False
-
-  def visit_Lambda(self, node: cst.Lambda) -> bool:
-    return False
-
-  def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-    return False
-
-
 def _hands_back(function: cst.FunctionDef) -> bool:
-  finder = _HandsBack()
-  function.body.visit(finder)
-  return finder.found
+  """Whether the function's own body returns a value or yields."""
+  found = function_exits.exits(function)
+  return found.yields or any(
+      r.value is not None and not (isinstance(r.value, cst.Name) and r.value.value == "None")
+      for r in found.returns)
 
 
 def _public_function(function: cst.FunctionDef) -> bool:

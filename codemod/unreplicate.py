@@ -47,7 +47,7 @@ from typing import cast
 import libcst as cst
 from libcst.metadata import FunctionScope, GlobalScope, PositionProvider, ScopeProvider
 
-from codemod import reaching, related, site_comments, support_module
+from codemod import function_exits, reaching, related, site_comments, support_module
 from codemod.bound_targets import BindingTargets
 from codemod.flax_imports import FlaxImportsVisitor, last_name
 from codemod.findings import Finding, Severity
@@ -420,17 +420,16 @@ class _Outputs:
     if (not isinstance(fun, cst.FunctionDef) or fun.decorators or fun.asynchronous
         or fun in self._following):
       return False
-    returns = _Returns()
-    fun.body.visit(returns)
+    exits = function_exits.exits(fun)
     last = fun.body.body[-1] if isinstance(fun.body, cst.IndentedBlock) else fun.body
     ends = (isinstance(last, cst.SimpleStatementLine) and bool(last.body)
             and isinstance(last.body[-1], cst.Return))
-    if not ends or returns.yields:
+    if not ends or exits.yields:
       return False  # it may fall off its end (None), or it is a generator
     self._following.add(fun)
     try:
       return all(isinstance(r.value, cst.Call) and self._is_producer(r.value.func)
-                 for r in returns.found)
+                 for r in exits.returns)
     finally:
       self._following.discard(fun)
 
@@ -529,30 +528,6 @@ class _Outputs:
 
   def _line(self, node: cst.CSTNode) -> int:
     return self.get_metadata(PositionProvider, node).start.line
-
-
-class _Returns(cst.CSTVisitor):
-  """A function body's ``return`` statements (and whether it yields), nested scopes
-  apart."""
-
-  def __init__(self) -> None:
-    self.found: list[cst.Return] = []
-    self.yields = False
-
-  def visit_Return(self, node: cst.Return) -> None:
-    self.found.append(node)
-
-  def visit_Yield(self, node: cst.Yield) -> None:
-    self.yields = True
-
-  def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-    return False
-
-  def visit_Lambda(self, node: cst.Lambda) -> bool:
-    return False
-
-  def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-    return False
 
 
 def _names_in(target: cst.BaseExpression) -> list[cst.Name]:

@@ -198,7 +198,7 @@ def run(state, batch, make_state):
     # The file's own replicate (and a function returning what a site returns) makes
     # outputs as what it returns does; one that may return something else, or fall off its
     # end, does not.
-    self._converts("", """\
+    helpers = """\
 def replicate(tree):
   return jax.device_put_replicated(tree, jax.local_devices())
 
@@ -216,26 +216,11 @@ def _maybe(state, batch):
 
 def run(state, batch):
   state = replicate(state)
+"""
+    self._converts("", helpers + """\
   first = state[0]
   return first, _train(state, batch)[0], _maybe(state, batch)[0]
-""", """\
-def replicate(tree):
-  return jax.device_put_replicated(tree, jax.local_devices())
-
-
-def _train(state, batch):
-  if batch is None:
-    return step(state, state)
-  return step(state, batch)
-
-
-def _maybe(state, batch):
-  if batch is not None:
-    return step(state, batch)
-
-
-def run(state, batch):
-  state = replicate(state)
+""", helpers + """\
   first = first_row(state)
   return first, first_row(_train(state, batch)), _maybe(state, batch)[0]
 """, support="first_row, per_device, placed_on")
