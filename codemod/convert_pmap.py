@@ -199,7 +199,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         spec=site_forms.spec_name(self.get_metadata, sites), report=self._report,
         library_module=(public_api.module_name(path) if path and os.path.isfile(path)
                         else None),
-        imported_before_jax_starts=imported_before_jax_starts)
+        imported_before_jax_starts=imported_before_jax_starts, calls=refs.calls)
     for site in sites:
       if site.absorbed:
         continue

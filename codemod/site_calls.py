@@ -1,80 +1,74 @@
-"""How a converted site is called: whether every call passes its arguments by position.
+"""How a function the file binds is called: whether only this file's calls reach it, and
+whether every call of a converted site passes its arguments by position.
+
+``calls_of`` gives the calls of a binding only this file can read (a function's local, or
+a module's private ``_name``) whose every read is a call; a read that is not a call (the
+value handed on, returned, wrapped in ``functools.partial``) may reach any call, so there
+is no answer then. ``unreplicate`` follows a helper's parameter through those calls.
 
 The support module's keyword-argument code (``support_module.KEYWORD_ARGUMENTS``) runs
 only for calls that pass keywords, so a repository's copy can leave it out where no call
-of a site does. That holds for a site called where it is made (``pmap(f)(x, y)``), and
-for one bound to a name only this file can read (a function's local, or a module's
-private ``_name``, or a decorated def of either kind) whose every read is a call with
-neither keywords nor ``**``. A read that is not a call (the site handed on, returned,
-wrapped in ``functools.partial``) may reach a keyword call: no proof then.
+of a site does: a site called where it is made (``pmap(f)(x, y)``), or bound to a name
+(or a decorated def no other decorator wraps) whose ``calls_of`` pass neither keywords
+nor ``**``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import libcst as cst
 from libcst.metadata import FunctionScope, GlobalScope, ScopeProvider
 
 
-class SiteCalls:
-  """The calls of one module, read on the first question."""
+def calls_of(get_metadata: Callable, name: str, node: cst.CSTNode, binding: cst.CSTNode,
+             calls: Mapping[cst.CSTNode, cst.Call]) -> list[cst.Call] | None:
+  """The calls of ``binding`` (the binding of ``name`` at ``node``; ``calls``: each call
+  of the file by its function), where only this file can read it and every read calls
+  it; None where it may be read otherwise, or is never read."""
+  scope = get_metadata(ScopeProvider, node, None)
+  if isinstance(scope, GlobalScope):
+    if not name.startswith("_"):
+      return None  # other modules may call it
+  elif not isinstance(scope, FunctionScope):
+    return None  # a class attribute, or a comprehension's name
+  ours = [a for a in scope.assignments[name] if getattr(a, "node", None) is binding]
+  if len(ours) != 1:
+    return None
+  found = [calls.get(access.node) for access in ours[0].references]
+  if not found or None in found:
+    return None
+  return [call for call in found if call is not None]
 
-  def __init__(self, module: cst.Module, get_metadata: Callable) -> None:
-    self._module = module
+
+class SiteCalls:
+  """Answers for one module, over the calls its analysis walk collected."""
+
+  def __init__(self, get_metadata: Callable, calls: Iterable[cst.Call]) -> None:
     self._get = get_metadata
-    self._calls: dict[cst.CSTNode, cst.Call] | None = None  # call by its func node
+    self._calls: dict[cst.CSTNode, cst.Call] = {call.func: call for call in calls}
 
   def by_position(self, site: cst.CSTNode, statement: cst.CSTNode,
                   fundef: cst.FunctionDef | None = None, outermost: bool = True) -> bool:
     """Whether every call of the site at ``site`` (a pmap call in ``statement``, or the
     pmap decorators of ``fundef``, ``outermost`` where no other decorator wraps them)
     passes its arguments by position only."""
-    calls = self._all_calls()
     if fundef is not None:
-      return outermost and self._called_by_position(fundef.name.value, fundef, fundef)
-    immediate = calls.get(site)
-    if immediate is not None:
-      return _positional(immediate)
-    found = _AssignmentOf(site)
-    statement.visit(found)
-    if found.target is None:
-      return False
-    return self._called_by_position(found.target.value, found.target, found.target)
-
-  def _called_by_position(self, name: str, node: cst.CSTNode, binding: cst.CSTNode) -> bool:
-    """Whether every read of ``binding`` (of ``name``, at ``node``) calls it by position."""
-    scope = self._get(ScopeProvider, node, None)
-    if isinstance(scope, GlobalScope):
-      if not name.startswith("_"):
-        return False  # other modules may call it
-    elif not isinstance(scope, FunctionScope):
-      return False  # a class attribute, or a comprehension's name
-    ours = [a for a in scope.assignments[name] if getattr(a, "node", None) is binding]
-    if len(ours) != 1:
-      return False
-    reads = [access.node for access in ours[0].references]
-    calls = self._all_calls()
-    return bool(reads) and all(
-        read in calls and _positional(calls[read]) for read in reads)
-
-  def _all_calls(self) -> dict[cst.CSTNode, cst.Call]:
-    if self._calls is None:
-      found = _Calls()
-      self._module.visit(found)
-      self._calls = found.by_func
-    return self._calls
+      if not outermost:
+        return False
+      found = calls_of(self._get, fundef.name.value, fundef, fundef, self._calls)
+    elif site in self._calls:  # called where it is made
+      found = [self._calls[site]]
+    else:
+      assigned = _AssignmentOf(site)
+      statement.visit(assigned)
+      target = assigned.target
+      found = (None if target is None
+               else calls_of(self._get, target.value, target, target, self._calls))
+    return found is not None and all(_positional(call) for call in found)
 
 
 def _positional(call: cst.Call) -> bool:
   return all(arg.keyword is None and arg.star != "**" for arg in call.args)
-
-
-class _Calls(cst.CSTVisitor):
-  def __init__(self) -> None:
-    self.by_func: dict[cst.CSTNode, cst.Call] = {}
-
-  def visit_Call(self, node: cst.Call) -> None:
-    self.by_func[node.func] = node
 
 
 class _AssignmentOf(cst.CSTVisitor):

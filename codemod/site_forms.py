@@ -26,7 +26,7 @@ reported as an ERROR with the reason. The new code is laid out by ``site_layout`
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import libcst as cst
@@ -109,13 +109,15 @@ def axis_names(site: Site, quote: str) -> list[str]:
 class SiteForms:
   """Plans the new code of one file's pmap sites (``convert``, a site at a time) into
   ``layout``, their meshes into ``meshes``; what the sites need of the support module
-  gathers in ``support_names`` and ``support_flags``."""
+  gathers in ``support_names`` and ``support_flags``; ``calls`` are every call of the
+  module, from the pipeline's one analysis walk."""
 
   def __init__(self, *, module: cst.Module, get_metadata: Callable, text: SourceText,
                layout: site_layout.SiteLayout, meshes: site_meshes.MeshPlan,
                renames: removed_apis.Renames, choice: targets.Choice, spec: str,
                report: Callable[[cst.CSTNode, Severity, str], None],
-               library_module: str | None, imported_before_jax_starts: bool) -> None:
+               library_module: str | None, imported_before_jax_starts: bool,
+               calls: Sequence[cst.Call]) -> None:
     self.get_metadata = get_metadata
     self._module = module
     self._text = text
@@ -134,7 +136,7 @@ class SiteForms:
     # sites in the plain form -> (their mesh, the source of its devices, its axes)
     self._plain: dict[cst.CSTNode, tuple[str, str, str]] = {}
     self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
-    self._calls = site_calls.SiteCalls(module, get_metadata)
+    self._calls = site_calls.SiteCalls(get_metadata, calls)
 
   def _uses(self, names: list[str]) -> None:
     self.support_names += [name for name in names if name not in self.support_names]

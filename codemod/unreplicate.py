@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import libcst as cst
-from libcst.metadata import FunctionScope, GlobalScope, PositionProvider, ScopeProvider
+from libcst.metadata import FunctionScope, PositionProvider, ScopeProvider
 
-from codemod import function_exits, reaching, related, site_comments, support_module
+from codemod import function_exits, reaching, related, site_calls, site_comments, support_module
 from codemod.bound_targets import BindingTargets
 from codemod.flax_imports import FlaxImportsVisitor, last_name
 from codemod.findings import Finding, Severity
@@ -293,7 +293,7 @@ class _Idioms(FlaxImportsVisitor, BindingTargets):
     self.lambdas: list[cst.Lambda] = []
     self.tree_maps: list[cst.Call] = []  # f(lambda x: x[0], tree), nothing else
     self.lambda_calls: dict[cst.Lambda, cst.Call] = {}  # the tree map each lambda is given to
-    self.calls: dict[cst.Name, cst.Call] = {}  # calls of a name, by the name
+    self.calls: dict[cst.CSTNode, cst.Call] = {}  # calls of a name, by the name
     self.subscripts: list[cst.Subscript] = []
     self.stored: set[cst.Subscript] = set()
     self._indexed: set[cst.Subscript] = set()  # subscripts that are indexed again
@@ -381,6 +381,7 @@ class _Outputs:
         self.site_bindings.update(t.target for t in assign.targets
                                   if isinstance(t.target, cst.Name))
     self._following: set = set()  # the functions (and parameters) being followed
+    self._producers: dict[cst.FunctionDef, bool] = {}  # helpers known to return outputs
     self.output_bindings: set[cst.CSTNode] = set()
     for assign in found.assigns:
       if isinstance(assign.value, cst.Call) and self._is_producer(assign.value.func):
@@ -420,18 +421,23 @@ class _Outputs:
     if (not isinstance(fun, cst.FunctionDef) or fun.decorators or fun.asynchronous
         or fun in self._following):
       return False
+    if fun in self._producers:  # each call of a helper asks again
+      return self._producers[fun]
     exits = function_exits.exits(fun)
     last = fun.body.body[-1] if isinstance(fun.body, cst.IndentedBlock) else fun.body
     ends = (isinstance(last, cst.SimpleStatementLine) and bool(last.body)
             and isinstance(last.body[-1], cst.Return))
     if not ends or exits.yields:
-      return False  # it may fall off its end (None), or it is a generator
-    self._following.add(fun)
-    try:
-      return all(isinstance(r.value, cst.Call) and self._is_producer(r.value.func)
-                 for r in exits.returns)
-    finally:
-      self._following.discard(fun)
+      answer = False  # it may fall off its end (None), or it is a generator
+    else:
+      self._following.add(fun)
+      try:
+        answer = all(isinstance(r.value, cst.Call) and self._is_producer(r.value.func)
+                     for r in exits.returns)
+      finally:
+        self._following.discard(fun)
+    self._producers[fun] = answer  # a cycle of helpers is False whichever is asked first
+    return answer
 
   def trees_verdict(self, trees: list[cst.BaseExpression] | None) -> str | None:
     """None where every tree a tree form reads is an output here, else why it stays."""
@@ -497,23 +503,16 @@ class _Outputs:
     outer = self.get_metadata(ScopeProvider, fun, None)
     if fun.decorators or outer is None or (fun, param) in self._following:
       return False
-    if isinstance(outer, GlobalScope) and not fun.name.value.startswith("_"):
-      return False  # other modules may call it
-    if not isinstance(outer, (GlobalScope, FunctionScope)):
-      return False  # a method, or a function a comprehension or class holds
-    assignments = list(outer.assignments[fun.name.value])
-    if len(assignments) != 1 or getattr(assignments[0], "node", None) is not fun:
-      return False
-    uses = [access.node for access in assignments[0].references]
-    calls = [self.found.calls.get(use) if isinstance(use, cst.Name) else None
-             for use in uses]
-    if not calls:
-      return False
+    if len(outer.assignments[fun.name.value]) != 1:
+      return False  # the name may call another function too
+    calls = site_calls.calls_of(self.get_metadata, fun.name.value, fun, fun, self.found.calls)
+    if calls is None:
+      return False  # other modules may call it, or it is handed on as a value
     self._following.add((fun, param))
     try:
       for call in calls:
-        if call is None or any(a.star for a in call.args):
-          return False  # the function passed on as a value, or arguments unpacked
+        if any(a.star for a in call.args):
+          return False  # arguments unpacked
         given = [a.value for a in call.args
                  if keyword_ok and a.keyword is not None and a.keyword.value == param.name.value]
         if not given and param in positional:
