@@ -37,8 +37,8 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import CodeRange, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (imports, matcher_setup, pmap_patches, public_api, removed_apis,
-                     removed_names, site_forms, site_layout, site_meshes, source_text,
+from codemod import (imports, matcher_setup, placed_devices, pmap_patches, public_api,
+                     removed_apis, removed_names, site_forms, site_layout, site_meshes, source_text,
                      support_module, targets, together, unreplicate, unused_imports)
 from codemod.axes_to_specs import Unconvertible
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -184,7 +184,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         pass
     self._meshes = site_meshes.MeshPlan(
         node, self.get_metadata, {t.string for t in self._text.tokens if t.type == tokenize.NAME},
-        by_axis=len(axes) > 1)
+        by_axis=len(axes) > 1, placed=placed_devices.PlacedDevices(self.get_metadata, refs.calls),
+        sites=[s.node for s in sites if not s.absorbed])
     # A module-level mesh starts JAX's backend at import: not in a library module (whoever
     # imports it may call jax.distributed.initialize after) nor in a program that calls
     # it. Their module-level sites are made on their first call (on_first_call).

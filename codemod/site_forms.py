@@ -185,7 +185,11 @@ class SiteForms:
     else:
       mesh, devices, names = plain
       rows = ""
-      if devices.startswith(_BY_ROWS):
+      placed = self._meshes.devices_of(site.node)[1]
+      if placed is not None:
+        rows = (f" (as many devices as the function places its inputs on, line {placed}: "
+                "legacy pmap mapped as many as they have rows)")
+      elif devices.startswith(_BY_ROWS):
         rows = (" (the devices legacy pmap mapped these arguments over: as many as they "
                 "have rows)")
       elif devices.startswith("jax.devices(") and devices.endswith(")"):
@@ -472,7 +476,7 @@ class SiteForms:
     # Comments on devices= / backend= go with the mesh statement, which says them now.
     chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
               if devices is not None and options.get(name) is not None]
-    self._plain[site.node] = (mesh, devices or "jax.devices()", ", ".join(names))
+    self._plain[site.node] = (mesh, self._meshes.devices_of(site.node)[0], ", ".join(names))
     shard_map, check = _SHARD_MAP[self._choice.target]
     axes_kw = [self._layout.copied(value, f"{name}=") for name in ("in_axes", "out_axes")
                if (value := options.get(name)) is not None
@@ -522,7 +526,7 @@ class SiteForms:
         (support_module.SHARD_MAP_BEFORE_0_7_2,
          self._choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES))) if needed}
     self._uses(["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
-               + (["pmap_devices"] if (devices or "").startswith(_BY_ROWS) else []))
+               + (["pmap_devices"] if self._plain[site.node][1].startswith(_BY_ROWS) else []))
 
   def _called_by_position(self, site: Site) -> bool:
     """Whether every call of the site passes its arguments by position (``site_calls``)."""

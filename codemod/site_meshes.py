@@ -11,7 +11,8 @@ the module, keeps a converted library from starting JAX's backend when it is imp
 literal axis names (or module constants bound once to a string) share one mesh, built
 before the first of them, and a pmap without ``axis_name`` (an axis its function cannot
 name) runs on the body's first mesh over ``jax.devices()``, where there is one (sites
-with named axes are planned first); an axis name that is not a literal (a variable), pmap's
+with named axes are planned first). A shared mesh spans ``pmap_devices(rows=n)`` instead
+where the body places its inputs on ``n`` devices itself (``placed_devices``); an axis name that is not a literal (a variable), pmap's
 ``devices=`` / ``backend=`` / ``axis_size=`` (the mesh then spans those devices,
 ``jax.devices(backend)``, the first ``axis_size`` of them), or a site called where it is
 made on names (``pmap_devices(x)``: as many devices as ``x`` has rows), gets its mesh
@@ -24,7 +25,7 @@ numbered one.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ import libcst as cst
 from libcst.metadata import (BuiltinAssignment, ComprehensionScope, FunctionScope, GlobalScope,
                               ImportAssignment, PositionProvider, ScopeProvider)
 
-from codemod import edits, file_style, together
+from codemod import edits, file_style, placed_devices, together
 from codemod.axes_to_specs import Unconvertible
 
 MESH = "jax.sharding.Mesh"
@@ -48,14 +49,19 @@ class _Mesh:
   statements: list[cst.BaseStatement] = field(default_factory=list)  # its sites' statements
   sites: list[cst.CSTNode] = field(default_factory=list)
   comments: list[str] = field(default_factory=list)  # on what its devices came from
+  placed: int | None = None  # the line placing its inputs, where that gave its devices
 
 
 class MeshPlan:
   """The meshes the converted sites of one module use."""
 
   def __init__(self, module: cst.Module, get_metadata: Callable[..., Any],
-               identifiers: set[str], by_axis: bool = False):
+               identifiers: set[str], by_axis: bool = False,
+               placed: placed_devices.PlacedDevices | None = None,
+               sites: Sequence[cst.CSTNode] = ()):
     self._module = module
+    self._placed = placed  # how many devices a function's own code places inputs on
+    self._sites = sites  # every site of the module, planned or not
     self._by_axis = by_axis  # several axis names in the file: name each mesh after its axis
     self._get = get_metadata
     self._taken = set(identifiers)  # every identifier the file's code uses
@@ -75,13 +81,38 @@ class MeshPlan:
     key = (id(owner) if shared else id(statement), tuple(axes), devices, lazy)
     mesh = self._meshes.get(key)
     if mesh is None:
-      mesh = self._meshes[key] = _Mesh(self._name(owner, axes), tuple(axes), owner,
-                                       devices or "jax.devices()", lazy)
+      placed = self._placed_rows(owner, statement) if shared and not lazy else None
+      mesh = self._meshes[key] = _Mesh(
+          self._name(owner, axes), tuple(axes), owner,
+          devices or (f"pmap_devices(rows={placed[0]})" if placed else "jax.devices()"),
+          lazy, placed=placed[1] if placed else None)
     mesh.statements.append(statement)
     mesh.sites.append(node)
     self._of_site[node] = mesh
     self._before = None
     return mesh.name
+
+  def devices_of(self, node: cst.CSTNode) -> tuple[str, int | None]:
+    """The source of the device list of the site's mesh, and the line placing the
+    inputs where that line gave it (``placed_devices``)."""
+    mesh = self._of_site[node]
+    return mesh.devices, mesh.placed
+
+  def _placed_rows(self, owner: cst.CSTNode, statement: cst.BaseStatement
+                   ) -> tuple[str, int] | None:
+    """How many devices the code of ``owner`` places its inputs on, where that holds
+    before the first of its statements holding a site (where its shared mesh goes)."""
+    if self._placed is None:
+      return None
+    firsts = [self._line(statement)]
+    for site in self._sites:
+      try:
+        place = self._place(site)
+      except Unconvertible:
+        continue
+      if place[0] is owner:
+        firsts.append(self._line(place[1]))
+    return self._placed.rows(self._get(ScopeProvider, statement, None), min(firsts))
 
   def joinable(self, node: cst.CSTNode) -> tuple[str, ...] | None:
     """The axis of the first mesh over ``jax.devices()`` already planned in the body that

@@ -60,10 +60,11 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   return body
 
 
-def pmap_devices(*args, in_axes=0):
-  """The devices legacy pmap mapped ``args`` over: as many of jax.devices() as
-  they have rows on their mapped axes (every device in a multi-process job)."""
-  rows = []  # each mapped leaf's, in order (the trees are read, not rebuilt)
+def pmap_devices(*args, in_axes=0, rows=None):
+  """The devices legacy pmap mapped ``args`` (or ``rows`` rows) over: as many of
+  jax.devices() as they have rows on their mapped axes (every device in a
+  multi-process job)."""
+  rows = [] if rows is None else [rows]  # then each mapped leaf's, in order
   axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
   for axis, sub in zip(axes, tree.flatten_up_to(args), strict=True):
     for x in [] if axis is None else jax.tree.leaves(sub):

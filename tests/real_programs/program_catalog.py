@@ -23,10 +23,12 @@ class Program:
   steps: dict[str, tuple[str, ...]]
   # The pip distributions the program imports (a line without a release of one skips it).
   distributions: tuple[str, ...]
+  # The module under programs/ when it is not `name`: the same program with other options.
+  module: str = ""
 
   @property
   def path(self) -> str:
-    return os.path.join(PROGRAMS_DIR, f"{self.name}.py")
+    return os.path.join(PROGRAMS_DIR, f"{self.module or self.name}.py")
 
 
 # Legacy pmap's compile-log name for a pmapped functools.partial (a jit of a partial logs as
@@ -38,6 +40,10 @@ PROGRAMS = {
         Program("numpyro_nuts", packages=("numpyro",), distributions=("numpyro",),
                 steps={"_single_chain_mcmc": ("_single_chain_mcmc", PARTIAL)}),
         Program("brax_ppo", packages=("brax",), distributions=("brax", "flax", "optax"),
+                steps={"training_epoch": ("training_epoch",)}),
+        # brax's own max_devices_per_host: the inputs it places on 2 of the 8 devices.
+        Program("brax_ppo_two_devices", packages=("brax",), module="brax_ppo",
+                distributions=("brax", "flax", "optax"),
                 steps={"training_epoch": ("training_epoch",)}),
         Program("flax_imagenet", packages=("flax",), distributions=("flax", "optax"),
                 steps={"train_step": ("train_step", PARTIAL), "eval_step": ("eval_step",)}),
@@ -64,6 +70,7 @@ PLAIN_FAILS = {
         "patched_before", "brax 0.14.2 (newest) ppo.train calls jax.device_put_replicated, "
         "which jax 0.10.0 removed: AttributeError with JAX's own pmap"),
 }
+PLAIN_FAILS[NEWEST_LINE, "brax_ppo_two_devices"] = PLAIN_FAILS[NEWEST_LINE, "brax_ppo"]
 
 
 def reference_mode(line: str, program: str) -> str:

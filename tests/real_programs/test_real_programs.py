@@ -1,6 +1,7 @@
 """Real third-party pmap programs, unchanged, under every way of moving them off legacy pmap.
 
-Each program (programs/*.py: numpyro NUTS with parallel chains, brax PPO, the Flax ImageNet
+Each program (programs/*.py: numpyro NUTS with parallel chains, brax PPO on all 8 devices
+and on 2 through its `max_devices_per_host`, the Flax ImageNet
 example's loop) runs in its own fresh interpreter of a real-programs environment
 (`.venv-real-jax<line>`, built by make from .ci/real-programs-jax<line>.txt) through
 run_mode.py, once per mode (program_catalog.py). On jax 0.6.0 every mode must give legacy
@@ -33,6 +34,7 @@ import outcomes  # noqa: E402
 KWARGS = {
     "numpyro_nuts": {"num_warmup": 10, "num_samples": 10, "num_chains": 4},
     "brax_ppo": {},
+    "brax_ppo_two_devices": {"max_devices_per_host": 2},
     "flax_imagenet": {},
     "flax_nnx_pmap": {},
 }

@@ -16,8 +16,10 @@ from brax import envs
 from brax.training.agents.ppo import train as ppo
 
 
-def run(num_timesteps: int = 2048, num_envs: int = 16, num_evals: int = 2) -> dict[str, Any]:
-  """Trains PPO for a few epochs; returns the final parameters and evaluation metrics."""
+def run(num_timesteps: int = 2048, num_envs: int = 16, num_evals: int = 2,
+        max_devices_per_host: int | None = None) -> dict[str, Any]:
+  """Trains PPO for a few epochs (on at most ``max_devices_per_host`` devices, brax's own
+  option); returns the final parameters and evaluation metrics."""
   environment = envs.get_environment("fast")
   _, (normalizer, policy, value), metrics = ppo.train(
       environment,
@@ -37,6 +39,7 @@ def run(num_timesteps: int = 2048, num_envs: int = 16, num_evals: int = 2) -> di
       normalize_advantage=False,
       num_evals=num_evals,
       num_eval_envs=8,
+      max_devices_per_host=max_devices_per_host,
   )
   # Wall-clock entries (sps, walltime) differ from run to run; everything else is computed.
   computed = {k: v for k, v in metrics.items() if "sps" not in k and "time" not in k}

@@ -1,0 +1,140 @@
+"""A function that places its pmapped inputs on ``jax.local_devices()[:n]`` itself (brax's
+trainers, with ``max_devices_per_host``) gets a shared mesh over ``pmap_devices(rows=n)``:
+as many devices as legacy pmap mapped those inputs over. Before/after text, the cases left
+over ``jax.devices()``, and, against legacy jax.pmap on jax 0.6.0, results and compiles on
+fewer devices than the host has."""
+from __future__ import annotations
+
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from codemod_testing import load, rewrite
+from support.compare import assert_trees_equal
+from support.compiles import compiles, step_compiles
+
+TRAINER = '''\
+import jax
+import numpy as np
+
+_AXIS = "i"
+
+
+def train(params, steps, max_devices_per_host=None):
+  local_devices_to_use = jax.local_device_count()
+  if max_devices_per_host:
+    local_devices_to_use = min(local_devices_to_use, max_devices_per_host)
+
+  def epoch(p, key):
+    return p - 0.1 * jax.lax.pmean(p * key, _AXIS)
+
+  epoch = jax.pmap(epoch, axis_name=_AXIS, donate_argnums=(0,))
+  total = jax.pmap(lambda p: jax.lax.psum(p, _AXIS), axis_name=_AXIS)
+
+  params = jax.device_put_replicated(params, jax.local_devices()[:local_devices_to_use])
+  for step in range(steps):
+    keys = np.full((local_devices_to_use, 3), step + 1.0, np.float32)
+    params = epoch(params, keys)
+  return params, total(params)
+'''
+
+
+def _converted(source: str) -> tuple[str, list]:
+  return rewrite(textwrap.dedent(source), target="experimental")
+
+
+def test_the_shared_mesh_spans_the_devices_the_function_places_inputs_on():
+  new, findings = _converted(TRAINER)
+  assert new.count("jax.sharding.Mesh(") == 1, new
+  assert "mesh = jax.sharding.Mesh(pmap_devices(rows=local_devices_to_use), (_AXIS,))" in new
+  assert "from pmap_shard_map import per_device, placed_on, pmap_devices" in new
+  infos = [f.message for f in findings if "pmap converted" in f.message]
+  line = 1 + next(i for i, text in enumerate(TRAINER.splitlines()) if "device_put" in text)
+  assert len(infos) == 2, infos
+  assert all(f"places its inputs on, line {line}" in m for m in infos), infos
+
+
+@pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
+@pytest.mark.parametrize("most", [None, 2, 1])
+def test_on_fewer_devices_results_and_compiles_are_legacys(most):
+  new, _ = _converted(TRAINER)
+  params = np.arange(3, dtype=np.float32)
+  runs = []
+  for name, source in (("placed_legacy", TRAINER), ("placed_converted", new)):
+    module = load(source, f"{name}_{most}")
+    with compiles() as counts:
+      out = module.train(params, 3, max_devices_per_host=most)
+    runs.append((out, counts))
+  (legacy, legacy_counts), (ours, our_counts) = runs
+  assert_trees_equal(legacy, ours)
+  assert legacy[0].shape[0] == (most or jax.local_device_count())
+  for step in ("epoch", "<lambda>"):
+    assert step_compiles(our_counts, step) == step_compiles(legacy_counts, step) == 1, (
+        legacy_counts, our_counts)
+
+
+_PLACEMENT = "jax.local_devices()[:local_devices_to_use])"
+
+
+@pytest.mark.parametrize("changes", [
+    # n bound again after the first site: its value there is not the placement's
+    [("  return params, total(params)\n",
+      "  local_devices_to_use = 1\n  return params, total(params)\n")],
+    # placements on different counts
+    [("  for step in range(steps):\n",
+      "  extra = jax.device_put_replicated(params, jax.local_devices()[:1])\n"
+      "  for step in range(steps):\n")],
+    # a placement on every local device
+    [(_PLACEMENT, "jax.local_devices())")],
+    # a list the function does not spell as a slice of JAX's devices
+    [(_PLACEMENT, "pool)"),
+     ("  params = jax.device_put_replicated(",
+      "  pool = jax.local_devices()[:local_devices_to_use]\n"
+      "  params = jax.device_put_replicated(")],
+    # a count from a call that may do anything
+    [(_PLACEMENT, "jax.local_devices()[:pick()])")],
+    # a module-level name: another function may bind it again
+    [(_PLACEMENT, "jax.local_devices()[:_MOST])"), ('_AXIS = "i"\n', '_AXIS = "i"\n_MOST = 2\n')],
+])
+def test_a_count_not_shown_to_hold_at_the_mesh_leaves_it_over_jax_devices(changes):
+  source = TRAINER
+  for old, changed in changes:
+    assert old in source
+    source = source.replace(old, changed)
+  new, _ = _converted(source)
+  assert "mesh = jax.sharding.Mesh(jax.devices(), (_AXIS,))" in new, new
+  assert "pmap_devices" not in new, new
+
+
+def test_a_placement_in_another_function_says_nothing_here():
+  new, _ = _converted('''\
+      import jax
+
+
+      def place(params, n):
+        return jax.device_put_replicated(params, jax.local_devices()[:n])
+
+
+      def train(params, n):
+        step = jax.pmap(lambda p: jax.lax.pmean(p, "i"), axis_name="i")
+        return step(place(params, n))
+      ''')
+  assert 'mesh = jax.sharding.Mesh(jax.devices(), ("i",))' in new, new
+
+
+def test_flax_replicate_with_devices_counts_too():
+  new, _ = _converted('''\
+      import jax
+      from flax import jax_utils
+
+
+      def train(state, batches, n):
+        step = jax.pmap(lambda s, b: s + jax.lax.pmean(b, "batch"), axis_name="batch")
+        state = jax_utils.replicate(state, devices=jax.local_devices()[:n])
+        for batch in batches:
+          state = step(state, batch)
+        return state
+      ''')
+  assert 'mesh = jax.sharding.Mesh(pmap_devices(rows=n), ("batch",))' in new, new
