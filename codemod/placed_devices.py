@@ -4,8 +4,9 @@ Legacy pmap ran each call on as many devices as its arguments had rows; a conver
 site's mesh is built once, over ``jax.devices()`` unless something says otherwise. A
 function that places the inputs itself, with ``jax.device_put_replicated(x,
 jax.local_devices()[:n])`` (or ``jax.device_put_sharded``, or flax's ``replicate(x,
-devices=...)``), says how many rows its sites get: brax's trainers do, and run on fewer
-devices with ``max_devices_per_host``. The mesh that function's sites share then spans
+devices=...)``), itself or through a helper only this file binds that places them on as
+many as one of its parameters says, says how many rows its sites get: brax's trainers do,
+and run on fewer devices with ``max_devices_per_host``. The mesh that function's sites share then spans
 that many, ``pmap_devices(rows=n)`` (every device in a multi-process job, where legacy
 pmap required all of them).
 
@@ -20,14 +21,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import libcst as cst
-from libcst.metadata import (Assignment, BuiltinAssignment, ImportAssignment, PositionProvider,
-                             QualifiedNameProvider, Scope, ScopeProvider)
+from libcst.metadata import (Assignment, BuiltinAssignment, GlobalScope, ImportAssignment,
+                             PositionProvider, QualifiedNameProvider, Scope, ScopeProvider)
 
 # The calls that place a value on a list of devices: their devices argument's position.
 _PLACERS = {"jax.device_put_replicated": 1, "jax.device_put_sharded": 1,
             "flax.jax_utils.replicate": 1}
 # Device lists sliced by count; calls a count may make, with no effect and one answer.
 _DEVICE_LISTS = frozenset({"jax.local_devices", "jax.devices"})
+
+
+class _Nothing:
+  """What a call that places nothing counts."""
+
+
+_NOTHING = _Nothing()
 _COUNTS = frozenset({"jax.local_device_count", "jax.device_count", "jax.process_count",
                      "builtins.len", "builtins.min", "builtins.max", "builtins.int"})
 
@@ -44,20 +52,17 @@ class PlacedDevices:
     ``scope`` (a function's, or the module's) places inputs on ``n`` devices, ``n`` being
     the same value at line ``before``, where the mesh of its sites is built; None where
     it places none, or on lists this cannot count the same way."""
+    if scope is None:
+      return None
     counts: set[str] = set()
     first = None
     for call in self._calls:
-      if scope is None or self._get(ScopeProvider, call, None) is not scope:
+      if self._get(ScopeProvider, call, None) is not scope:
         continue
-      position = next((p for name, p in _PLACERS.items() if self._is(call.func, {name})),
-                      None)
-      if position is None:
+      n = self._placed_count(call)
+      if isinstance(n, _Nothing):
         continue
-      devices = _argument(call, position, "devices")
       line = self._get(PositionProvider, call).start.line
-      if devices is None or _is_none(devices):
-        return None  # every local device: the mesh over jax.devices() says so already
-      n = self._count(devices)
       if n is None or not self._holds(n, scope, min(line, before)):
         return None
       counts.add(cst.Module([]).code_for_node(n))
@@ -65,6 +70,51 @@ class PlacedDevices:
     if len(counts) != 1 or first is None:
       return None
     return counts.pop(), first
+
+  def _placed_count(self, call: cst.Call, through_helpers: bool = True
+                    ) -> cst.BaseExpression | _Nothing | None:
+    """``n`` where ``call`` places a value on ``n`` devices, itself or through a helper
+    of this file that places it on as many as one of its parameters says (brax's
+    ``_init_training_state(..., local_devices_to_use=n)``): the argument given for that
+    parameter. ``_NOTHING`` where it places nothing, None where this cannot count."""
+    position = next((p for name, p in _PLACERS.items() if self._is(call.func, {name})), None)
+    if position is not None:
+      devices = _argument(call, position, "devices")
+      # None: every local device, which the mesh over jax.devices() says already
+      return None if devices is None or _is_none(devices) else self._count(devices)
+    helper = self._helper(call.func) if through_helpers else None
+    if helper is None:
+      return _NOTHING
+    inner = self._get(ScopeProvider, helper.body, None)
+    counts = [self._placed_count(c, through_helpers=False) for c in self._calls
+              if self._get(ScopeProvider, c, None) is inner]
+    named = {n.value if isinstance(n, cst.Name) else None
+             for n in counts if not isinstance(n, _Nothing)}
+    if not named:
+      return _NOTHING
+    name = named.pop() if len(named) == 1 else None
+    params = [p.name.value for p in helper.params.params]
+    keywords = [p.name.value for p in helper.params.kwonly_params]
+    if (name is None or name not in params + keywords or inner is None
+        or not all(isinstance(a, Assignment) and isinstance(a.node, cst.Param)
+                   for a in inner.assignments[name])):
+      return None
+    return _argument(call, params.index(name) if name in params else None, name)
+
+  def _helper(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
+    """The undecorated def ``func`` names, where only this file can bind it (a nested
+    def, or a module's private ``_name``) and nothing binds it again."""
+    scope = self._get(ScopeProvider, func, None)
+    if not isinstance(func, cst.Name) or scope is None:
+      return None
+    bound = list(scope[func.value])
+    if len(bound) != 1 or not isinstance(bound[0], Assignment):
+      return None
+    node = bound[0].node
+    if not isinstance(node, cst.FunctionDef) or node.decorators or (
+        isinstance(bound[0].scope, GlobalScope) and not func.value.startswith("_")):
+      return None
+    return node
 
   def _count(self, devices: cst.BaseExpression) -> cst.BaseExpression | None:
     """``n`` of ``jax.local_devices()[:n]`` or ``jax.devices()[:n]``."""
@@ -107,13 +157,15 @@ class PlacedDevices:
     return any(q.name in wanted for q in self._get(QualifiedNameProvider, func, set()))
 
 
-def _argument(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
-  positional = [a for a in call.args if a.keyword is None and not a.star]
-  if any(a.star for a in call.args) and len(positional) <= position:
-    return None
+def _argument(call: cst.Call, position: int | None, keyword: str
+              ) -> cst.BaseExpression | None:
+  """The argument ``call`` passes for a parameter (None where it cannot be told)."""
   for arg in call.args:
     if arg.keyword is not None and arg.keyword.value == keyword:
       return arg.value
+  if any(a.star for a in call.args) or position is None:
+    return None
+  positional = [a for a in call.args if a.keyword is None]
   return positional[position].value if len(positional) > position else None
 
 

@@ -45,6 +45,13 @@ def _converted(source: str) -> tuple[str, list]:
   return rewrite(textwrap.dedent(source), target="experimental")
 
 
+def _changed(source: str, changes: list[tuple[str, str]]) -> str:
+  for old, new in changes:
+    assert old in source
+    source = source.replace(old, new)
+  return source
+
+
 def test_the_shared_mesh_spans_the_devices_the_function_places_inputs_on():
   new, findings = _converted(TRAINER)
   assert new.count("jax.sharding.Mesh(") == 1, new
@@ -58,12 +65,15 @@ def test_the_shared_mesh_spans_the_devices_the_function_places_inputs_on():
 
 @pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
 @pytest.mark.parametrize("most", [None, 2, 1])
-def test_on_fewer_devices_results_and_compiles_are_legacys(most):
-  new, _ = _converted(TRAINER)
+@pytest.mark.parametrize("program", ["TRAINER", "THROUGH_HELPER"])
+def test_on_fewer_devices_results_and_compiles_are_legacys(program, most):
+  source = globals()[program]
+  new, _ = _converted(source)
+  assert "pmap_devices(rows=" in new
   params = np.arange(3, dtype=np.float32)
   runs = []
-  for name, source in (("placed_legacy", TRAINER), ("placed_converted", new)):
-    module = load(source, f"{name}_{most}")
+  for name, text in ((f"{program}_legacy", source), (f"{program}_converted", new)):
+    module = load(text, f"{name}_{most}")
     with compiles() as counts:
       out = module.train(params, 3, max_devices_per_host=most)
     runs.append((out, counts))
@@ -99,29 +109,41 @@ _PLACEMENT = "jax.local_devices()[:local_devices_to_use])"
     [(_PLACEMENT, "jax.local_devices()[:_MOST])"), ('_AXIS = "i"\n', '_AXIS = "i"\n_MOST = 2\n')],
 ])
 def test_a_count_not_shown_to_hold_at_the_mesh_leaves_it_over_jax_devices(changes):
-  source = TRAINER
-  for old, changed in changes:
-    assert old in source
-    source = source.replace(old, changed)
-  new, _ = _converted(source)
+  new, _ = _converted(_changed(TRAINER, changes))
   assert "mesh = jax.sharding.Mesh(jax.devices(), (_AXIS,))" in new, new
   assert "pmap_devices" not in new, new
 
 
-def test_a_placement_in_another_function_says_nothing_here():
-  new, _ = _converted('''\
-      import jax
+# brax SAC's: a private helper places the state on as many devices as its parameter says.
+THROUGH_HELPER = TRAINER.replace(
+    "  params = jax.device_put_replicated(params, jax.local_devices()[:local_devices_to_use])\n",
+    "  params = _placed(params, count=local_devices_to_use)\n").replace(
+    "\n\ndef train(", """
+
+def _placed(params, count):
+  return jax.device_put_replicated(params, jax.local_devices()[:count])
 
 
-      def place(params, n):
-        return jax.device_put_replicated(params, jax.local_devices()[:n])
+def train(""")
 
 
-      def train(params, n):
-        step = jax.pmap(lambda p: jax.lax.pmean(p, "i"), axis_name="i")
-        return step(place(params, n))
-      ''')
-  assert 'mesh = jax.sharding.Mesh(jax.devices(), ("i",))' in new, new
+def test_a_private_helper_places_them_on_as_many_as_its_argument_says():
+  assert THROUGH_HELPER != TRAINER
+  new, _ = _converted(THROUGH_HELPER)
+  assert "mesh = jax.sharding.Mesh(pmap_devices(rows=local_devices_to_use), (_AXIS,))" in new
+
+
+@pytest.mark.parametrize("changes", [
+    # public: another module may bind it again
+    [("def _placed(", "def placed("), ("_placed(params, count", "placed(params, count")],
+    # its parameter bound again before the placement
+    [("  return jax.device_put", "  count = 1\n  return jax.device_put")],
+    # decorated
+    [("def _placed(", "@functools.cache\ndef _placed(")],
+])
+def test_a_helper_that_may_place_them_otherwise_says_nothing(changes):
+  new, _ = _converted(_changed(THROUGH_HELPER, changes))
+  assert "mesh = jax.sharding.Mesh(jax.devices(), (_AXIS,))" in new, new
 
 
 def test_flax_replicate_with_devices_counts_too():
