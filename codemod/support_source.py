@@ -26,18 +26,16 @@ class _Static(tuple):
 _Keywords = collections.namedtuple("_Keywords", "named")
 
 
-def _at_axes(change, axes, tree):
-  """``tree`` with change(leaf, axis) for each leaf of a mapped subtree."""
-  return jax.tree.map(lambda axis, sub: sub if axis is None else jax.tree.map(
-      lambda leaf: change(leaf, axis), sub), axes, tree,
-      is_leaf=lambda x: x is None)
-
-
 def per_device(fun, *, in_axes=0, out_axes=0):
   """``fun`` as pmap called it, in shard_map: no mapped axis in, and it out."""
+  def at_axes(change, axes, tree):  # change(leaf, axis) where an axis maps it
+    return jax.tree.map(lambda a, sub: sub if a is None else jax.tree.map(
+        lambda leaf: change(leaf, a), sub), axes, tree,
+        is_leaf=lambda a: a is None)
+
   @functools.wraps(fun)
   def body(*args):
-    args = _at_axes(jax.numpy.squeeze, in_axes, args)
+    args = at_axes(jax.numpy.squeeze, in_axes, args)
     if KEYWORD_ARGUMENTS:
       named = args[-1].named if args and isinstance(args[-1], _Keywords) else {}
       args = args[:len(args) - bool(named)]
@@ -47,8 +45,8 @@ def per_device(fun, *, in_axes=0, out_axes=0):
       args = [a[0] if i in static else a for i, a in enumerate(args)]
     else:
       run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
-    out = run(*args, **named) if KEYWORD_ARGUMENTS else run(*args)
-    out = _at_axes(jax.numpy.expand_dims, out_axes, out)
+    out = at_axes(jax.numpy.expand_dims, out_axes,
+                  run(*args, **named) if KEYWORD_ARGUMENTS else run(*args))
     if SHARD_MAP_BEFORE_0_7_2:
       # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
       out = jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
@@ -114,10 +112,10 @@ def placed_on(mesh, in_specs, static_argnums=()):
       if SHARD_MAP_BEFORE_0_7_2:
         out = jax.tree.map(lambda part: part(), out, is_leaf=lambda x: isinstance(
             x, jax.tree_util.Partial))
-      if jax.process_count() == 1:
-        return out
-      return jax.tree.map(lambda x: hosts.global_array_to_host_local_array(
-          x, mesh, x.sharding.spec), out)
+      if jax.process_count() > 1:  # this process's rows, as pmap gave them
+        out = jax.tree.map(lambda x: hosts.global_array_to_host_local_array(
+            x, mesh, x.sharding.spec), out)
+      return out
 
     call.lower = lambda *args: jitted.lower(*place(args))
     return call
