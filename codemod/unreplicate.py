@@ -486,12 +486,15 @@ class _Outputs:
     """Whether ``name`` reads a parameter, never rebound, of a function only this file can
     call (a nested one, or a module's private one) and only calls, where every call passes
     it an output."""
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if not isinstance(scope, FunctionScope) or not any(
+        isinstance(getattr(a, "node", None), cst.Param) for a in scope[name.value]):
+      return False  # the flow analysis below is the costly part
     reach = reaching.reaching(self.module, self.get_metadata, name)
     if reach is None or reach.outside or len(reach.bindings) != 1:
       return False
     param = next(iter(reach.bindings))
-    scope = self.get_metadata(ScopeProvider, name, None)
-    if not isinstance(scope, FunctionScope) or not isinstance(param, cst.Param):
+    if not isinstance(param, cst.Param):
       return False
     fun = scope.node
     if not isinstance(fun, cst.FunctionDef):
