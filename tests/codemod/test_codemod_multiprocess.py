@@ -113,3 +113,44 @@ def test_devices_keeps_pmaps_meaning_across_processes(devices_job):
     assert "error" not in legacy, (pid, legacy)
     assert results["converted_default"] == legacy, (pid, results)
     assert results["converted_multihost"] == legacy, (pid, results)
+
+
+# brax's trainers: the state placed on each process's first `local_devices_to_use` devices
+# (every local one by default, as legacy pmap requires with several processes), so the
+# converted sites' mesh spans pmap_devices(rows=local_devices_to_use).
+PLACED = '''\
+import jax
+import numpy as np
+
+
+def run(max_devices_per_host=None):
+  local_devices_to_use = jax.local_device_count()
+  if max_devices_per_host:
+    local_devices_to_use = min(local_devices_to_use, max_devices_per_host)
+  step = jax.pmap(lambda p, x: jax.lax.psum(p * x, "i"), "i")
+  state = np.arange(3, dtype=np.float32) + 10 * jax.process_index()
+  state = jax.device_put_replicated(state, jax.local_devices()[:local_devices_to_use])
+  x = np.ones((local_devices_to_use, 3), np.float32) * (1 + jax.process_index())
+  return step(state, x)
+'''
+
+
+@pytest.fixture(scope="module")
+def placed_job(tmp_path_factory):
+  return _run_programs(tmp_path_factory, PLACED, local_devices=2)
+
+
+def test_the_placed_program_gets_a_mesh_over_as_many_devices():
+  new, _ = rewrite(PLACED, target="experimental")
+  assert "mesh = jax.sharding.Mesh(pmap_devices(rows=local_devices_to_use), (\"i\",))" in new
+
+
+@pytest.mark.multiprocess
+def test_placed_inputs_keep_pmaps_meaning_across_processes(placed_job):
+  for pid, results in enumerate(placed_job):
+    legacy = results["legacy"]
+    assert "error" not in legacy, (pid, legacy)
+    assert results["converted_default"] == legacy, (pid, results)
+    assert results["converted_multihost"] == legacy, (pid, results)
+  # psum spanned both processes' devices: equal results from different inputs
+  assert placed_job[0]["legacy"]["value"] == placed_job[1]["legacy"]["value"]
