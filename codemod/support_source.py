@@ -45,8 +45,8 @@ def per_device(fun, *, in_axes=0, out_axes=0):
       args = [a[0] if i in static else a for i, a in enumerate(args)]
     else:
       run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
-    out = at_axes(jax.numpy.expand_dims, out_axes,
-                  run(*args, **named) if KEYWORD_ARGUMENTS else run(*args))
+    out = run(*args, **named) if KEYWORD_ARGUMENTS else run(*args)
+    out = at_axes(jax.numpy.expand_dims, out_axes, out)
     if SHARD_MAP_BEFORE_0_7_2:
       # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
       out = jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
