@@ -10,8 +10,10 @@ the converted sites by the support functions they call:
 
 and rewriting, as the pmap rewrite does, ``out[0]`` of their outputs into
 ``first_row(out)`` and ``flax.jax_utils.unreplicate(t)`` / ``jax.tree.map(lambda x: x[0],
-t)`` into ``first_rows(t)``, imported from the support module the file imports already
-(its copy must hold them: a run of ``pmap-to-shmap`` over the tree writes them into it).
+t)`` into ``first_rows(t)``, imported from the support module the file imports already.
+Where the copy of that module the file finds (next to it, or in its package) lacks them,
+``--write-support`` adds them to it, keeping what it holds (``support_module.write``: an
+edited copy is never overwritten); without it, the command says so.
 """
 from __future__ import annotations
 
@@ -48,11 +50,17 @@ class RowAccessCommand(VisitorBasedCodemodCommand):
         "--support-module", default=support_module.DEFAULT_NAME, metavar="MODULE",
         help="dotted name of the support module the converted files import, where it is "
              "not one pmap-to-shmap names (pmap_shard_map, PACKAGE._pmap_shard_map)")
+    arg_parser.add_argument(
+        "--write-support", action="store_true",
+        help="add first_row / first_rows to the support module's copy the file imports "
+             "where it lacks them")
 
   def __init__(self, context: CodemodContext,
-               support_module: str = support_module.DEFAULT_NAME) -> None:
+               support_module: str = support_module.DEFAULT_NAME,
+               write_support: bool = False) -> None:
     super().__init__(context)
     self.support_module = support_module
+    self.write_support = write_support
     self._rewrites = unreplicate.Rewrites()
     self._spelling: str | None = None  # how the file imports the support module
     self._text = SourceText("")
@@ -117,8 +125,35 @@ class RowAccessCommand(VisitorBasedCodemodCommand):
     if support is None or not names:
       return updated_node
     module_name, relative = support
+    self._ensure_support(module_name, relative, names)
     wanted = [imports.Wanted(module_name, name, relative=relative) for name in names]
     return imports.add_to_file(updated_node, wanted, self._text.style, self.context.filename)
+
+  def _ensure_support(self, module_name: str, relative: int, names: list[str]) -> None:
+    """Adds ``names`` to the copy of the support module the file imports, where it lacks
+    them and ``--write-support`` is given; else says what the file now needs there."""
+    path = self.context.filename
+    if not path:
+      return  # source given without a file: no copy to look at
+    found = support_module.copy_for(path, module_name, relative)
+    if found is None:
+      self.warn(f"1:1 WARNING the support module {module_name} the file imports was not "
+                f"found from {path}: its copy must hold {', '.join(names)}")
+      return
+    root, dotted = found
+    text = support_module.read(root, dotted)
+    if text is not None and set(names) <= support_module.held(text.partition("\n")[2]):
+      return
+    where = support_module.path_for(root, dotted)
+    if not self.write_support:
+      self.warn(f"1:1 WARNING {where} lacks {', '.join(names)}, which the file now imports: "
+                "pass --write-support to add them, or run python -m codemod.pmap_to_shmap "
+                "over the tree")
+      return
+    try:
+      support_module.write(root, dotted, names)  # with what the copy holds
+    except FileExistsError as e:
+      self.warn(f"1:1 ERROR {e}")
 
 
 class _Sites(cst.CSTVisitor):

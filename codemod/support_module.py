@@ -551,6 +551,27 @@ def path_for(root: str, name: str) -> str:
   return os.path.join(root, *name.split(".")) + ".py"
 
 
+def copy_for(path: str, name: str, relative: int) -> tuple[str, str] | None:
+  """(root, dotted name) of the copy of the support module that a file at ``path``
+  imports as ``name`` after ``relative`` leading dots: in the file's package for a
+  relative import, else in the file's directory or the nearest one above it that holds
+  it (where Python finds it when the file runs); None where there is no such file."""
+  if relative:
+    package = package_of(path)
+    if package is None or relative > len(package[1]):
+      return None
+    root, parts = package
+    dotted = ".".join([*parts[:len(parts) - (relative - 1)], name])
+    return (root, dotted) if os.path.isfile(path_for(root, dotted)) else None
+  directory = os.path.dirname(os.path.abspath(path))
+  while not os.path.isfile(path_for(directory, name)):
+    parent = os.path.dirname(directory)
+    if parent == directory:
+      return None
+    directory = parent
+  return directory, name
+
+
 def read(root: str, name: str) -> str | None:
   path = path_for(root, name)
   if not os.path.exists(path):

@@ -7,6 +7,7 @@ import libcst as cst
 import pytest
 from libcst.codemod import CodemodContext, CodemodTest
 
+from codemod import support_module
 from codemod.row_access import RowAccessCommand
 from codemod_testing import rewrite
 
@@ -164,3 +165,46 @@ def test_another_support_module_name():
   assert new == source.replace(
       "import pmap_via_shard_map", "import first_row, pmap_via_shard_map").replace(
       "step(x)[0]", "first_row(step(x))")
+
+
+PACKAGE_MODULE = """\
+import jax
+from jax.sharding import PartitionSpec as P
+
+from .._pmap_shard_map import per_device, placed_on
+
+
+def train(x):
+  mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+  step = placed_on(mesh, P("i"))(
+      jax.jit(jax.shard_map(per_device(lambda v: v * 2), mesh=mesh, in_specs=P("i"),
+                            out_specs=P("i"), check_vma=False)))
+  return step(x)[0]
+"""
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_the_support_copy_the_file_imports_gets_first_row(tmp_path, write):
+  """A copy written for the sites alone lacks first_row: --write-support adds it to the
+  copy the file imports (keeping what it holds); without it, the command says so."""
+  (tmp_path / "pkg" / "sub").mkdir(parents=True)
+  for init in ("pkg/__init__.py", "pkg/sub/__init__.py"):
+    (tmp_path / init).write_text("")
+  support_module.write(str(tmp_path), "pkg._pmap_shard_map", {"per_device", "placed_on"})
+  copy = tmp_path / "pkg" / "_pmap_shard_map.py"
+  before = copy.read_text()
+  module = tmp_path / "pkg" / "sub" / "train.py"
+  module.write_text(PACKAGE_MODULE)
+  context = CodemodContext(filename=str(module))
+  new = RowAccessCommand(context, write_support=write).transform_module(
+      cst.parse_module(PACKAGE_MODULE)).code
+  assert "from .._pmap_shard_map import first_row, per_device, placed_on" in new
+  assert "return first_row(step(x))" in new
+  if write:
+    assert support_module.held(copy.read_text()) >= {"first_row", "per_device", "placed_on"}
+    assert support_module.status_at(str(tmp_path), "pkg._pmap_shard_map", {
+        "first_row", "per_device", "placed_on"}) is support_module.Status.CURRENT
+    assert not [w for w in context.warnings if "lacks" in w]
+  else:
+    assert copy.read_text() == before
+    assert [w for w in context.warnings if "lacks first_row" in w and "--write-support" in w]
