@@ -18,7 +18,8 @@ lives, each rewrite plans its changes keyed by the nodes they replace:
   removed names ``removed_apis`` (``--target jax``; also a libcst command of its own)
 
 then one transforming walk applies every plan, ``imports`` puts the new imports in their
-groups and ``unused_imports`` drops those the rewrite left unread. Findings go to the
+groups (``add_imports`` is that step as a libcst command, for imports other commands
+schedule) and ``unused_imports`` drops those the rewrite left unread. Findings go to the
 context's warnings (``self.warn``), one ``line:col SEVERITY message`` each; the site
 counts to ``context.scratch``.
 """
