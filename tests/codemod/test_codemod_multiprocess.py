@@ -60,6 +60,15 @@ def _run_programs(tmp_path_factory, source, *, local_devices):
   return outcome.results
 
 
+def _assert_each_process_matches_legacy(job):
+  """Each process's results, converted without --multihost and with it, equal legacy's."""
+  for pid, results in enumerate(job):
+    legacy = results["legacy"]
+    assert "error" not in legacy, (pid, legacy)
+    assert results["converted_default"] == legacy, (pid, results)
+    assert results["converted_multihost"] == legacy, (pid, results)
+
+
 def test_the_program_converts_to_plain_sites():
   new, _ = rewrite(PROGRAM, target="experimental")
   # The decorator site and the call site.
@@ -72,11 +81,7 @@ def test_the_program_converts_to_plain_sites():
 
 @pytest.mark.multiprocess
 def test_converted_matches_legacy_on_every_process(job):
-  for pid, results in enumerate(job):
-    legacy = results["legacy"]
-    assert "error" not in legacy, (pid, legacy)
-    assert results["converted_default"] == legacy, (pid, results)
-    assert results["converted_multihost"] == legacy, pid
+  _assert_each_process_matches_legacy(job)
   # The collectives spanned both processes: their psums agree although their inputs differ.
   assert job[0]["legacy"]["value"][:3] == job[1]["legacy"]["value"][:3]
 
@@ -108,11 +113,7 @@ def devices_job(tmp_path_factory):
 @pytest.mark.multiprocess
 def test_devices_keeps_pmaps_meaning_across_processes(devices_job):
   # devices= is pmap's global device list: each process maps over its own devices in it.
-  for pid, results in enumerate(devices_job):
-    legacy = results["legacy"]
-    assert "error" not in legacy, (pid, legacy)
-    assert results["converted_default"] == legacy, (pid, results)
-    assert results["converted_multihost"] == legacy, (pid, results)
+  _assert_each_process_matches_legacy(devices_job)
 
 
 # brax's trainers: the state placed on each process's first `local_devices_to_use` devices
@@ -147,10 +148,6 @@ def test_the_placed_program_gets_a_mesh_over_as_many_devices():
 
 @pytest.mark.multiprocess
 def test_placed_inputs_keep_pmaps_meaning_across_processes(placed_job):
-  for pid, results in enumerate(placed_job):
-    legacy = results["legacy"]
-    assert "error" not in legacy, (pid, legacy)
-    assert results["converted_default"] == legacy, (pid, results)
-    assert results["converted_multihost"] == legacy, (pid, results)
+  _assert_each_process_matches_legacy(placed_job)
   # psum spanned both processes' devices: equal results from different inputs
   assert placed_job[0]["legacy"]["value"] == placed_job[1]["legacy"]["value"]
