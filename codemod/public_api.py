@@ -55,36 +55,43 @@ def _assigned_names(statement: cst.SimpleStatementLine) -> list[str]:
   return names
 
 
-def _hands_back(function: cst.FunctionDef) -> bool:
-  """Whether the function's own body returns a value or yields."""
-  found = function_exits.exits(function)
-  return found.yields or any(
-      r.value is not None and not (isinstance(r.value, cst.Name) and r.value.value == "None")
-      for r in found.returns)
+class PublicApi:
+  """The public definitions of one module; each function's body is read once."""
 
+  def __init__(self, module: cst.Module, get_metadata: Callable) -> None:
+    self._module = module
+    self._get = get_metadata
+    self._hands_back: dict[cst.FunctionDef, bool] = {}
 
-def _public_function(function: cst.FunctionDef) -> bool:
-  return not _private(function.name.value) and _hands_back(function)
+  def _public_function(self, function: cst.FunctionDef) -> bool:
+    """Not private, and its own body returns a value or yields."""
+    if _private(function.name.value):
+      return False
+    if function not in self._hands_back:
+      found = function_exits.exits(function)
+      self._hands_back[function] = found.yields or any(
+          r.value is not None and not (isinstance(r.value, cst.Name) and r.value.value == "None")
+          for r in found.returns)
+    return self._hands_back[function]
 
-
-def holder(module: cst.Module, get_metadata: Callable, line: int) -> str | None:
-  """The public definition of ``module`` holding ``line`` (``f``, ``C.method``, ``name``),
-  or None where that definition is private, hands nothing back or is not a definition."""
-  for statement in module.body:
-    if line not in _lines(get_metadata, statement):
-      continue
-    if isinstance(statement, cst.FunctionDef):
-      return statement.name.value if _public_function(statement) else None
-    if isinstance(statement, cst.ClassDef):
-      name = statement.name.value
-      if _private(name):
-        return None
-      for inner in statement.body.body:
-        if isinstance(inner, cst.FunctionDef) and line in _lines(get_metadata, inner):
-          return f"{name}.{inner.name.value}" if _public_function(inner) else None
-      return name
-    if isinstance(statement, cst.SimpleStatementLine):
-      public = [n for n in _assigned_names(statement) if not _private(n)]
-      return public[0] if public else None
+  def holder(self, line: int) -> str | None:
+    """The public definition holding ``line`` (``f``, ``C.method``, ``name``), or None
+    where that definition is private, hands nothing back or is not a definition."""
+    for statement in self._module.body:
+      if line not in _lines(self._get, statement):
+        continue
+      if isinstance(statement, cst.FunctionDef):
+        return statement.name.value if self._public_function(statement) else None
+      if isinstance(statement, cst.ClassDef):
+        name = statement.name.value
+        if _private(name):
+          return None
+        for inner in statement.body.body:
+          if isinstance(inner, cst.FunctionDef) and line in _lines(self._get, inner):
+            return f"{name}.{inner.name.value}" if self._public_function(inner) else None
+        return name
+      if isinstance(statement, cst.SimpleStatementLine):
+        public = [n for n in _assigned_names(statement) if not _private(n)]
+        return public[0] if public else None
+      return None
     return None
-  return None

@@ -137,6 +137,9 @@ class SiteForms:
     self._plain: dict[cst.CSTNode, tuple[str, str, str]] = {}
     self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
     self._calls = site_calls.SiteCalls(get_metadata, calls)
+    self._public = public_api.PublicApi(module, get_metadata)
+    # the value each name of a body is bound to (``_AssignedValues``), read once per body
+    self._values: dict[cst.CSTNode, dict[cst.CSTNode, cst.BaseExpression]] = {}
 
   def _uses(self, names: list[str]) -> None:
     self.support_names += [name for name in names if name not in self.support_names]
@@ -146,7 +149,7 @@ class SiteForms:
     if self._library_module is None:
       return
     line = self.get_metadata(PositionProvider, site.node).start.line
-    name = public_api.holder(self._module, self.get_metadata, line)
+    name = self._public.holder(line)
     if name is not None:
       self._report(site.node, Severity.WARNING,
                    f"{self._library_module}.{name} is public API of a library, so this "
@@ -521,8 +524,8 @@ class SiteForms:
     self._meshes.comment(site.node, site_layout.comments_of(chosen))
     self.support_flags |= {flag for flag, needed in (
         (support_module.STATIC_ARGUMENTS, bool(static)),
-        (support_module.KEYWORD_ARGUMENTS,
-         not self._bound_by_position(site) and not self._called_by_position(site)),
+        (support_module.KEYWORD_ARGUMENTS,  # the cheaper question first
+         not self._called_by_position(site) and not self._bound_by_position(site)),
         (support_module.SHARD_MAP_BEFORE_0_7_2,
          self._choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES))) if needed}
     self._uses(["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
@@ -549,9 +552,11 @@ class SiteForms:
       elif reach.outside or not reach.bindings:
         return False
       else:
-        values: dict[cst.CSTNode, cst.BaseExpression] = {}
         owner = scope.node if isinstance(scope, FunctionScope) else self._module
-        owner.visit(_AssignedValues(values))
+        if owner not in self._values:
+          self._values[owner] = {}
+          owner.visit(_AssignedValues(self._values[owner]))
+        values = self._values[owner]
         funs = [b if isinstance(b, cst.FunctionDef) else values.get(b)
                 for b in reach.bindings]
       funs = funs or [None]
