@@ -12,7 +12,8 @@ literal axis names (or module constants bound once to a string) share one mesh, 
 before the first of them, and a pmap without ``axis_name`` (an axis its function cannot
 name) runs on the body's first mesh over ``jax.devices()``, where there is one (sites
 with named axes are planned first). A shared mesh spans ``pmap_devices(rows=n)`` instead
-where the body places its inputs on ``n`` devices itself (``placed_devices``); an axis name that is not a literal (a variable), pmap's
+where the body places its inputs on ``n`` devices itself (``placed_devices``). An axis
+name that is not a literal (a variable), pmap's
 ``devices=`` / ``backend=`` / ``axis_size=`` (the mesh then spans those devices,
 ``jax.devices(backend)``, the first ``axis_size`` of them), or a site called where it is
 made on names (``pmap_devices(x)``: as many devices as ``x`` has rows), gets its mesh
