@@ -45,7 +45,9 @@ class PlacedDevices:
 
   def __init__(self, get_metadata: Callable, calls: Iterable[cst.Call]) -> None:
     self._get = get_metadata
-    self._calls = list(calls)
+    self._calls: dict[Scope | None, list[cst.Call]] = {}  # by the scope they run in
+    for call in calls:
+      self._calls.setdefault(get_metadata(ScopeProvider, call, None), []).append(call)
 
   def rows(self, scope: Scope | None, before: int) -> tuple[str, int] | None:
     """(the source of ``n``, the line of the first placement) where the code in
@@ -56,9 +58,7 @@ class PlacedDevices:
       return None
     counts: set[str] = set()
     first = None
-    for call in self._calls:
-      if self._get(ScopeProvider, call, None) is not scope:
-        continue
+    for call in self._calls.get(scope, ()):
       n = self._placed_count(call)
       if isinstance(n, _Nothing):
         continue
@@ -77,7 +77,8 @@ class PlacedDevices:
     of this file that places it on as many as one of its parameters says (brax's
     ``_init_training_state(..., local_devices_to_use=n)``): the argument given for that
     parameter. ``_NOTHING`` where it places nothing, None where this cannot count."""
-    position = next((p for name, p in _PLACERS.items() if self._is(call.func, {name})), None)
+    called = {q.name for q in self._get(QualifiedNameProvider, call.func, set())}
+    position = next((p for name, p in _PLACERS.items() if name in called), None)
     if position is not None:
       devices = _argument(call, position, "devices")
       # None: every local device, which the mesh over jax.devices() says already
@@ -86,8 +87,8 @@ class PlacedDevices:
     if helper is None:
       return _NOTHING
     inner = self._get(ScopeProvider, helper.body, None)
-    counts = [self._placed_count(c, through_helpers=False) for c in self._calls
-              if self._get(ScopeProvider, c, None) is inner]
+    counts = [self._placed_count(c, through_helpers=False)
+              for c in self._calls.get(inner, ())]
     named = {n.value if isinstance(n, cst.Name) else None
              for n in counts if not isinstance(n, _Nothing)}
     if not named:
