@@ -1,4 +1,5 @@
-"""Where code binds or deletes names, for visitors that must tell those places from reads."""
+"""Where code binds or deletes names, for visitors that must tell those places from reads,
+and the values plain assignments bind."""
 from __future__ import annotations
 
 import libcst as cst
@@ -41,3 +42,27 @@ class BindingTargets(cst.CSTVisitor):
       self._each(target.value)
     else:
       self.bound_target(target)
+
+
+class AssignedValues(cst.CSTVisitor):
+  """Each name a plain ``name = value`` binds in a body, with its value (nested function
+  and class bodies are other scopes)."""
+
+  def __init__(self, values: dict[cst.CSTNode, cst.BaseExpression]):
+    self.values = values
+    self.depth = 0
+
+  def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+    self.depth += 1
+    return self.depth == 1
+
+  def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+    self.depth -= 1
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+    return False
+
+  def visit_Assign(self, node: cst.Assign) -> None:
+    for target in node.targets:
+      if isinstance(target.target, cst.Name):
+        self.values[target.target] = node.value

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import os
 import re
 import tokenize
@@ -38,8 +39,8 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import CodeRange, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from codemod import (imports, matcher_setup, placed_devices, pmap_patches, public_api,
-                     removed_apis, removed_names, site_forms, site_layout, site_meshes, source_text,
+from codemod import (imports, matcher_setup, placed_devices, pmap_patches, public_api, removed_apis,
+                     removed_names, site_calls, site_forms, site_layout, site_meshes, source_text,
                      support_module, targets, together, unreplicate, unused_imports)
 from codemod.axes_to_specs import Unconvertible
 from codemod.findings import SITES_KEY, Finding, Severity
@@ -185,8 +186,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         pass
     self._meshes = site_meshes.MeshPlan(
         node, self.get_metadata, {t.string for t in self._text.tokens if t.type == tokenize.NAME},
-        by_axis=len(axes) > 1, placed=placed_devices.PlacedDevices(self.get_metadata, refs.calls),
-        sites=[s.node for s in sites if not s.absorbed])
+        by_axis=len(axes) > 1,
+        placed=placed_devices.PlacedDevices(node, self.get_metadata, refs.calls),
+        sites=[s.node for s in sites if not s.absorbed],
+        feeds=functools.partial(_feed, {s.node: s for s in sites},
+                                site_calls.SiteCalls(self.get_metadata, refs.calls)))
     # A module-level mesh starts JAX's backend at import: not in a library module (whoever
     # imports it may call jax.distributed.initialize after) nor in a program that calls
     # it. Their module-level sites are made on their first call (on_first_call).
@@ -489,3 +493,15 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def leave_FunctionDef(self, original_node: cst.FunctionDef,
                         updated_node: cst.FunctionDef) -> cst.FunctionDef:
     return self._layout.apply_decorators(original_node, updated_node)
+
+
+def _feed(sites: dict[cst.CSTNode, Site], calls: site_calls.SiteCalls, node: cst.CSTNode,
+          statement: cst.BaseStatement) -> placed_devices.Feed | None:
+  """The calls of the site at ``node`` (held in ``statement``) and the positions it maps
+  over axis 0, where every call of it is known (``placed_devices.rows_fed``)."""
+  site = sites[node]
+  if site.inner is not None or site.options.get("static_broadcasted_argnums") is not None:
+    return None
+  found = calls.of(node, statement, site.fundef, outermost=site.decorators[:1] == (0,))
+  return (None if found is None
+          else (found, placed_devices.axis_zero_positions(site.options.get("in_axes"))))

@@ -15,14 +15,24 @@ name it reads is the function's own (or an import or a builtin) and is bound onl
 both the mesh and the placement, and its calls only ask JAX for device counts. Where the
 function places inputs on a list it does not spell so, or on different counts, nothing is
 said and the mesh spans ``jax.devices()``.
+
+A function that places nothing may still make its sites' inputs with ``n`` rows: where
+every call of each of its sites passes, at a position pmap maps over axis 0, a value
+``jax.random.split(key, n)`` made (brax's ARS and ES trainers, ``max_devices_per_host``
+again), that ``n`` is said the same way (``rows_fed``). A count that means every local
+device (``jax.local_device_count()``) says nothing the mesh does not say already.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.metadata import (Assignment, BuiltinAssignment, GlobalScope, ImportAssignment,
                              PositionProvider, QualifiedNameProvider, Scope, ScopeProvider)
+
+from codemod import reaching
+from codemod.bound_targets import AssignedValues
 
 # The calls that place a value on a list of devices: their devices argument's position.
 _PLACERS = {"jax.device_put_replicated": 1, "jax.device_put_sharded": 1,
@@ -38,22 +48,50 @@ class _Nothing:
 _NOTHING = _Nothing()
 _COUNTS = frozenset({"jax.local_device_count", "jax.device_count", "jax.process_count",
                      "builtins.len", "builtins.min", "builtins.max", "builtins.int"})
+# Calls whose result has as many rows as an argument says: its (position, keyword).
+_ROW_MAKERS = {"jax.random.split": (1, "num")}
+_EVERY_DEVICE = frozenset({"jax.local_device_count", "jax.device_count"})
+
+# The calls of one site, with the positions pmap maps over axis 0 (None: every one).
+Feed = tuple[Sequence[cst.Call], frozenset[int] | None]
+
+
+@dataclass(frozen=True)
+class Rows:
+  """A mesh's row count: ``count``'s source, the line saying it and how (for the report)."""
+  count: str
+  line: int
+  how: str
+
+
+def axis_zero_positions(in_axes: cst.BaseExpression | None) -> frozenset[int] | None:
+  """The argument positions pmap's ``in_axes`` maps over axis 0: None for every one (no
+  in_axes, or 0), those of a tuple's 0 entries, else none known."""
+  if in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0"):
+    return None
+  if isinstance(in_axes, (cst.Tuple, cst.List)):
+    return frozenset(i for i, e in enumerate(in_axes.elements)
+                     if isinstance(e.value, cst.Integer) and e.value.value == "0")
+  return frozenset()
 
 
 class PlacedDevices:
   """Answers for one module, over the calls its analysis walk collected."""
 
-  def __init__(self, get_metadata: Callable, calls: Iterable[cst.Call]) -> None:
+  def __init__(self, module: cst.Module, get_metadata: Callable,
+               calls: Iterable[cst.Call]) -> None:
+    self._module = module
     self._get = get_metadata
     self._calls: dict[Scope | None, list[cst.Call]] = {}  # by the scope they run in
     for call in calls:
       self._calls.setdefault(get_metadata(ScopeProvider, call, None), []).append(call)
+    self._values: dict[cst.CSTNode, dict[cst.CSTNode, cst.BaseExpression]] = {}
 
-  def rows(self, scope: Scope | None, before: int) -> tuple[str, int] | None:
-    """(the source of ``n``, the line of the first placement) where the code in
-    ``scope`` (a function's, or the module's) places inputs on ``n`` devices, ``n`` being
-    the same value at line ``before``, where the mesh of its sites is built; None where
-    it places none, or on lists this cannot count the same way."""
+  def rows(self, scope: Scope | None, before: int) -> Rows | None:
+    """The rows ``n`` where the code in ``scope`` (a function's, or the module's) places
+    inputs on ``n`` devices, ``n`` being the same value at line ``before``, where the
+    mesh of its sites is built; None where it places none, or on lists this cannot
+    count the same way."""
     if scope is None:
       return None
     counts: set[str] = set()
@@ -69,7 +107,77 @@ class PlacedDevices:
       first = line if first is None else min(first, line)
     if len(counts) != 1 or first is None:
       return None
-    return counts.pop(), first
+    return Rows(counts.pop(), first, "the function places its inputs on")
+
+  def rows_fed(self, feeds: Sequence[Feed], scope: Scope | None, before: int) -> Rows | None:
+    """The rows ``n`` where every call in ``feeds`` (those of the sites sharing a mesh in
+    ``scope``) passes, at a position mapped over axis 0, a value ``jax.random.split(key,
+    n)`` made, ``n`` being the same value at line ``before``, where that mesh is built;
+    None where one does not, or ``n`` means every local device."""
+    if scope is None or not feeds:
+      return None
+    counts: set[str] = set()
+    first = None
+    for calls, positions in feeds:
+      for call in calls:
+        made = None
+        for i, arg in enumerate(call.args):
+          if arg.star or arg.keyword is not None:
+            break
+          if positions is None or i in positions:
+            made = self._split_rows(arg.value)
+            if made is not None:
+              break
+        if made is None or not self._holds(made[0], scope, before) or self._every(made[0]):
+          return None
+        counts.add(cst.Module([]).code_for_node(made[0]))
+        first = made[1] if first is None else min(first, made[1])
+    if len(counts) != 1 or first is None:
+      return None
+    return Rows(counts.pop(), first, "the rows jax.random.split makes for its calls")
+
+  def _split_rows(self, value: cst.BaseExpression) -> tuple[cst.BaseExpression, int] | None:
+    """(``n``, its line) where ``value`` is ``jax.random.split(key, n)``, or a name every
+    binding reaching it binds to one, all with the same ``n``."""
+    if isinstance(value, cst.Call):
+      for name, (position, keyword) in _ROW_MAKERS.items():
+        if self._is(value.func, (name,)):
+          n = _argument(value, position, keyword)
+          if n is None and len(value.args) == 1 and not value.args[0].star:
+            n = cst.Integer("2")  # split's default
+          return None if n is None else (n, self._get(PositionProvider, value).start.line)
+      return None
+    if not isinstance(value, cst.Name):
+      return None
+    reach = reaching.reaching(self._module, self._get, value)
+    scope = self._get(ScopeProvider, value, None)
+    if reach is None or reach.outside or not reach.bindings or scope is None:
+      return None
+    values = self._assigned(scope.node)
+    found = [self._split_rows(values[b]) if b in values else None for b in reach.bindings]
+    if None in found or len({cst.Module([]).code_for_node(f[0]) for f in found if f}) != 1:
+      return None
+    return min((f for f in found if f), key=lambda f: f[1])
+
+  def _every(self, n: cst.BaseExpression) -> bool:
+    """Whether ``n`` is ``jax.local_device_count()`` (or ``jax.device_count()``), or a
+    name bound once, to it: the mesh over ``jax.devices()`` says that already."""
+    if isinstance(n, cst.Name):
+      scope = self._get(ScopeProvider, n, None)
+      bound = list(scope[n.value]) if scope is not None else []
+      if len(bound) != 1 or not isinstance(bound[0], Assignment):
+        return False
+      owner = getattr(bound[0].scope, "node", None)  # a function's or the module's
+      value = None if owner is None else self._assigned(owner).get(bound[0].node)
+      return value is not None and self._every(value)
+    return (isinstance(n, cst.Call) and not n.args and self._is(n.func, _EVERY_DEVICE))
+
+  def _assigned(self, owner: cst.CSTNode) -> dict[cst.CSTNode, cst.BaseExpression]:
+    """The values the plain assignments of ``owner``'s body bind, read once per body."""
+    if owner not in self._values:
+      self._values[owner] = {}
+      owner.visit(AssignedValues(self._values[owner]))
+    return self._values[owner]
 
   def _placed_count(self, call: cst.Call, through_helpers: bool = True
                     ) -> cst.BaseExpression | _Nothing | None:
@@ -131,14 +239,16 @@ class PlacedDevices:
     return part.upper
 
   def _holds(self, expr: cst.BaseExpression, scope: Scope, before: int) -> bool:
-    """Whether ``expr`` has the same value anywhere after line ``before`` in ``scope``:
-    names of the scope's own bound only above that line, imports and builtins, numbers,
-    arithmetic, and calls of ``_COUNTS``."""
+    """Whether ``expr`` has the same value anywhere after line ``before`` in ``scope``
+    (and the functions nested in it): names of the scope's own bound only above that
+    line, imports and builtins, numbers, arithmetic, and calls of ``_COUNTS``."""
     if isinstance(expr, cst.Integer):
       return True
     if isinstance(expr, cst.Name):
-      bindings = scope[expr.value]
-      return (self._get(ScopeProvider, expr, None) is scope and bool(bindings)
+      # Read in ``scope`` or in a function nested in it, bound in ``scope``.
+      own = self._get(ScopeProvider, expr, None)
+      bindings = own[expr.value] if own is not None else ()
+      return (bool(bindings)
               and all(isinstance(a, (BuiltinAssignment, ImportAssignment))
                       or (a.scope is scope and isinstance(a, Assignment)
                           and self._get(PositionProvider, a.node).start.line < before)

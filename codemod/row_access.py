@@ -4,9 +4,10 @@ The pmap rewrite plans row access with the sites it converts (``unreplicate``, i
 walk). This libcst command runs that rewrite alone over code already converted, finding
 the converted sites by the support functions they call:
 
-  ``placed_on(mesh, specs)(jax.jit(...))``, ``on_first_call(...)(f)``,
-  ``pmap_via_shard_map(f, ...)``, ``host_local_io(jax.jit(...), ...)``, and the defs they
-  decorate (``@placed_on(...)``, ``@functools.partial(pmap_via_shard_map, ...)``, ...)
+  ``placed_on(mesh, specs)(jax.jit(...))``, ``on_first_call(lambda: ...)`` (an older
+  run's ``on_first_call(...)(f)``), ``pmap_via_shard_map(f, ...)``,
+  ``host_local_io(jax.jit(...), ...)``, and the defs they decorate (``@placed_on(...)``,
+  ``@functools.partial(pmap_via_shard_map, ...)``, ...)
 
 and rewriting, as the pmap rewrite does, ``out[0]`` of their outputs into
 ``first_row(out)`` and ``flax.jax_utils.unreplicate(t)`` / ``jax.tree.map(lambda x: x[0],
@@ -31,7 +32,7 @@ from codemod import imports, support_module, together, unreplicate
 from codemod.source_text import SourceText
 
 # Support functions whose call is a converted site (it returns the site's function) ...
-_SITE_CALLS = frozenset({"pmap_via_shard_map", "host_local_io"})
+_SITE_CALLS = frozenset({"pmap_via_shard_map", "host_local_io", "on_first_call"})
 # ... and those whose call returns a decorator that makes one.
 _SITE_DECORATORS = frozenset({"placed_on", "on_first_call"})
 

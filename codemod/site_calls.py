@@ -47,23 +47,30 @@ class SiteCalls:
     self._get = get_metadata
     self._calls: dict[cst.CSTNode, cst.Call] = {call.func: call for call in calls}
 
-  def by_position(self, site: cst.CSTNode, statement: cst.CSTNode,
-                  fundef: cst.FunctionDef | None = None, outermost: bool = True) -> bool:
-    """Whether every call of the site at ``site`` (a pmap call in ``statement``, or the
-    pmap decorators of ``fundef``, ``outermost`` where no other decorator wraps them)
-    passes its arguments by position only."""
+  def of(self, site: cst.CSTNode, statement: cst.CSTNode,
+         fundef: cst.FunctionDef | None = None, outermost: bool = True
+         ) -> list[cst.Call] | None:
+    """Every call of the site at ``site`` (a pmap call in ``statement``, or the pmap
+    decorators of ``fundef``, ``outermost`` where no other decorator wraps them): the
+    call that calls it where it is made, or ``calls_of`` the name it is bound to; None
+    where they cannot all be found."""
     if fundef is not None:
       if not outermost:
-        return False
-      found = calls_of(self._get, fundef.name.value, fundef, fundef, self._calls)
-    elif site in self._calls:  # called where it is made
-      found = [self._calls[site]]
-    else:
-      assigned = _AssignmentOf(site)
-      statement.visit(assigned)
-      target = assigned.target
-      found = (None if target is None
-               else calls_of(self._get, target.value, target, target, self._calls))
+        return None
+      return calls_of(self._get, fundef.name.value, fundef, fundef, self._calls)
+    if site in self._calls:  # called where it is made
+      return [self._calls[site]]
+    assigned = _AssignmentOf(site)
+    statement.visit(assigned)
+    target = assigned.target
+    return (None if target is None
+            else calls_of(self._get, target.value, target, target, self._calls))
+
+  def by_position(self, site: cst.CSTNode, statement: cst.CSTNode,
+                  fundef: cst.FunctionDef | None = None, outermost: bool = True) -> bool:
+    """Whether every call of the site (see ``of``) passes its arguments by position
+    only."""
+    found = self.of(site, statement, fundef, outermost)
     return found is not None and all(_positional(call) for call in found)
 
 

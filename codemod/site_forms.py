@@ -16,12 +16,13 @@ support module the converted tree gets once, see ``codemod.support_module``) pma
 of the arguments and its placement of them; static_broadcasted_argnums go to both jit
 and placed_on, devices / backend / axis_size to the mesh's devices. A module-level site
 of a library module (or of a program calling jax.distributed.initialize) runs on a mesh
-a cached function builds, and is that code in ``on_first_call(lambda f: ...)`` where
-importing the module builds it (not in a lambda). A site whose options plain code cannot
-express (axes held in variables, ...) keeps pmap's call, its arguments as written, on
-``pmap_via_shard_map`` (the support module's function with pmap's signature); nested
-pmaps become ``host_local_io(jax.jit(on_pmap_mesh(...)(f)), ...)``, which builds pmap's
-mesh on the first call. A site that cannot be converted exactly is left as it is and
+a cached function builds, and is that code in ``on_first_call(lambda: ...)`` (a def's
+decorator ``on_first_call(lambda f: ...)``) where importing the module builds it (not in
+a lambda). A site whose options plain code cannot express (axes held in variables, ...)
+keeps pmap's call, its arguments as written, on ``pmap_via_shard_map`` (the support
+module's function with pmap's signature); nested pmaps become
+``host_local_io(jax.jit(on_pmap_mesh(...)(f)), ...)``, which builds pmap's mesh on the
+first call. A site that cannot be converted exactly is left as it is and
 reported as an ERROR with the reason. The new code is laid out by ``site_layout``.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ from libcst.metadata import (FunctionScope, PositionProvider, QualifiedNameProvi
 from codemod import (public_api, reaching, removed_apis, site_calls, site_layout, site_meshes,
                      support_module, targets)
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
+from codemod.bound_targets import AssignedValues
 from codemod.edits import Arg, Call, Copied, Value, breakable
 from codemod.findings import Severity
 from codemod.sites import (PARTIAL_NAMES, PMAP_NAMES, PmapOptions, Site, int_tuple, is_none,
@@ -138,7 +140,7 @@ class SiteForms:
     self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
     self._calls = site_calls.SiteCalls(get_metadata, calls)
     self._public = public_api.PublicApi(module, get_metadata)
-    # the value each name of a body is bound to (``_AssignedValues``), read once per body
+    # the value each name of a body is bound to (``AssignedValues``), read once per body
     self._values: dict[cst.CSTNode, dict[cst.CSTNode, cst.BaseExpression]] = {}
 
   def _uses(self, names: list[str]) -> None:
@@ -190,8 +192,8 @@ class SiteForms:
       rows = ""
       placed = self._meshes.devices_of(site.node)[1]
       if placed is not None:
-        rows = (f" (as many devices as the function places its inputs on, line {placed}: "
-                "legacy pmap mapped as many as they have rows)")
+        rows = (f" (as many devices as {placed.how}, line {placed.line}: legacy pmap "
+                "mapped as many as they have rows)")
       elif devices.startswith(_BY_ROWS):
         rows = (" (the devices legacy pmap mapped these arguments over: as many as they "
                 "have rows)")
@@ -257,7 +259,7 @@ class SiteForms:
     if reach is None or reach.outside or not reach.bindings:
       return False
     values: dict[cst.CSTNode, cst.BaseExpression] = {}
-    scope.node.visit(_AssignedValues(values))
+    scope.node.visit(AssignedValues(values))
     return all(isinstance(b, cst.FunctionDef) or isinstance(values.get(b), cst.Lambda)
                or (isinstance(value := values.get(b), cst.Call)
                    and bool(qualified(self.get_metadata, value.func) & PARTIAL_NAMES))
@@ -467,9 +469,9 @@ class SiteForms:
     of its arguments), and ``placed_on`` putting the arguments on the mesh first
     (``placement``: the in_specs, and pmap's static_broadcasted_argnums, which it holds
     as they are through shard_map). A ``lazy`` site's mesh is a cached function, and a
-    lazy site that importing the module builds is that code in
-    ``on_first_call(lambda f: ...)``: nothing asks JAX for its devices before the site's
-    first call."""
+    lazy site that importing the module builds is that code in ``on_first_call(lambda:
+    ...)`` (a def's decorator ``on_first_call(lambda f: ...)``): nothing asks JAX for its
+    devices before the site's first call."""
     in_specs, static = placement
     options = site.options
     given = options.get("axis_name")
@@ -486,30 +488,30 @@ class SiteForms:
                and not (isinstance(value, cst.Integer) and value.value == "0")]
     made = f"{mesh}()" if lazy else mesh
     first_call = lazy and self._meshes.built_at_import(site.node)
-    place = Call("lambda f: placed_on" if first_call else "placed_on", (
+    # The lazy form: a call site is on_first_call(lambda: <the site>), a def is decorated
+    # with on_first_call(lambda f: <the site of f>).
+    lambda_ = ("" if not first_call else "lambda: " if site.fundef is None else "lambda f: ")
+    place = Call(f"{lambda_}placed_on", (
         made, breakable(in_specs),
         *([f"static_argnums={_tuple_source(static)}"] if static else [])))
     mesh_kw = f"mesh={made}"
     pos = self.get_metadata(PositionProvider, site.node).start
     indent = len(self._text.indent_of(pos.line))
-    if first_call:
+    if first_call and site.fundef is not None:
       jit = Call("jax.jit", (Call(shard_map, (Call("per_device", ("f", *axes_kw)), mesh_kw, in_arg,
                                                out_arg, check)), *jit_kw))
       build = Call("on_first_call", (Call(place, (jit,)),))
-      if site.fundef is None:
-        assert site.fun is not None  # a call site without a function is reported, not built
-        fun_arg = Arg(self._layout.copied(site.fun))
-        self._layout.call_site(site, roles, fun_arg, Call(build, (fun_arg,)), chosen)
-      else:
-        fallback = self._layout.attach_comments(site, roles, None, None)
-        self._layout.decorator_site(site, [build], fallback, indent, chosen)
+      fallback = self._layout.attach_comments(site, roles, None, None)
+      self._layout.decorator_site(site, [build], fallback, indent, chosen)
     elif site.fundef is None:
       fun = site.fun
       assert fun is not None  # a call site without a function is reported, not built
       fun_arg = Arg(Call("per_device", (self._layout.copied(fun), *axes_kw)))
       smap = Call(shard_map, (fun_arg, mesh_kw, in_arg, out_arg, check))
       jitted = Call("jax.jit", (smap, *jit_kw))
-      self._layout.call_site(site, roles, fun_arg, Call(place, (jitted,)), chosen)
+      made_site = Call(place, (jitted,))
+      self._layout.call_site(site, roles, fun_arg, Call("on_first_call", (made_site,))
+                             if first_call else made_site, chosen)
     else:
       jit_arg = Arg("jax.jit")
       jit_decorator: Call | str = Call(partial, (jit_arg, *jit_kw)) if jit_kw else "jax.jit"
@@ -555,7 +557,7 @@ class SiteForms:
         owner = scope.node if isinstance(scope, FunctionScope) else self._module
         if owner not in self._values:
           self._values[owner] = {}
-          owner.visit(_AssignedValues(self._values[owner]))
+          owner.visit(AssignedValues(self._values[owner]))
         values = self._values[owner]
         funs = [b if isinstance(b, cst.FunctionDef) else values.get(b)
                 for b in reach.bindings]
@@ -621,27 +623,3 @@ def _keyword(arg: Arg) -> str:
 def _code(node: cst.CSTNode | None) -> str:
   assert node is not None  # callers pass arguments the site was checked to have
   return cst.Module([]).code_for_node(node)
-
-
-class _AssignedValues(cst.CSTVisitor):
-  """Each name a plain ``name = value`` binds in a body, with its value (nested function
-  and class bodies are other scopes)."""
-
-  def __init__(self, values: dict[cst.CSTNode, cst.BaseExpression]):
-    self.values = values
-    self.depth = 0
-
-  def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-    self.depth += 1
-    return self.depth == 1
-
-  def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-    self.depth -= 1
-
-  def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-    return False
-
-  def visit_Assign(self, node: cst.Assign) -> None:
-    for target in node.targets:
-      if isinstance(target.target, cst.Name):
-        self.values[target.target] = node.value

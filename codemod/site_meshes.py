@@ -50,7 +50,7 @@ class _Mesh:
   statements: list[cst.BaseStatement] = field(default_factory=list)  # its sites' statements
   sites: list[cst.CSTNode] = field(default_factory=list)
   comments: list[str] = field(default_factory=list)  # on what its devices came from
-  placed: int | None = None  # the line placing its inputs, where that gave its devices
+  rows: placed_devices.Rows | None = None  # where the code gave its devices
 
 
 class MeshPlan:
@@ -59,10 +59,13 @@ class MeshPlan:
   def __init__(self, module: cst.Module, get_metadata: Callable[..., Any],
                identifiers: set[str], by_axis: bool = False,
                placed: placed_devices.PlacedDevices | None = None,
-               sites: Sequence[cst.CSTNode] = ()):
+               sites: Sequence[cst.CSTNode] = (),
+               feeds: Callable[[cst.CSTNode, cst.BaseStatement],
+                               placed_devices.Feed | None] | None = None):
     self._module = module
     self._placed = placed  # how many devices a function's own code places inputs on
     self._sites = sites  # every site of the module, planned or not
+    self._feeds = feeds  # a site's calls and the positions it maps over axis 0
     self._by_axis = by_axis  # several axis names in the file: name each mesh after its axis
     self._get = get_metadata
     self._taken = set(identifiers)  # every identifier the file's code uses
@@ -82,30 +85,32 @@ class MeshPlan:
     key = (id(owner) if shared else id(statement), tuple(axes), devices, lazy)
     mesh = self._meshes.get(key)
     if mesh is None:
-      placed = self._placed_rows(owner, statement) if shared and not lazy else None
+      rows = self._placed_rows(owner, statement) if shared and not lazy else None
       mesh = self._meshes[key] = _Mesh(
           self._name(owner, axes), tuple(axes), owner,
-          devices or (f"pmap_devices(rows={placed[0]})" if placed else "jax.devices()"),
-          lazy, placed=placed[1] if placed else None)
+          devices or (f"pmap_devices(rows={rows.count})" if rows else "jax.devices()"),
+          lazy, rows=rows)
     mesh.statements.append(statement)
     mesh.sites.append(node)
     self._of_site[node] = mesh
     self._before = None
     return mesh.name
 
-  def devices_of(self, node: cst.CSTNode) -> tuple[str, int | None]:
-    """The source of the device list of the site's mesh, and the line placing the
-    inputs where that line gave it (``placed_devices``)."""
+  def devices_of(self, node: cst.CSTNode) -> tuple[str, placed_devices.Rows | None]:
+    """The source of the device list of the site's mesh, and the rows the code gives
+    its inputs where those gave it (``placed_devices``)."""
     mesh = self._of_site[node]
-    return mesh.devices, mesh.placed
+    return mesh.devices, mesh.rows
 
   def _placed_rows(self, owner: cst.CSTNode, statement: cst.BaseStatement
-                   ) -> tuple[str, int] | None:
-    """How many devices the code of ``owner`` places its inputs on, where that holds
-    before the first of its statements holding a site (where its shared mesh goes)."""
+                   ) -> placed_devices.Rows | None:
+    """How many devices the code of ``owner`` places its inputs on, or makes its sites'
+    inputs rows for, where that holds before the first of its statements holding a site
+    (where its shared mesh goes)."""
     if self._placed is None:
       return None
     firsts = [self._line(statement)]
+    owned = []
     for site in self._sites:
       try:
         place = self._place(site)
@@ -113,7 +118,14 @@ class MeshPlan:
         continue
       if place[0] is owner:
         firsts.append(self._line(place[1]))
-    return self._placed.rows(self._get(ScopeProvider, statement, None), min(firsts))
+        owned.append((site, place[1]))
+    scope = self._get(ScopeProvider, statement, None)
+    rows = self._placed.rows(scope, min(firsts))
+    if rows is None and self._feeds is not None:
+      feeds = [self._feeds(site, held) for site, held in owned]
+      if None not in feeds:
+        rows = self._placed.rows_fed([f for f in feeds if f is not None], scope, min(firsts))
+    return rows
 
   def joinable(self, node: cst.CSTNode) -> tuple[str, ...] | None:
     """The axis of the first mesh over ``jax.devices()`` already planned in the body that

@@ -526,17 +526,16 @@ def _restore_mapped_axes(specs, tree):
 
 
 def on_first_call(build):
-  """Decorator: the site ``build(fun)`` makes, made on its first call instead of
-  at import, since its mesh asks JAX for the devices: a program may do that only
-  after jax.distributed.initialize."""
-  def decorate(fun):
-    site = functools.cache(lambda: build(fun))
+  """The site ``build()`` makes, made on its first call instead of at import,
+  since its mesh asks JAX for the devices: a program may do that only after
+  jax.distributed.initialize. A def's decorator is ``on_first_call(lambda f:
+  ...)``, the site ``build`` makes of the def."""
+  if inspect.signature(build).parameters:
+    return lambda fun: functools.wraps(fun)(on_first_call(lambda: build(fun)))
+  site = functools.cache(build)
 
-    @functools.wraps(fun)
-    def call(*args, **kwargs):
-      return site()(*args, **kwargs)
+  def call(*args, **kwargs):
+    return site()(*args, **kwargs)
 
-    call.lower = lambda *args, **kwargs: site().lower(*args, **kwargs)
-    return call
-
-  return decorate
+  call.lower = lambda *args, **kwargs: site().lower(*args, **kwargs)
+  return call

@@ -63,21 +63,26 @@ def test_the_shared_mesh_spans_the_devices_the_function_places_inputs_on():
   assert all(f"places its inputs on, line {line}" in m for m in infos), infos
 
 
+def _trained(source: str, name: str, most: int | None) -> list:
+  """(result, compiles) of ``source``'s ``train`` as written (legacy pmap), then
+  converted, on at most ``most`` devices."""
+  new, _ = _converted(source)
+  assert "pmap_devices(rows=" in new, new
+  params = np.arange(3, dtype=np.float32)
+  runs = []
+  for kind, text in (("legacy", source), ("converted", new)):
+    module = load(text, f"{name}_{kind}_{most}")
+    with compiles() as counts:
+      out = module.train(params, 3, max_devices_per_host=most)
+    runs.append((out, counts))
+  return runs
+
+
 @pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
 @pytest.mark.parametrize("most", [None, 2, 1])
 @pytest.mark.parametrize("program", ["TRAINER", "THROUGH_HELPER"])
 def test_on_fewer_devices_results_and_compiles_are_legacys(program, most):
-  source = globals()[program]
-  new, _ = _converted(source)
-  assert "pmap_devices(rows=" in new
-  params = np.arange(3, dtype=np.float32)
-  runs = []
-  for name, text in ((f"{program}_legacy", source), (f"{program}_converted", new)):
-    module = load(text, f"{name}_{most}")
-    with compiles() as counts:
-      out = module.train(params, 3, max_devices_per_host=most)
-    runs.append((out, counts))
-  (legacy, legacy_counts), (ours, our_counts) = runs
+  (legacy, legacy_counts), (ours, our_counts) = _trained(globals()[program], program, most)
   assert_trees_equal(legacy, ours)
   assert legacy[0].shape[0] == (most or jax.local_device_count())
   for step in ("epoch", "<lambda>"):
@@ -160,3 +165,87 @@ def test_flax_replicate_with_devices_counts_too():
         return state
       ''')
   assert 'mesh = jax.sharding.Mesh(pmap_devices(rows=n), ("batch",))' in new, new
+
+
+# brax ARS's: nothing placed; the keys each call gets are split into n rows, in a jitted
+# function that calls the site.
+SPLIT_KEYS = '''\
+import jax
+import jax.numpy as jnp
+
+
+def train(params, steps, max_devices_per_host=None):
+  local_devices_to_use = jax.local_device_count()
+  if max_devices_per_host:
+    local_devices_to_use = min(local_devices_to_use, max_devices_per_host)
+
+  def run_episode(p, noise, key):
+    return jax.lax.pmean(p + noise * jax.random.uniform(key, p.shape), "i")
+
+  prun_episode = jax.pmap(run_episode, axis_name="i", in_axes=(None, 0, 0))
+
+  @jax.jit
+  def epoch(p, key):
+    key, key_noise, key_eval = jax.random.split(key, 3)
+    noise = jax.random.normal(key_noise, (local_devices_to_use,) + p.shape)
+    key_eval = jax.random.split(key_eval, local_devices_to_use)
+    return prun_episode(p, noise, key_eval)[0], key
+
+  key = jax.random.PRNGKey(0)
+  for _ in range(steps):
+    params, key = epoch(params, key)
+  return params
+'''
+
+
+def test_the_mesh_spans_the_rows_split_keys_give_each_call():
+  new, findings = _converted(SPLIT_KEYS)
+  assert 'mesh = jax.sharding.Mesh(pmap_devices(rows=local_devices_to_use), ("i",))' in new, new
+  line = 1 + next(i for i, text in enumerate(SPLIT_KEYS.splitlines())
+                  if "split(key_eval" in text)
+  infos = [f.message for f in findings if "pmap converted" in f.message]
+  assert len(infos) == 1 and f"jax.random.split makes for its calls, line {line}" in infos[0], (
+      infos)
+
+
+@pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
+@pytest.mark.parametrize("most", [None, 2, 1])
+def test_split_rows_on_fewer_devices_give_legacys_results_and_compiles(most):
+  (legacy, legacy_counts), (ours, our_counts) = _trained(SPLIT_KEYS, "split", most)
+  assert_trees_equal(legacy, ours)
+  if most == 1:
+    # On one device, jit keeps legacy's output on that device as the host's params were
+    # (one compile); the site's output there is on a one-device mesh, which the jitted
+    # epoch compiles again for (left as it is: jit over a pmap on one device).
+    assert step_compiles(legacy_counts, "epoch") + 1 == step_compiles(our_counts, "epoch")
+    return
+  # The first epoch gets host params, the next ones its own output: jit compiles twice.
+  assert step_compiles(our_counts, "epoch") == step_compiles(legacy_counts, "epoch"), (
+      legacy_counts, our_counts)
+
+
+_SPLIT = "key_eval = jax.random.split(key_eval, local_devices_to_use)"
+
+
+@pytest.mark.parametrize("changes", [
+    # n means every local device: the mesh over jax.devices() says so already
+    [(_SPLIT, "key_eval = jax.random.split(key_eval, jax.local_device_count())")],
+    # the split value is not the one the call passes
+    [("prun_episode(p, noise, key_eval)", "prun_episode(p, noise, key_eval[::-1][:1])")],
+    # its position is not mapped over axis 0
+    [("in_axes=(None, 0, 0)", "in_axes=(None, 0, None)")],
+    # another call of the site gets rows from elsewhere
+    [("  key = jax.random.PRNGKey(0)\n",
+      "  key = jax.random.PRNGKey(0)\n  prun_episode(params, params[None], key[None])\n")],
+    # the site is handed on: its calls cannot all be seen
+    [("  return params\n", "  return params, prun_episode\n")],
+    # n bound again after the mesh
+    [("  key = jax.random.PRNGKey(0)\n",
+      "  key = jax.random.PRNGKey(0)\n  local_devices_to_use = 1\n")],
+    # a key bound on one branch only
+    [(_SPLIT, _SPLIT + "\n    if p.sum() > 0:\n      key_eval = key[None]")],
+])
+def test_rows_not_shown_to_come_from_split_leave_the_mesh_over_jax_devices(changes):
+  new, _ = _converted(_changed(SPLIT_KEYS, changes))
+  assert 'mesh = jax.sharding.Mesh(jax.devices(), ("i",))' in new, new
+  assert "pmap_devices" not in new, new

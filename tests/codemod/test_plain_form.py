@@ -627,11 +627,10 @@ def test_module_level_sites_of_a_library_are_made_on_their_first_call(tmp_path):
 
 
       pmap_mean = on_first_call(
-          lambda f: placed_on(mesh(), P("i"))(
-              jax.jit(
-                  shard_map(
-                      per_device(f), mesh=mesh(), in_specs=P("i"), out_specs=P("i"),
-                      check_rep=False))))(lambda x: lax.pmean(x, "i"))  # the mean
+          lambda: placed_on(mesh(), P("i"))(
+              jax.jit(shard_map(per_device(lambda x: lax.pmean(x, "i")), mesh=mesh(),
+                                in_specs=P("i"), out_specs=P("i"),
+                                check_rep=False))))  # the mean
 
 
       @on_first_call(

@@ -111,6 +111,57 @@ class RowAccessTest(CodemodTest):
         """, expected_warnings=[
             "23:10 INFO flax.jax_utils.unreplicate rewritten to first_rows" + WHY])
 
+  def test_outputs_of_a_site_made_on_its_first_call(self):
+    self.assertCodemod("""
+        import functools
+
+        import jax
+        from jax.sharding import PartitionSpec as P
+
+        from .._pmap_shard_map import on_first_call, per_device, placed_on
+
+
+        @functools.cache
+        def mesh():
+          return jax.sharding.Mesh(jax.devices(), ("i",))
+
+
+        total = on_first_call(
+            lambda: placed_on(mesh(), P("i"))(
+                jax.jit(jax.shard_map(per_device(lambda x: jax.lax.psum(x, "i")),
+                                      mesh=mesh(), in_specs=P("i"), out_specs=P("i"),
+                                      check_vma=False))))
+
+
+        def count(x):
+          return total(x)[0]
+        """, """
+        import functools
+
+        import jax
+        from jax.sharding import PartitionSpec as P
+
+        from .._pmap_shard_map import first_row, on_first_call, per_device, placed_on
+
+
+        @functools.cache
+        def mesh():
+          return jax.sharding.Mesh(jax.devices(), ("i",))
+
+
+        total = on_first_call(
+            lambda: placed_on(mesh(), P("i"))(
+                jax.jit(jax.shard_map(per_device(lambda x: jax.lax.psum(x, "i")),
+                                      mesh=mesh(), in_specs=P("i"), out_specs=P("i"),
+                                      check_vma=False))))
+
+
+        def count(x):
+          return first_row(total(x))
+        """, expected_warnings=[
+            "22:10 INFO [0] of a converted pmap site's output rewritten to first_row(...)"
+            + WHY])
+
   def test_a_file_without_converted_sites_is_left(self):
     source = """
         import jax

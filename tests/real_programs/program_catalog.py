@@ -19,12 +19,15 @@ class Program:
   packages: tuple[str, ...]  # the libraries' top-level packages the codemod mode converts
   # The pmapped step functions: each name with the names JAX's compile log may give it (less
   # `jit(...)` / `pmap_`; legacy pmap logs a functools.partial as "<unnamed wrapped function>").
-  # Legacy pmap compiles each once; every mode must too.
+  # Legacy pmap compiles each `compiles` times; every mode must too.
   steps: dict[str, tuple[str, ...]]
   # The pip distributions the program imports (a line without a release of one skips it).
   distributions: tuple[str, ...]
   # The module under programs/ when it is not `name`: the same program with other options.
   module: str = ""
+  # How often legacy pmap's run compiles each step (its own case checks it): once, unless
+  # a jitted step gets the host's values first and then its own outputs.
+  compiles: int = 1
 
   @property
   def path(self) -> str:
@@ -45,6 +48,11 @@ PROGRAMS = {
         Program("brax_ppo_two_devices", packages=("brax",), module="brax_ppo",
                 distributions=("brax", "flax", "optax"),
                 steps={"training_epoch": ("training_epoch",)}),
+        # The rows of the keys ARS splits per call: its pmap runs on 2 of the 8 devices,
+        # inside its jitted training_epoch.
+        Program("brax_ars_two_devices", packages=("brax",), module="brax_ars",
+                distributions=("brax", "flax", "optax"),
+                steps={"training_epoch": ("training_epoch",)}, compiles=2),
         Program("flax_imagenet", packages=("flax",), distributions=("flax", "optax"),
                 steps={"train_step": ("train_step", PARTIAL), "eval_step": ("eval_step",)}),
         Program("flax_nnx_pmap", packages=("flax",), distributions=("flax",),
