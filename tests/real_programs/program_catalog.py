@@ -28,6 +28,9 @@ class Program:
   # How often legacy pmap's run compiles each step (its own case checks it): once, unless
   # a jitted step gets the host's values first and then its own outputs.
   compiles: int = 1
+  # Whether the steps are the pmapped functions (jax 0.10.2's own pmap logs each as `_fun`),
+  # not jitted functions that call a pmap.
+  pmapped_steps: bool = True
 
   @property
   def path(self) -> str:
@@ -52,7 +55,8 @@ PROGRAMS = {
         # inside its jitted training_epoch.
         Program("brax_ars_two_devices", packages=("brax",), module="brax_ars",
                 distributions=("brax", "flax", "optax"),
-                steps={"training_epoch": ("training_epoch",)}, compiles=2),
+                steps={"training_epoch": ("training_epoch",)}, compiles=2,
+                pmapped_steps=False),
         Program("flax_imagenet", packages=("flax",), distributions=("flax", "optax"),
                 steps={"train_step": ("train_step", PARTIAL), "eval_step": ("eval_step",)}),
         Program("flax_nnx_pmap", packages=("flax",), distributions=("flax",),

@@ -125,7 +125,7 @@ def _cases(check: str):
         if (line, program, mode) not in FAST:
           marks.append(pytest.mark.slow)
         reason = KNOWN.get((line, program, mode, check))
-        if check == "compiles" and mode == "jax_pmap":
+        if check == "compiles" and mode == "jax_pmap" and catalog.PROGRAMS[program].pmapped_steps:
           reason = JAX_PMAP_NAMES
         if mode != reference and mode == catalog.REFERENCE[line]:
           reason = catalog.PLAIN_FAILS[line, program][1]
