@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import libcst as cst
-from libcst.metadata import (FunctionScope, PositionProvider, QualifiedNameProvider,
-                              QualifiedNameSource, ScopeProvider)
+from libcst.metadata import (Assignment, FunctionScope, PositionProvider,
+                              QualifiedNameProvider, QualifiedNameSource, ScopeProvider)
 
 from codemod import (public_api, reaching, removed_apis, site_calls, site_layout, site_meshes,
                      support_module, targets)
@@ -47,6 +47,8 @@ from codemod.source_text import SourceText
 DEFAULT_AXIS = "devices"
 # What a pmap handed around as a value becomes (the support module's function).
 VALUE_PMAP = "pmap_via_shard_map"
+_TRANSFORM = ("as pmap partially applied (a lambda of pmap on its parameter): the calls, whose "
+              "rows legacy pmap chose its devices by, are not in view")
 # A mesh device list that counts the rows of the call's arguments, as legacy pmap did.
 _BY_ROWS = "pmap_devices("
 _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.PartitionSpec",
@@ -137,7 +139,8 @@ class SiteForms:
     self.support_flags: set[str] = set()  # support_module.FEATURES the sites need
     # sites in the plain form -> (their mesh, the source of its devices, its axes)
     self._plain: dict[cst.CSTNode, tuple[str, str, str]] = {}
-    self._via: set[cst.CSTNode] = set()  # sites given to pmap_via_shard_map
+    # sites given to pmap_via_shard_map, with why (for the report)
+    self._via: dict[cst.CSTNode, str] = {}
     self._calls = site_calls.SiteCalls(get_metadata, calls)
     self._public = public_api.PublicApi(module, get_metadata)
     # the value each name of a body is bound to (``AssignedValues``), read once per body
@@ -177,8 +180,7 @@ class SiteForms:
     if site.node in self._via:
       self._report(site.node, Severity.INFO,
                    f"pmap converted to {VALUE_PMAP} (support module) with the same arguments: "
-                   "pmap's signature over jax.jit and shard_map, for options known only at run "
-                   "time")
+                   f"pmap's signature over jax.jit and shard_map, {self._via[site.node]}")
     elif plain is None:
       why = ""
       if self._meshes.at_module_level(site.node) and self._imported_before_jax_starts:
@@ -304,6 +306,11 @@ class SiteForms:
       # pmap's signature over jax.jit and shard_map.
       self._build_via(site, indent, partial)
       return
+    if len(levels) == 1 and devices is None and self._is_pmap_transform(site):
+      # Its calls, and so the rows legacy pmap chose its devices by, are not in view:
+      # pmap_via_shard_map chooses by them too.
+      self._build_via(site, indent, partial, _TRANSFORM)
+      return
     assert in_specs is not None and out_specs is not None  # nested: literal or reported
     shard_map, check = _SHARD_MAP[self._choice.target]
     # Each generated argument is an Arg, so the comments around the pmap argument it
@@ -375,7 +382,21 @@ class SiteForms:
     # Nested pmaps (axes known only at run time are reported there, see _specs).
     self._uses(["on_pmap_mesh", "host_local_io"])
 
-  def _build_via(self, site: Site, indent: int, partial: str) -> None:
+  def _is_pmap_transform(self, site: Site) -> bool:
+    """Whether the site is a lambda's whole body mapping the lambda's parameter,
+    ``lambda f: jax.pmap(f, "i")``: pmap partially applied, as ``partial(jax.pmap, ...)``."""
+    fun = site.fun
+    if site.fundef is not None or not isinstance(fun, cst.Name):
+      return False
+    scope = self.get_metadata(ScopeProvider, fun, None)
+    if not (isinstance(scope, FunctionScope) and isinstance(scope.node, cst.Lambda)
+            and scope.node.body is site.node):
+      return False
+    bound = list(scope[fun.value])
+    return bool(bound) and all(isinstance(a, Assignment) and a.scope is scope
+                               and isinstance(a.node, cst.Param) for a in bound)
+
+  def _build_via(self, site: Site, indent: int, partial: str, why: str = "") -> None:
     """``pmap_via_shard_map(f, <pmap's arguments as written>)``, or the decorator
     ``partial(pmap_via_shard_map, ...)``: pmap's own call on a function of the support
     module with pmap's signature, each argument (and its comments) copied."""
@@ -399,7 +420,7 @@ class SiteForms:
       decorator = Call(partial, (Arg(VALUE_PMAP), *roles.values()))
       fallback = self._layout.attach_comments(site, roles, None, decorator)
       self._layout.decorator_site(site, [decorator], fallback, indent)
-    self._via.add(site.node)
+    self._via[site.node] = why or "for options known only at run time"
     self._uses([VALUE_PMAP])
 
   def _pmap_named_in(self, site: Site) -> cst.CSTNode | None:

@@ -122,6 +122,22 @@ def test_a_converted_site_over_fewer_rows_than_devices(called):
     load(new, "fewer_rows_rewritten").run()
 
 
+def test_a_pmap_transform_maps_each_call_over_its_own_rows():
+  """``lambda f: jax.pmap(f, "i")`` (haiku's and chex's test transforms) is pmap partially
+  applied: each call of what it makes ran on as many devices as that call's rows, which
+  pmap_via_shard_map chooses as legacy did."""
+  source = (
+      "import jax\nimport numpy as np\n\nPMAP = lambda f: jax.pmap(f, 'i')\n\n\n"
+      "def run():\n  total = PMAP(lambda v: jax.lax.psum(v, 'i'))\n"
+      "  return [total(np.ones((n, 2), np.float32)) for n in (1, jax.device_count() // 2,\n"
+      "                                                      jax.device_count())]\n")
+  new, _ = rewrite(source)
+  assert "PMAP = lambda f: pmap_via_shard_map(f, 'i')" in new, new
+  legacy = load(source, "transform_legacy").run()
+  assert [out.shape[0] for out in legacy] == [1, jax.device_count() // 2, jax.device_count()]
+  assert_trees_equal(legacy, load(new, "transform_rewritten").run())
+
+
 def test_a_site_evaluated_again_reuses_its_trace():
   """`jax.pmap(f)(x)` in a loop traced f once under legacy pmap; so must the rewrite."""
   source = (

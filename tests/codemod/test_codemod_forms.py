@@ -267,3 +267,23 @@ class CallFormsTest(PmapCodemodTest):
 
         ppmap = functools.partial(pmap_via_shard_map, axis_name="i")
         """)
+
+  def test_a_lambda_of_pmap_on_its_parameter_is_pmap_partially_applied(self):
+    # As the partial above: its calls, whose rows legacy pmap chose its devices by, are not
+    # in view. A lambda doing more, or mapping another function, is a site as any other.
+    self.assertConverts("""
+        import jax
+
+        TRANSFORMS = {"pmap": lambda f: jax.pmap(f, "i"), "jit": jax.jit}
+        twice = lambda f: jax.pmap(lambda x: f(f(x)), "i")
+        """, """
+        import jax
+        from jax.sharding import PartitionSpec as P
+        from jax.experimental.shard_map import shard_map
+
+        from pmap_shard_map import per_device, placed_on, pmap_via_shard_map
+
+        TRANSFORMS = {"pmap": lambda f: pmap_via_shard_map(f, "i"), "jit": jax.jit}
+        mesh = jax.sharding.Mesh(jax.devices(), ("i",))
+        twice = lambda f: placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(lambda x: f(f(x))), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))
+        """)

@@ -617,7 +617,8 @@ def test_module_level_sites_of_a_library_are_made_on_their_first_call(tmp_path):
   legacy, ours = results
   assert ours[:2] == legacy[:2] == (False, True)
   assert_trees_equal(legacy[2:], ours[2:])
-  support_import = "from pkg._pmap_shard_map import on_first_call, per_device, placed_on\n"
+  support_import = ("from pkg._pmap_shard_map import (on_first_call, per_device, placed_on,\n"
+                    "                                 pmap_via_shard_map)\n")
   assert converted.split(support_import)[1] == (
       textwrap.dedent('''
 
@@ -642,9 +643,7 @@ def test_module_level_sites_of_a_library_are_made_on_their_first_call(tmp_path):
         return lax.psum(x * k, "i")
 
 
-      TRANSFORMS = {"pmap": lambda f: placed_on(mesh(), P("i"))(
-          jax.jit(shard_map(per_device(f), mesh=mesh(), in_specs=P("i"),
-                            out_specs=P("i"), check_rep=False)))}
+      TRANSFORMS = {"pmap": lambda f: pmap_via_shard_map(f, "i")}
       ''')), converted
 
 
