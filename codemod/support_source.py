@@ -324,13 +324,16 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
   @functools.cache
   def on(n):  # the site over n rows' devices, or over devices= for None
     local = jax.local_devices(backend=backend)
-    if n is not None and (not isinstance(n, int) or n > len(local) or (
+    if isinstance(n, frozenset):  # legacy pmap's wording, which tests match
+      raise ValueError("pmap got inconsistent sizes for array axes to be "
+                       f"mapped: {sorted(n)}" if n else "pmap needs axis_size "
+                       "where no argument is mapped")
+    if n is not None and (n > len(local) or (
         jax.process_count() > 1 and n != len(local))):
       raise ValueError(
-          f"pmap got mapped axes of sizes "
-          f"{set(n) if isinstance(n, frozenset) else n}: it needs one size, at "
-          f"most this process's {len(local)} devices (all of them with more "
-          "processes), or axis_size where nothing is mapped")
+          f"compiling computation that requires {n} replicas, but only "
+          f"{len(local)} devices are available to this process (with several "
+          "processes, pmap maps over all of them)")
     pool = (devices if n is None else local[:n] if jax.process_count() == 1
             else sorted(jax.devices(backend), key=lambda d: d.process_index))
     mesh = jax.sharding.Mesh(tuple(pool), (name,))
@@ -345,11 +348,15 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
     axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
     held = tuple(_Static((a,)) if i in static else a
                  for i, a in enumerate(args))
-    rows = {np.shape(x)[a] if a < np.ndim(x)
-            else f"(axis {a} of a rank-{np.ndim(x)} argument)"
-            for a, sub in zip(axes, tree.flatten_up_to(held), strict=True)
-            if a is not None for x in jax.tree.leaves(sub)}
-    rows |= set() if axis_size is None else {axis_size}
+    rows = set() if axis_size is None else {axis_size}
+    for a, sub in zip(axes, tree.flatten_up_to(held), strict=True):
+      for x in [] if a is None else jax.tree.leaves(sub):
+        if a >= np.ndim(x):
+          raise ValueError(
+              f"pmap was requested to map its argument along axis {a}, which "
+              f"implies that its rank should be at least {a + 1}, but is only "
+              f"{np.ndim(x)}")
+        rows.add(np.shape(x)[a])
     return on(rows.pop() if len(rows) == 1 else frozenset(rows))
 
   @functools.wraps(fun)
