@@ -184,13 +184,14 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         axes.add(tuple(site_forms.axis_names(site, self._text.style.quote)))
       except Unconvertible:
         pass
+    calls = site_calls.SiteCalls(self.get_metadata, refs.calls)
+    calls = site_calls.SiteCalls(self.get_metadata, refs.calls)
     self._meshes = site_meshes.MeshPlan(
         node, self.get_metadata, {t.string for t in self._text.tokens if t.type == tokenize.NAME},
         by_axis=len(axes) > 1,
         placed=placed_devices.PlacedDevices(node, self.get_metadata, refs.calls),
         sites=[s.node for s in sites if not s.absorbed],
-        feeds=functools.partial(_feed, {s.node: s for s in sites},
-                                site_calls.SiteCalls(self.get_metadata, refs.calls)))
+        feeds=functools.partial(_feed, {s.node: s for s in sites}, calls))
     # A module-level mesh starts JAX's backend at import: not in a library module (whoever
     # imports it may call jax.distributed.initialize after) nor in a program that calls
     # it. Their module-level sites are made on their first call (on_first_call).
@@ -205,7 +206,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
         spec=site_forms.spec_name(self.get_metadata, sites), report=self._report,
         library_module=(public_api.module_name(path) if path and os.path.isfile(path)
                         else None),
-        imported_before_jax_starts=imported_before_jax_starts, calls=refs.calls)
+        imported_before_jax_starts=imported_before_jax_starts, calls=calls)
     for site in sites:
       if site.absorbed:
         continue
@@ -502,6 +503,6 @@ def _feed(sites: dict[cst.CSTNode, Site], calls: site_calls.SiteCalls, node: cst
   site = sites[node]
   if site.inner is not None or site.options.get("static_broadcasted_argnums") is not None:
     return None
-  found = calls.of(node, statement, site.fundef, outermost=site.decorators[:1] == (0,))
+  found = calls.of(node, statement, site.fundef, outermost=site.outermost)
   return (None if found is None
           else (found, placed_devices.axis_zero_positions(site.options.get("in_axes"))))

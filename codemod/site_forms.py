@@ -27,7 +27,7 @@ reported as an ERROR with the reason. The new code is laid out by ``site_layout`
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import libcst as cst
@@ -121,7 +121,7 @@ class SiteForms:
                renames: removed_apis.Renames, choice: targets.Choice, spec: str,
                report: Callable[[cst.CSTNode, Severity, str], None],
                library_module: str | None, imported_before_jax_starts: bool,
-               calls: Sequence[cst.Call]) -> None:
+               calls: site_calls.SiteCalls) -> None:
     self.get_metadata = get_metadata
     self._module = module
     self._text = text
@@ -141,7 +141,7 @@ class SiteForms:
     self._plain: dict[cst.CSTNode, tuple[str, str, str]] = {}
     # sites given to pmap_via_shard_map, with why (for the report)
     self._via: dict[cst.CSTNode, str] = {}
-    self._calls = site_calls.SiteCalls(get_metadata, calls)
+    self._calls = calls  # how the file calls each site
     self._public = public_api.PublicApi(module, get_metadata)
     # the value each name of a body is bound to (``AssignedValues``), read once per body
     self._values: dict[cst.CSTNode, dict[cst.CSTNode, cst.BaseExpression]] = {}
@@ -558,7 +558,7 @@ class SiteForms:
     """Whether every call of the site passes its arguments by position (``site_calls``)."""
     statement = self._meshes.statement(site.node)
     return statement is not None and self._calls.by_position(
-        site.node, statement, site.fundef, outermost=site.decorators[:1] == (0,))
+        site.node, statement, site.fundef, outermost=site.outermost)
 
   def _bound_by_position(self, site: Site) -> bool:
     """Whether every call of the site's function binds its arguments by position: the

@@ -104,6 +104,11 @@ class Site:
   absorbed: bool = False                 # this site is another site's `inner`
   error: str | None = None
 
+  @property
+  def outermost(self) -> bool:
+    """Whether the def's pmap decorators are its first, so no other decorator wraps them."""
+    return self.decorators[:1] == (0,)
+
   def levels(self) -> list[Site]:
     chain: list[Site] = []
     site: Site | None = self
