@@ -41,7 +41,8 @@ from libcst.metadata import CodeRange, PositionProvider, QualifiedNameProvider, 
 
 from codemod import (imports, matcher_setup, placed_devices, pmap_patches, public_api, removed_apis,
                      removed_names, site_calls, site_forms, site_layout, site_meshes, source_text,
-                     support_module, targets, together, unreplicate, unused_imports)
+                     support_module, targets, together, transform_tables, unreplicate,
+                     unused_imports)
 from codemod.axes_to_specs import Unconvertible
 from codemod.findings import SITES_KEY, Finding, Severity
 from codemod.site_finder import Found, SiteFinder
@@ -172,6 +173,18 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     sites = found.sites
     if set(refs.refs) - refs.metadata_only and self._leave_if_patched(text, found, refs):
       return False
+    if tables := transform_tables.inspected(node, self.get_metadata, found.values):
+      # Every value use stays jax.pmap, so the file's own comparisons with the table hold.
+      line = self._start_line(tables[0])
+      for ref in found.values:
+        self.sites_found += 1
+        self._report(ref, Severity.ERROR, "pmap left unchanged: " + (
+            "listed here with other JAX transforms, whose loop inspects them or what they "
+            "return (not only runs them), to compare with values made elsewhere, where "
+            "callers still have jax.pmap" if ref in tables else
+            f"pmap is in a table of JAX transforms at line {line}, which this value may be "
+            "compared with") + "; convert it by hand where it only runs pmap")
+      found.values.clear()
     for ref in found.values:
       self.sites_found += 1
       self._value_use(ref, refs)
@@ -185,10 +198,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       except Unconvertible:
         pass
     calls = site_calls.SiteCalls(self.get_metadata, refs.calls)
-    calls = site_calls.SiteCalls(self.get_metadata, refs.calls)
     self._meshes = site_meshes.MeshPlan(
         node, self.get_metadata, {t.string for t in self._text.tokens if t.type == tokenize.NAME},
-        by_axis=len(axes) > 1,
+        by_axis=len(axes) > 1, cache=_cache_spelling(node, self.get_metadata),
         placed=placed_devices.PlacedDevices(node, self.get_metadata, refs.calls),
         sites=[s.node for s in sites if not s.absorbed],
         feeds=functools.partial(_feed, {s.node: s for s in sites}, calls))
@@ -288,6 +300,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     candidates = [imports.Wanted("jax"), imports.Wanted("functools"),
                   imports.Wanted("jax.sharding", "PartitionSpec", "P"),
                   imports.Wanted("jax.experimental.shard_map", "shard_map")]
+    if "@cache" in self._meshes.decorators():
+      candidates.append(imports.Wanted("functools", "cache"))
     support = support_module.import_of(self.support_module)
     if support is not None:
       module_name, relative = support
@@ -494,6 +508,26 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
   def leave_FunctionDef(self, original_node: cst.FunctionDef,
                         updated_node: cst.FunctionDef) -> cst.FunctionDef:
     return self._layout.apply_decorators(original_node, updated_node)
+
+
+def _cache_spelling(module: cst.Module, get_metadata: Any) -> str:
+  """How new code names ``functools.cache``: ``cache`` in a file that imports names from
+  functools (``from functools import partial``) but not the module, and leaves ``cache``
+  free; else ``functools.cache``."""
+  scope = get_metadata(ScopeProvider, module, None)
+  if scope is None:
+    return "functools.cache"
+  qualified = {name: {q.name for q in scope.get_qualified_names_for(name)}
+               for name in ("functools", "cache") if name in scope}
+  if "functools" in qualified.get("functools", ()):
+    return "functools.cache"
+  if "functools.cache" in qualified.get("cache", ()):
+    return "cache"
+  froms = any(isinstance(stmt, cst.SimpleStatementLine) and any(
+      isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None
+      and cst.Module([]).code_for_node(small.module) == "functools" for small in stmt.body)
+      for stmt in module.body)
+  return "cache" if froms and "cache" not in qualified else "functools.cache"
 
 
 def _feed(sites: dict[cst.CSTNode, Site], calls: site_calls.SiteCalls, node: cst.CSTNode,

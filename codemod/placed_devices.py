@@ -19,8 +19,10 @@ said and the mesh spans ``jax.devices()``.
 A function that places nothing may still make its sites' inputs with ``n`` rows: where
 every call of each of its sites passes, at a position pmap maps over axis 0, a value
 ``jax.random.split(key, n)`` made (brax's ARS and ES trainers, ``max_devices_per_host``
-again), that ``n`` is said the same way (``rows_fed``). A count that means every local
-device (``jax.local_device_count()``) says nothing the mesh does not say already.
+again), or an array made with ``n`` rows (``jnp.ones((n, 3))``, ``np.zeros([n])``, that
+times a number: a test's inputs), that ``n`` is said the same way (``rows_fed``). A
+count that means every local device (``jax.local_device_count()``) says nothing the
+mesh does not say already.
 """
 from __future__ import annotations
 
@@ -50,6 +52,12 @@ _COUNTS = frozenset({"jax.local_device_count", "jax.device_count", "jax.process_
                      "builtins.len", "builtins.min", "builtins.max", "builtins.int"})
 # Calls whose result has as many rows as an argument says: its (position, keyword).
 _ROW_MAKERS = {"jax.random.split": (1, "num")}
+# Calls whose result has the shape their first argument (``shape``) says, rows first.
+_SHAPE_MAKERS = frozenset(f"{module}.{name}" for module in ("jax.numpy", "numpy")
+                          for name in ("ones", "zeros", "empty", "full"))
+# Arithmetic with a Python number keeps an array's shape.
+_ELEMENTWISE = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide,
+                cst.Modulo, cst.Power)
 _EVERY_DEVICE = frozenset({"jax.local_device_count", "jax.device_count"})
 
 # The calls of one site, with the positions pmap maps over axis 0 (None: every one).
@@ -111,13 +119,13 @@ class PlacedDevices:
 
   def rows_fed(self, feeds: Sequence[Feed], scope: Scope | None, before: int) -> Rows | None:
     """The rows ``n`` where every call in ``feeds`` (those of the sites sharing a mesh in
-    ``scope``) passes, at a position mapped over axis 0, a value ``jax.random.split(key,
-    n)`` made, ``n`` being the same value at line ``before``, where that mesh is built;
-    None where one does not, or ``n`` means every local device."""
+    ``scope``) passes, at a position mapped over axis 0, a value made with ``n`` rows
+    (``_made_rows``), ``n`` being the same value at line ``before``, where that mesh is
+    built; None where one does not, or ``n`` means every local device."""
     if scope is None or not feeds:
       return None
     counts: set[str] = set()
-    first = None
+    first: tuple[int, str] | None = None  # the first maker's line and name
     for calls, positions in feeds:
       for call in calls:
         made = None
@@ -125,28 +133,34 @@ class PlacedDevices:
           if arg.star or arg.keyword is not None:
             break
           if positions is None or i in positions:
-            made = self._split_rows(arg.value)
+            made = self._made_rows(arg.value)
             if made is not None:
               break
         if made is None or not self._holds(made[0], scope, before) or self._every(made[0]):
           return None
         counts.add(cst.Module([]).code_for_node(made[0]))
-        first = made[1] if first is None else min(first, made[1])
+        first = made[1:] if first is None else min(first, made[1:])
     if len(counts) != 1 or first is None:
       return None
-    return Rows(counts.pop(), first, "the rows jax.random.split makes for its calls")
+    return Rows(counts.pop(), first[0], f"the rows {first[1]} makes for its calls")
 
-  def _split_rows(self, value: cst.BaseExpression) -> tuple[cst.BaseExpression, int] | None:
-    """(``n``, its line) where ``value`` is ``jax.random.split(key, n)``, or a name every
-    binding reaching it binds to one, all with the same ``n``."""
+  def _made_rows(self, value: cst.BaseExpression
+                 ) -> tuple[cst.BaseExpression, int, str] | None:
+    """(``n``, the line and the name of the call making it) where ``value`` has ``n``
+    rows: ``jax.random.split(key, n)``, an array made in shape ``(n, ...)``, either
+    in arithmetic with a number, or a name every binding reaching it binds to one, all
+    with the same ``n``."""
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, _ELEMENTWISE):
+      if _is_number(value.right):
+        return self._made_rows(value.left)
+      return self._made_rows(value.right) if _is_number(value.left) else None
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator,
+                                                          (cst.Minus, cst.Plus)):
+      return self._made_rows(value.expression)
     if isinstance(value, cst.Call):
-      for name, (position, keyword) in _ROW_MAKERS.items():
-        if self._is(value.func, (name,)):
-          n = _argument(value, position, keyword)
-          if n is None and len(value.args) == 1 and not value.args[0].star:
-            n = cst.Integer("2")  # split's default
-          return None if n is None else (n, self._get(PositionProvider, value).start.line)
-      return None
+      n = self._made_by_call(value)
+      return None if n is None else (n, self._get(PositionProvider, value).start.line,
+                                     cst.Module([]).code_for_node(value.func))
     if not isinstance(value, cst.Name):
       return None
     reach = reaching.reaching(self._module, self._get, value)
@@ -154,10 +168,27 @@ class PlacedDevices:
     if reach is None or reach.outside or not reach.bindings or scope is None:
       return None
     values = self._assigned(scope.node)
-    found = [self._split_rows(values[b]) if b in values else None for b in reach.bindings]
+    found = [self._made_rows(values[b]) if b in values else None for b in reach.bindings]
     if None in found or len({cst.Module([]).code_for_node(f[0]) for f in found if f}) != 1:
       return None
     return min((f for f in found if f), key=lambda f: f[1])
+
+  def _made_by_call(self, call: cst.Call) -> cst.BaseExpression | None:
+    """``n`` where ``call`` makes ``n`` rows: ``jax.random.split(key, n)``, or an array
+    constructor given the shape ``n`` or ``(n, ...)``."""
+    for name, (position, keyword) in _ROW_MAKERS.items():
+      if self._is(call.func, (name,)):
+        n = _argument(call, position, keyword)
+        if n is None and len(call.args) == 1 and not call.args[0].star:
+          n = cst.Integer("2")  # split's default
+        return n
+    if not self._is(call.func, _SHAPE_MAKERS):
+      return None
+    shape = _argument(call, 0, "shape")
+    if isinstance(shape, (cst.Tuple, cst.List)):
+      first = shape.elements[0] if shape.elements else None
+      return None if first is None or isinstance(first, cst.StarredElement) else first.value
+    return shape if isinstance(shape, cst.Integer) else None
 
   def _every(self, n: cst.BaseExpression) -> bool:
     """Whether ``n`` is ``jax.local_device_count()`` (or ``jax.device_count()``), or a
@@ -278,6 +309,13 @@ def _argument(call: cst.Call, position: int | None, keyword: str
     return None
   positional = [a for a in call.args if a.keyword is None]
   return positional[position].value if len(positional) > position else None
+
+
+def _is_number(node: cst.BaseExpression) -> bool:
+  """A Python number, as written: ``2``, ``0.5``, ``-1``."""
+  if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+    return _is_number(node.expression)
+  return isinstance(node, (cst.Integer, cst.Float))
 
 
 def _is_none(node: cst.BaseExpression) -> bool:

@@ -35,7 +35,7 @@ from libcst.metadata import (Assignment, FunctionScope, PositionProvider,
                               QualifiedNameProvider, QualifiedNameSource, ScopeProvider)
 
 from codemod import (public_api, reaching, removed_apis, site_calls, site_layout, site_meshes,
-                     support_module, targets)
+                     support_module, targets, transform_tables)
 from codemod.axes_to_specs import NotLiteral, Unconvertible, read_axes, specs_source
 from codemod.bound_targets import AssignedValues
 from codemod.edits import Arg, Call, Copied, Value, breakable
@@ -51,6 +51,8 @@ _TRANSFORM = ("as pmap partially applied (a lambda of pmap on its parameter): th
               "rows legacy pmap chose its devices by, are not in view")
 # A mesh device list that counts the rows of the call's arguments, as legacy pmap did.
 _BY_ROWS = "pmap_devices("
+# Calls that make a new function object each time they run.
+_MADE_ANEW = PARTIAL_NAMES | transform_tables.TRANSFORMS
 _SPEC_NAMES = frozenset({"jax.sharding.PartitionSpec", "jax.experimental.PartitionSpec",
                          "jax.experimental.pjit.PartitionSpec",
                          "jax._src.partition_spec.PartitionSpec"})
@@ -253,8 +255,9 @@ class SiteForms:
 
   def _made_per_call(self, fun: cst.BaseExpression, scope: Any) -> bool:
     """Whether ``fun`` names, wherever it is bound before the site, a function its
-    enclosing function makes on each call (a def, lambda or partial there): legacy pmap
-    compiled such a function again on each call too."""
+    enclosing function makes on each call (a def, lambda, partial or JAX transform, such
+    as ``jax.vmap(f)``, there): legacy pmap compiled such a function again on each call
+    too."""
     if not isinstance(fun, cst.Name):
       return False
     reach = reaching.reaching(self._module, self.get_metadata, fun)
@@ -264,7 +267,7 @@ class SiteForms:
     scope.node.visit(AssignedValues(values))
     return all(isinstance(b, cst.FunctionDef) or isinstance(values.get(b), cst.Lambda)
                or (isinstance(value := values.get(b), cst.Call)
-                   and bool(qualified(self.get_metadata, value.func) & PARTIAL_NAMES))
+                   and bool(qualified(self.get_metadata, value.func) & _MADE_ANEW))
                for b in reach.bindings)
 
   def _axis_names(self, site: Site) -> list[str]:
@@ -346,8 +349,8 @@ class SiteForms:
       # A module-level site of a library module, or of a program that calls
       # jax.distributed.initialize, must not ask JAX for its devices at import.
       lazy = self._meshes.at_module_level(site.node) and self._imported_before_jax_starts
-      if devices is None and not static_nums and not lazy:
-        devices = self._devices_of_rows(site)
+      if devices is None and not lazy:
+        devices = self._devices_of_rows(site, static_nums)
       joined = (self._meshes.joinable(site.node) if devices is None and not lazy
                 and unnamed(site) else None)
       if joined is not None and list(joined) != names:
@@ -463,12 +466,13 @@ class SiteForms:
       pool = f"{pool or 'jax.devices()'}[:{_code(extra['axis_size'])}]"
     return True, pool
 
-  def _devices_of_rows(self, site: Site) -> str | None:
+  def _devices_of_rows(self, site: Site, static: tuple[int, ...]) -> str | None:
     """For a site called where it is made on names (``pmap(f)(x, y)``), the devices
     legacy pmap mapped that call over, as the mesh's device list: ``pmap_devices(x, y)``,
-    as many of ``jax.devices()`` as the arguments have rows along their mapped axes.
-    None where the arguments are not names that hold the same value where the mesh is
-    built (the mesh then spans ``jax.devices()``, and the report says so)."""
+    as many of ``jax.devices()`` as the arguments have rows along their mapped axes (a
+    ``static`` argument maps none). None where the arguments are not names that hold the
+    same value where the mesh is built (the mesh then spans ``jax.devices()``, and the
+    report says so)."""
     call = self._meshes.caller(site.node)
     if call is None or not call.args:
       return None
@@ -477,8 +481,12 @@ class SiteForms:
           or not self._meshes.hoistable(site.node, arg.value, mutable=False)):
         return None
     in_axes = site.options.get("in_axes")
-    axes = ("" if in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0")
-            else f", in_axes={_code(in_axes)}")
+    every = in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0")
+    if static and not every:
+      return None
+    listed = ["None" if i in static else "0" for i in range(len(call.args))]
+    axes = ("" if every and not static else f", in_axes={_code(in_axes)}" if not static
+            else f", in_axes=({', '.join(listed)}{',' if len(listed) == 1 else ''})")
     return f"{_BY_ROWS}{', '.join(_code(a.value) for a in call.args)}{axes})"
 
   def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg],

@@ -57,7 +57,7 @@ class MeshPlan:
   """The meshes the converted sites of one module use."""
 
   def __init__(self, module: cst.Module, get_metadata: Callable[..., Any],
-               identifiers: set[str], by_axis: bool = False,
+               identifiers: set[str], by_axis: bool = False, cache: str = "functools.cache",
                placed: placed_devices.PlacedDevices | None = None,
                sites: Sequence[cst.CSTNode] = (),
                feeds: Callable[[cst.CSTNode, cst.BaseStatement],
@@ -67,6 +67,7 @@ class MeshPlan:
     self._sites = sites  # every site of the module, planned or not
     self._feeds = feeds  # a site's calls and the positions it maps over axis 0
     self._by_axis = by_axis  # several axis names in the file: name each mesh after its axis
+    self._cache = cache  # how the file names functools.cache, for a lazy mesh
     self._get = get_metadata
     self._taken = set(identifiers)  # every identifier the file's code uses
     self._meshes: dict[tuple, _Mesh] = {}
@@ -79,7 +80,8 @@ class MeshPlan:
     """The name of the mesh the site at ``node`` (a call, or a def's decorator) runs on:
     over ``jax.devices()``, or over ``devices`` (source of pmap's ``devices=`` list, or
     ``jax.devices(backend)``), evaluated where the mesh is built (``hoistable``); a
-    ``lazy`` one is a function, ``@functools.cache`` over that statement's value."""
+    ``lazy`` one is a function, cached (``@functools.cache``), over that statement's
+    value."""
     owner, statement = self._place(node)
     shared = literal and devices is None
     key = (id(owner) if shared else id(statement), tuple(axes), devices, lazy)
@@ -212,7 +214,7 @@ class MeshPlan:
 
   def decorators(self) -> list[str]:
     """The source of the decorators the mesh statements carry (for the imports)."""
-    return ["@functools.cache" for mesh in self._meshes.values() if mesh.lazy]
+    return [f"@{self._cache}" for mesh in self._meshes.values() if mesh.lazy]
 
   def where(self, node: cst.CSTNode) -> str:
     """For the report: a note when the site's mesh is built at import, or made on the
@@ -291,7 +293,7 @@ class MeshPlan:
       call = edits.Call(MESH, (mesh.devices, axes))
       if mesh.lazy:
         inner = indent + len(style.unit)
-        text = (f"@functools.cache\ndef {mesh.name}():\n{' ' * inner}return "
+        text = (f"@{self._cache}\ndef {mesh.name}():\n{' ' * inner}return "
                 + edits.render(call, inner + 7, inner, style))
       else:
         text = f"{mesh.name} = " + edits.render(call, indent + len(mesh.name) + 3, indent, style)

@@ -24,13 +24,13 @@ import libcst as cst
 
 from codemod import config_files, files
 
-# 13: on_first_call(lambda: site) for call sites; 12: pmap_devices(rows=n), a shorter
-# per_device and placed_on; 11: the code for static arguments, keyword arguments and
-# shard_map < 0.7.2 only where sites need it; 10: shorter first_rows and
-# device_put_replicated; 9: a header that describes the module; 8: pmap_via_shard_map over
-# per_device and placed_on; 7: static arguments and on_first_call in the plain form; 6:
-# shorter plain-form helpers
-VERSION = 13
+# 14: shorter pmap_devices and placed_on; 13: on_first_call(lambda: site) for call sites;
+# 12: pmap_devices(rows=n), a shorter per_device and placed_on; 11: the code for static
+# arguments, keyword arguments and shard_map < 0.7.2 only where sites need it; 10: shorter
+# first_rows and device_put_replicated; 9: a header that describes the module; 8:
+# pmap_via_shard_map over per_device and placed_on; 7: static arguments and on_first_call
+# in the plain form; 6: shorter plain-form helpers
+VERSION = 14
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 

@@ -30,8 +30,7 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   """``fun`` as pmap called it, in shard_map: no mapped axis in, and it out."""
   def at_axes(change, axes, tree):  # change(leaf, axis) where an axis maps it
     return jax.tree.map(lambda a, sub: sub if a is None else jax.tree.map(
-        lambda leaf: change(leaf, a), sub), axes, tree,
-        is_leaf=lambda a: a is None)
+        lambda x: change(x, a), sub), axes, tree, is_leaf=lambda a: a is None)
 
   @functools.wraps(fun)
   def body(*args):
@@ -45,8 +44,9 @@ def per_device(fun, *, in_axes=0, out_axes=0):
       args = [a[0] if i in static else a for i, a in enumerate(args)]
     else:
       run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
-    out = run(*args, **named) if KEYWORD_ARGUMENTS else run(*args)
-    out = at_axes(jax.numpy.expand_dims, out_axes, out)
+    if KEYWORD_ARGUMENTS:
+      run = functools.partial(run, **named)
+    out = at_axes(jax.numpy.expand_dims, out_axes, run(*args))
     if SHARD_MAP_BEFORE_0_7_2:
       # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
       out = jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
@@ -59,22 +59,16 @@ def per_device(fun, *, in_axes=0, out_axes=0):
 
 
 def pmap_devices(*args, in_axes=0, rows=None):
-  """The devices legacy pmap mapped ``args`` (or ``rows`` rows) over: as many of
-  jax.devices() as they have rows on their mapped axes (every device in a
-  multi-process job)."""
-  rows = [] if rows is None else [rows]  # then each mapped leaf's, in order
+  """Legacy pmap's devices for ``args``: one per row (all, multi-process)."""
   axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
   for axis, sub in zip(axes, tree.flatten_up_to(args), strict=True):
     for x in [] if axis is None else jax.tree.leaves(sub):
-      if axis >= jax.numpy.ndim(x):
-        raise ValueError(
-            f"pmap was requested to map its argument along axis {axis}, which "
-            f"implies that its rank should be at least {axis + 1}, but is only "
-            f"{jax.numpy.ndim(x)}")
-      rows.append(jax.numpy.shape(x)[axis])
-  if not rows or jax.process_count() > 1:
-    return jax.devices()
-  return jax.devices()[:rows[0]]
+      if axis >= jax.numpy.ndim(x):  # legacy pmap's words, which tests match
+        raise ValueError(f"pmap was requested to map its argument along axis "
+                         f"{axis}, which implies that its rank should be at "
+                         f"least {axis + 1}, but is only {jax.numpy.ndim(x)}")
+      rows = jax.numpy.shape(x)[axis] if rows is None else rows
+  return jax.devices()[:rows if jax.process_count() == 1 else None]
 
 
 def placed_on(mesh, in_specs, static_argnums=()):
@@ -88,11 +82,8 @@ def placed_on(mesh, in_specs, static_argnums=()):
                    for i, a in enumerate(args))
     if jax.process_count() > 1:
       return hosts.host_local_array_to_global_array(args, mesh, in_specs)
-    try:
-      return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
-                          named, args)
-    except ValueError as e:  # legacy pmap ran fewer rows on fewer devices
-      raise ValueError(f"{e}; for fewer rows, use jax.devices()[:rows]") from e
+    return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
+                        named, args)
 
   def decorate(jitted):
     @functools.wraps(jitted)
@@ -123,10 +114,9 @@ def placed_on(mesh, in_specs, static_argnums=()):
   return decorate
 
 
-def _put(sharding, x):  # Python scalars stay weakly typed, as pmap left them
-  if isinstance(x, jax.core.Tracer) or getattr(x, "sharding", 0) == sharding:
-    return x
-  return jax.device_put(x, sharding) if hasattr(x, "__array__") else x
+def _put(to, x):  # Python scalars stay weakly typed, as pmap left them
+  placed = isinstance(x, jax.core.Tracer) or getattr(x, "sharding", 0) == to
+  return x if placed or not hasattr(x, "__array__") else jax.device_put(x, to)
 
 
 def on_pmap_mesh(shard_map_partial, *, drop_device_axis, axes=None,

@@ -249,3 +249,68 @@ def test_rows_not_shown_to_come_from_split_leave_the_mesh_over_jax_devices(chang
   new, _ = _converted(_changed(SPLIT_KEYS, changes))
   assert 'mesh = jax.sharding.Mesh(jax.devices(), ("i",))' in new, new
   assert "pmap_devices" not in new, new
+
+
+# optax's apply_if_finite test: each call passes an array made with one row, a number
+# times jnp.ones([1]), whatever the host's device count.
+MADE_ROWS = '''\
+import jax
+import jax.numpy as jnp
+
+
+def train(params, steps, max_devices_per_host=None):
+  half = jnp.ones([1]) / 2.0
+  two = -(2 * jnp.ones((1,)))
+
+  def update(p, x):
+    return p + jax.lax.psum(jnp.arctanh(x) * p, axis_name="i")
+
+  update = jax.pmap(update, axis_name="i")
+  params = jax.tree.map(lambda x: x[None], params)
+  params = update(params, half)
+  for _ in range(steps):
+    params = update(params, two)
+  return params
+'''
+
+
+def test_the_mesh_spans_the_rows_of_the_arrays_each_call_is_given():
+  new, findings = _converted(MADE_ROWS)
+  assert 'mesh = jax.sharding.Mesh(pmap_devices(rows=1), ("i",))' in new, new
+  line = 1 + next(i for i, text in enumerate(MADE_ROWS.splitlines()) if "half =" in text)
+  infos = [f.message for f in findings if "pmap converted" in f.message]
+  assert len(infos) == 1 and f"the rows jnp.ones makes for its calls, line {line}" in infos[0], (
+      infos)
+
+
+@pytest.mark.jax06_only(reason="compares with legacy jax.pmap")
+def test_made_rows_on_fewer_devices_give_legacys_results_and_compiles():
+  (legacy, legacy_counts), (ours, our_counts) = _trained(MADE_ROWS, "made", None)
+  assert_trees_equal(legacy, ours)
+  assert legacy.shape == (1, 3)
+  assert step_compiles(our_counts, "update") == step_compiles(legacy_counts, "update"), (
+      legacy_counts, our_counts)
+
+
+_HALF = "half = jnp.ones([1]) / 2.0"
+
+
+@pytest.mark.parametrize("changes", [
+    # times an array, which may have more rows
+    [(_HALF, "half = jnp.ones([1]) / params")],
+    # a shape this cannot read
+    [(_HALF, "half = jnp.ones(params.shape)")],
+    # a shape with no rows
+    [(_HALF, "half = jnp.ones(())")],
+    # rows for every local device: the mesh over jax.devices() says so already
+    [(_HALF, "half = jnp.ones([jax.local_device_count()]) / 2.0")],
+    # another binding reaches the call
+    [("  params = update(params, half)\n",
+      "  if steps:\n    half = params\n  params = update(params, half)\n")],
+    # a call of another maker with other rows
+    [("two = -(2 * jnp.ones((1,)))", "two = -(2 * jnp.ones((2,)))")],
+])
+def test_rows_not_shown_by_the_arrays_made_leave_the_mesh_over_jax_devices(changes):
+  new, _ = _converted(_changed(MADE_ROWS, changes))
+  assert 'mesh = jax.sharding.Mesh(jax.devices(), ("i",))' in new, new
+  assert "pmap_devices" not in new, new

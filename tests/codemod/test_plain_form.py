@@ -11,10 +11,12 @@ import sys
 import textwrap
 
 import jax
+import libcst as cst
 import numpy as np
 import pytest
 
 from codemod import support_module
+from codemod.runner import Options, transform_module
 from codemod_testing import load, rewrite, rewrite_with_support, support
 from support.compare import assert_trees_equal
 
@@ -368,15 +370,25 @@ def test_inputs_made_anyhow_compile_the_step_as_legacy_did():
   assert len(our_steps) == len(legacy_steps) == 2, (legacy_compiles, our_compiles)
 
 
-def test_fewer_rows_than_devices_names_the_fix():
-  source = "import jax\nimport numpy as np\n\n\ndef run():\n" \
-           "  return jax.pmap(lambda v: v * 2)(np.ones((2, 3), np.float32))\n"
-  assert load(source, "rows_legacy").run().shape == (2, 3)
-  with pytest.raises(ValueError, match=r"jax\.devices\(\)\[:rows\]"):
-    load(_converted(source), "rows_converted").run()
-  # The report says it at the site, before any run.
-  _, findings = rewrite(source, target="experimental")
-  assert [f.line for f in findings if "jax.devices()[:rows]" in f.message] == [6], findings
+def test_fewer_rows_than_devices_where_the_code_does_not_show_them():
+  # An argument made with 2 rows gives the mesh 2 devices; one whose rows this cannot read
+  # (here a method's result) leaves it over every device, where JAX rejects 2 rows on 8.
+  made = "np.ones((2, 3), np.float32)"
+  for argument, shown in ((made, True), (f"{made}.copy()", False)):
+    source = "import jax\nimport numpy as np\n\n\ndef run():\n" \
+             f"  return jax.pmap(lambda v: v * 2)({argument})\n"
+    legacy = load(source, f"rows_legacy_{shown}").run()
+    assert legacy.shape == (2, 3)
+    new, findings = rewrite(source, target="experimental")
+    assert ("pmap_devices(rows=2)" in new) == shown, new
+    # The report says it at the site, before any run.
+    fix = [f.line for f in findings if "jax.devices()[:rows]" in f.message]
+    assert fix == ([] if shown else [6]), findings
+    if shown or jax.device_count() == 2:
+      assert_trees_equal(legacy, load(new, f"rows_converted_{shown}").run())
+    elif jax.device_count() > 2:
+      with pytest.raises(ValueError, match="should be divisible by"):
+        load(new, f"rows_converted_{shown}").run()
 
 
 ROWS = """\
@@ -408,7 +420,7 @@ def run_state(state):
 
 @pytest.mark.parametrize("rows", [1, 2, jax.device_count()])
 def test_a_site_called_where_it_is_made_maps_as_many_devices_as_rows(rows):
-  # run_each's mesh spans jax.devices(): for fewer rows it raises, and says so
+  # run_each's mesh spans jax.devices(): for fewer rows it raises
   # (test_fewer_rows_than_devices_names_the_fix); here all rows.
   """``pmap(f)(x)`` on names: the mesh spans the devices legacy pmap chose for that call
   (numpyro's ``pmap(fn)(map_args)`` with fewer chains than devices)."""
@@ -429,6 +441,30 @@ def test_a_site_called_where_it_is_made_maps_as_many_devices_as_rows(rows):
       assert {d.id for d in w.devices()} == {d.id for d in g.devices()}
   every = np.ones((jax.device_count(), 3), np.float32)
   assert_trees_equal(legacy.run_each([every]), ours.run_each([every]))
+
+
+# flashbax's tests: a static argument beside the rows.
+STATIC_ROWS = """\
+import jax
+
+
+def scaled(x, n):
+  return x * n
+
+
+def run(x, n):
+  return jax.pmap(scaled, static_broadcasted_argnums=1)(x, n)
+"""
+
+
+@pytest.mark.parametrize("rows", [1, 2, jax.device_count()])
+def test_a_site_called_where_it_is_made_with_a_static_argument_maps_its_rows(rows):
+  new = _converted(STATIC_ROWS)
+  assert 'jax.sharding.Mesh(pmap_devices(x, n, in_axes=(0, None)), ("devices",))' in new, new
+  x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+  legacy = load(STATIC_ROWS, f"static_rows_legacy_{rows}").run(x, 3)
+  ours = load(new, f"static_rows_converted_{rows}").run(x, 3)
+  assert_trees_equal(legacy, ours)
 
 
 @pytest.mark.parametrize("bad", [[1], np.float32(1), (np.ones(2), np.ones(3)),
@@ -647,6 +683,28 @@ def test_module_level_sites_of_a_library_are_made_on_their_first_call(tmp_path):
       ''')), converted
 
 
+@pytest.mark.parametrize("imported, spelled", [
+    ("import functools\n", "@functools.cache"),
+    ("from functools import partial\n", "@cache"),  # diffusers' pipelines
+    ("from functools import partial\n\ncache = {}\n", "@functools.cache"),
+])
+def test_a_lazy_mesh_is_cached_as_the_file_imports_functools(tmp_path, imported, spelled):
+  (tmp_path / ".git").mkdir()
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  path = tmp_path / "pkg" / "steps.py"
+  source = (f"{imported}\nimport jax\n\n\n"
+            "@partial(jax.pmap, axis_name='i')\n" if "partial" in imported else
+            f"{imported}\nimport jax\n\n\n@functools.partial(jax.pmap, axis_name='i')\n")
+  source += "def total(x):\n  return jax.lax.psum(x, 'i')\n"
+  path.write_text(source)
+  out = transform_module(cst.parse_module(source), Options(target="experimental"), str(path))
+  new = out.module.code
+  assert f"{spelled}\ndef mesh():" in new, new
+  assert ("from functools import cache, partial" in new) == (spelled == "@cache"), new
+  compile(new, str(path), "exec")
+
+
 DEVICES = '''\
 import functools
 
@@ -739,6 +797,42 @@ def test_pmap_handed_around_as_a_value_becomes_pmap_via_shard_map():
   assert "per_device(lambda v: jax.lax.pmean" in new
   assert [f.severity.name for f in findings].count("ERROR") == 0, findings
   assert_trees_equal(load(VALUES, "values_legacy").run(), load(new, "values_converted").run())
+
+
+# equinox's: the types of what each JAX transform returns, to recognise a transformed
+# callable on any object, made by callers' code that still has jax.pmap.
+TRANSFORM_TABLE = '''\
+import jax
+
+_transform_types = {
+    type(transform(lambda x: x))
+    for transform in (jax.jit, jax.vmap, jax.pmap)
+}
+
+
+def is_transformed(f, transform=jax.pmap):
+  return type(f) in _transform_types or f is transform
+'''
+NAMED_TABLE = TRANSFORM_TABLE.replace(
+    "_transform_types = {", "_TRANSFORMS = [jax.jit, jax.vmap, jax.pmap]\n_transform_types = {"
+).replace("(jax.jit, jax.vmap, jax.pmap)", "_TRANSFORMS")
+
+
+@pytest.mark.parametrize("source", [TRANSFORM_TABLE, NAMED_TABLE], ids=["literal", "named"])
+def test_pmap_in_a_table_of_transforms_that_is_inspected_is_left_and_reported(source):
+  new, findings = rewrite(source, target="experimental")
+  assert new == source
+  left = [f.line for f in findings if "pmap left unchanged" in f.message]
+  assert len(left) == 2 and not [f for f in findings if "converted" in f.message], findings
+  # Converted, the table would no longer recognise what legacy pmap returns.
+  module = load(source, "transform_table")
+  assert module.is_transformed(jax.pmap(lambda x: x)) and not module.is_transformed(len)
+  # A table without pmap says nothing of it: its value use converts as any does. (A table
+  # whose loop only runs the transforms converts too: VALUES.)
+  called = source.replace("jax.vmap, jax.pmap", "jax.vmap")
+  new, findings = rewrite(called, target="experimental")
+  assert "transform=pmap_via_shard_map" in new and not [
+      f for f in findings if f.severity.name == "ERROR"], findings
 
 
 RUN_TIME = '''\
@@ -930,6 +1024,33 @@ def test_a_module_s_function_built_on_each_call_is_said_to_compile_where_legacy_
   warning, legacy, ours = _warning_and_compiles(MODULE_FUNCTION, "negative")
   assert "where legacy pmap reused its compile of the same function" in warning, warning
   assert (legacy, ours) == (1, 3)
+
+
+# evosax's reshaper: the function pmap gets is a jax.vmap made on each call.
+TRANSFORM_PER_CALL = '''\
+import jax
+import numpy as np
+
+
+def double_rows(x):
+  doubled = jax.vmap(lambda row: row * 2)
+  return jax.pmap(doubled)(x)
+
+
+def run():
+  x = np.ones((jax.local_device_count(), 2, 3), np.float32)
+  return [double_rows(x) for _ in range(3)]
+'''
+
+
+def test_a_transform_made_on_each_call_compiles_as_often_as_legacy_and_is_not_warned():
+  new, findings = rewrite(TRANSFORM_PER_CALL, target="experimental")
+  assert not [f for f in findings if f.severity.name == "WARNING"], findings
+  legacy, legacy_compiles = _run_counting(load(TRANSFORM_PER_CALL, "per_call_legacy"))
+  ours, our_compiles = _run_counting(load(new, "per_call_converted"))
+  assert_trees_equal(legacy, ours)
+  counts = [len([n for n in c if "lambda" in n]) for c in (legacy_compiles, our_compiles)]
+  assert counts[0] == counts[1] == 3, (legacy_compiles, our_compiles)
 
 
 KEYWORDS = '''\

@@ -116,8 +116,8 @@ def test_rerun_leaves_a_reformatted_copy_byte_for_byte(tmp_path, style):
 def test_rerun_refuses_a_reformatted_copy_with_one_statement_changed(tmp_path):
   tree = _converted_tree(tmp_path)
   formatted = _formatted(support_module.source(SITE_NAMES), STYLES["2 spaces, 80"], tmp_path)
-  edited = formatted.replace("return jax.device_put(x, sharding)",
-                             "return jax.device_put(x, sharding, may_alias=True)")
+  edited = formatted.replace("else jax.device_put(x, to)",
+                             "else jax.device_put(x, to, may_alias=True)")
   assert edited != formatted
   (tree / "pkg" / NAME).write_text(edited)
   proc = _codemod(tree)
