@@ -39,9 +39,9 @@ GUIDANCE = {
         "places it on the mesh itself)"),
     "unreplicate": (
         Severity.INFO,
-        "unreplicate / x[0] on a pmap output keeps working after the rewrite but "
-        "gathers device 0's slice; for values that are the same on every device, "
-        "return them with out_axes=None (spec P()) instead"),
+        "unreplicate / x[0]: where it reads a pmap output, it keeps working after the "
+        "rewrite but gathers device 0's slice; for values that are the same on every "
+        "device, return them with out_axes=None (spec P()) instead"),
     "replicate": (
         Severity.INFO,
         "flax replicate keeps working (the converted function reshards its input); "

@@ -18,7 +18,9 @@ name that is not a literal (a variable), pmap's
 ``jax.devices(backend)``, the first ``axis_size`` of them), or a site called where it is
 made on names (``pmap_devices(x)``: as many devices as ``x`` has rows), gets its mesh
 just before its own statement, where those values hold (``hoistable`` says where they would not: then
-the site keeps the form whose mesh is built on its first call). The name is ``mesh``
+the site keeps the form whose mesh is built on its first call); sites of one function whose
+``devices=`` is the same name of its own, which no statement from the first to the last
+binds or hands to a call, share the first one's. The name is ``mesh``
 (``<axis>_mesh`` in a file whose sites use several axis names, in lower case for a
 constant) unless the file already uses that identifier, then the other one, then a
 numbered one.
@@ -85,6 +87,8 @@ class MeshPlan:
     owner, statement = self._place(node)
     shared = literal and devices is None
     key = (id(owner) if shared else id(statement), tuple(axes), devices, lazy)
+    if literal and devices is not None and not lazy:
+      key = self._same_devices(owner, statement, tuple(axes), devices) or key
     mesh = self._meshes.get(key)
     if mesh is None:
       rows = self._placed_rows(owner, statement) if shared and not lazy else None
@@ -97,6 +101,36 @@ class MeshPlan:
     self._of_site[node] = mesh
     self._before = None
     return mesh.name
+
+  def _same_devices(self, owner: cst.CSTNode, statement: cst.BaseStatement,
+                    axes: tuple[str, ...], devices: str) -> tuple | None:
+    """The key of a mesh another statement of ``owner`` (a function) has over the same
+    ``devices``, a name of the function's own that no statement from the first of theirs
+    to the last binds, hands to a call or calls a method on: that mesh holds the list
+    this site's pmap would get."""
+    if not devices.isidentifier() or not isinstance(owner, cst.FunctionDef):
+      return None
+    scope = self._get(ScopeProvider, statement, None)
+    if scope is None or not any(a.scope is scope for a in scope[devices]):
+      return None
+    body = list(owner.body.body)
+    for key, mesh in self._meshes.items():
+      held = [*mesh.statements, statement]
+      if (mesh.owner is not owner or mesh.axes != axes or mesh.devices != devices
+          or mesh.lazy or not all(h in body for h in held)):
+        continue
+      # Built before the first of them, the mesh must mean the same up to the last.
+      at = sorted(body.index(h) for h in held)
+      between = body[at[0]:at[-1]]
+      handed = _Handed(*self._sites)  # pmap's own devices= hands it to no one
+      for each in between:
+        each.visit(handed)
+      if devices in handed.found or any(
+          isinstance(a.node, cst.CSTNode) and any(self._inside(a.node, s) for s in between)
+          for a in scope[devices]):
+        return None
+      return key
+    return None
 
   def devices_of(self, node: cst.CSTNode) -> tuple[str, placed_devices.Rows | None]:
     """The source of the device list of the site's mesh, and the rows the code gives
@@ -174,7 +208,7 @@ class MeshPlan:
         return False
     if not mutable:
       return True
-    handed = _Handed(skip=node)
+    handed = _Handed(node)
     statement.visit(handed)
     return not reads.found & handed.found
 
@@ -394,12 +428,12 @@ class _Handed(cst.CSTVisitor):
   """The names a tree passes to calls or calls methods on (which may change what they
   hold), outside ``skip``."""
 
-  def __init__(self, skip: cst.CSTNode) -> None:
+  def __init__(self, *skip: cst.CSTNode) -> None:
     self.found: set[str] = set()
     self._skip = skip
 
   def on_visit(self, node: cst.CSTNode) -> bool:
-    if node is self._skip:
+    if any(node is skipped for skipped in self._skip):
       return False
     if isinstance(node, cst.Call):
       func = node.func

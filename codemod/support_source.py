@@ -298,13 +298,27 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
   in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
 
   def spec(axis):  # pmap's axis k: the mesh axis at dimension k
-    if axis is not None and (not isinstance(axis, int) or axis < 0):
-      raise ValueError(f"pmap axes must be ints >= 0 or None, got {axis!r}")
+    if axis is not None and not isinstance(axis, int):
+      raise ValueError(f"pmap axes must be ints or None, got {axis!r}")
     return (PartitionSpec() if axis is None
-            else PartitionSpec(*[None] * axis, name))
+            else PartitionSpec(*[None] * max(axis, 0), name))
+
+  # Legacy pmap took a negative axis over no leaf only (equinox's filter_pmap).
+  def over_no_leaf(axis, tree):
+    if axis is not None and axis < 0 and jax.tree.leaves(tree):
+      raise ValueError(f"pmap axes must be >= 0 where they map values: {axis}")
 
   in_specs, out_specs = (jax.tree.map(spec, a, is_leaf=lambda a: a is None)
                          for a in (in_axes, out_axes))
+  if any(a < 0 for a in jax.tree.leaves(out_axes)):
+    unchecked = fun
+
+    @functools.wraps(unchecked)
+    def fun(*args, **kwargs):
+      out = unchecked(*args, **kwargs)
+      jax.tree.map(over_no_leaf, out_axes, out, is_leaf=lambda a: a is None)
+      return out
+
   if hasattr(jax, "shard_map"):
     shard_map = functools.partial(jax.shard_map, check_vma=False)
   else:
@@ -340,6 +354,7 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
                  for i, a in enumerate(args))
     rows = set() if axis_size is None else {axis_size}
     for a, sub in zip(axes, tree.flatten_up_to(held), strict=True):
+      over_no_leaf(a, sub)
       for x in [] if a is None else jax.tree.leaves(sub):
         if a >= np.ndim(x):
           raise ValueError(

@@ -762,6 +762,37 @@ def test_devices_the_statement_may_change_go_to_pmap_via_shard_map(between):
   assert new.count("per_device(f)") == 2, new
 
 
+# qdax's tests: several sites over one device list, which a call in between receives.
+SAME_DEVICES = '''\
+import jax
+import numpy as np
+
+
+def run(devices, hand_on=lambda devices: None):
+  x = np.arange(len(devices) * 2.0, dtype=np.float32).reshape(len(devices), 2)
+  y = jax.pmap(lambda v: jax.lax.psum(v, "p"), axis_name="p", devices=devices)(x)
+
+  # a comment on the second site
+  y = jax.pmap(
+      lambda v: v * jax.lax.axis_index("p"),
+      axis_name="p",
+      devices=devices,
+  )(y)
+  hand_on(devices)
+  return jax.pmap(lambda v: v + 1, axis_name="p", devices=devices)(y)
+'''
+
+
+def test_sites_over_one_device_list_share_a_mesh_until_it_is_handed_on():
+  new = _converted(SAME_DEVICES)
+  assert new.count("jax.sharding.Mesh(devices,") == 2, new
+  assert new.index("hand_on(devices)") < new.index("p_mesh = jax.sharding.Mesh(devices"), new
+  assert new.count("mesh=mesh,") == 2 and new.count("mesh=p_mesh,") == 1, new
+  devices = jax.devices()[::-1][:4]
+  assert_trees_equal(load(SAME_DEVICES, "same_devices_legacy").run(devices),
+                     load(new, "same_devices_converted").run(devices))
+
+
 VALUES = '''\
 import functools
 
@@ -835,6 +866,26 @@ def test_pmap_in_a_table_of_transforms_that_is_inspected_is_left_and_reported(so
       f for f in findings if f.severity.name == "ERROR"], findings
 
 
+def test_pmap_via_shard_map_takes_a_negative_axis_over_no_leaf_as_legacy_did():
+  """equinox's filter_pmap passes out_axes=([-k, ..., k-1], None, None) beside outputs that
+  put leaves under the non-negative axes only: legacy pmap took it. A negative axis over
+  a value raised there, and raises here."""
+  helpers = support()
+  x = np.arange(24.0, dtype=np.float32).reshape(8, 3)
+
+  def split(v):
+    return [{"a": None}, {"a": v * 2}], v.sum(), None
+
+  axes = ([-1, 0], 0, None)
+  assert_trees_equal(jax.pmap(split, out_axes=axes)(x),
+                     helpers.pmap_via_shard_map(split, out_axes=axes)(x))
+  for option in ("in_axes", "out_axes"):
+    with pytest.raises(AssertionError):
+      jax.pmap(lambda v: v * 2, **{option: -1})(x)
+    with pytest.raises(ValueError, match="must be >= 0 where they map values: -1"):
+      helpers.pmap_via_shard_map(lambda v: v * 2, **{option: -1})(x)
+
+
 RUN_TIME = '''\
 import jax
 import numpy as np
@@ -883,7 +934,7 @@ def test_options_known_only_at_run_time_run_as_legacy_pmap():
     ((np.ones(9),), {}, "requires 9 replicas, but only 8 devices are available"),
     ((np.float32(1),), {}, "its rank should be at least 1, but is only 0"),
     ((), {}, "pmap needs axis_size where no argument is mapped"),
-    ((np.ones(3),), {"in_axes": -1}, "pmap axes must be ints >= 0 or None, got -1"),
+    ((np.ones(3),), {"in_axes": -1}, "pmap axes must be >= 0 where they map values: -1"),
 ])
 def test_pmap_via_shard_map_names_what_is_wrong(args, options, says):
   with pytest.raises(ValueError) as raised:
