@@ -229,6 +229,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     if forms.converted:
       self._add_imports(forms.support_names)
     converted = [s for s in sites if not s.absorbed and s.error is None]
+    if forms.converted:
+      self._drop_partial_imports(node, converted)
     if self.sites_converted:
       self._plan_unreplicate(node, converted)
     for finding in self._unreplicate.kept(refs.findings) + self._unreplicate.findings:
@@ -244,6 +246,30 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       span = self.get_metadata(PositionProvider, n)
       self._edited_lines.update(range(span.start.line, span.end.line + 1))
     return True
+
+  def _drop_partial_imports(self, module: cst.Module, converted: list[Site]) -> None:
+    """``from functools import partial`` (or ``import functools``) that a converted site
+    read (``@partial(jax.pmap, ...)``) may have no reader left: scheduled for removal,
+    which happens only where nothing reads it any more."""
+    read: set[str] = set()
+    for site in converted:
+      read |= unused_imports.names_read(cst.Module([]).code_for_node(site.node)) or set()
+    found: list[tuple[str, str | None, str | None]]
+    for stmt in module.body:
+      for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+        if isinstance(small, cst.Import):
+          found = [("functools", None, a.evaluated_alias) for a in small.names
+                   if a.evaluated_name == "functools"]
+        elif (isinstance(small, cst.ImportFrom) and not small.relative
+              and small.module is not None and not isinstance(small.names, cst.ImportStar)
+              and cst.Module([]).code_for_node(small.module) == "functools"):
+          found = [("functools", "partial", a.evaluated_alias) for a in small.names
+                   if a.evaluated_name == "partial"]
+        else:
+          continue
+        for module_name, name, alias in found:
+          if (alias or name or module_name) in read:
+            RemoveImportsVisitor.remove_unused_import(self.context, module_name, name, alias)
 
   def _position(self, node: cst.CSTNode) -> CodeRange:
     return self.get_metadata(PositionProvider, node)

@@ -5,12 +5,13 @@ Walking up from the file to the repository root, the nearest directory that conf
 a sorter decides:
 
 - ruff, where it sorts (``I`` / ``I001`` selected, or a ``[lint.isort]`` table):
-  ``force-sort-within-sections``, ``force-single-line`` and ``known-first-party`` of its
-  ``[lint.isort]`` table (``[isort]`` in older configurations), ruff's defaults otherwise;
+  ``force-sort-within-sections``, ``force-single-line``, ``known-first-party`` and
+  ``lines-after-imports`` of its ``[lint.isort]`` table (``[isort]`` in older
+  configurations), ruff's defaults otherwise;
 - isort (pyproject.toml ``[tool.isort]``, .isort.cfg ``[settings]``, setup.cfg or tox.ini
   ``[isort]`` / ``[tool:isort]``): its ``profile`` (``google`` sorts ``import m`` and
   ``from m import x`` together and puts one name per ``from`` import), then the same
-  three options, which override the profile.
+  four options, which override the profile.
 
 A module is first party to the sorter when configured so or when it is found in one of
 its source roots (``src`` / ``src_paths``, by default the configuration's directory and its
@@ -33,6 +34,7 @@ class ImportStyle:
   force_single_line: bool            # one name per ``from`` import
   known_first_party: frozenset[str]  # top-level modules the sorter puts in first party
   source_roots: tuple[str, ...] = ()  # where the sorter finds first-party modules
+  lines_after_imports: int = -1  # blank lines after the import block (-1: the sorter's own)
 
   def first_party(self, top: str, written_in: str | None = None) -> bool:
     """Whether the sorter puts ``top`` in first party; ``written_in``: the directory the
@@ -72,7 +74,8 @@ def _ruff_style(directory: str) -> ImportStyle | None:
   return ImportStyle(_flag(isort.get("force-sort-within-sections")) or False,
                      _flag(isort.get("force-single-line")) or False,
                      _names(isort.get("known-first-party")),
-                     _roots(directory, ruff.get("src")))
+                     _roots(directory, ruff.get("src")),
+                     _count(isort.get("lines-after-imports")))
 
 
 def _isort_style(directory: str) -> ImportStyle | None:
@@ -95,7 +98,8 @@ def _isort_style(directory: str) -> ImportStyle | None:
 
   return ImportStyle(option("force_sort_within_sections"), option("force_single_line"),
                      _names(options.get("known_first_party")),
-                     _roots(directory, options.get("src_paths")))
+                     _roots(directory, options.get("src_paths")),
+                     _count(options.get("lines_after_imports")))
 
 
 def _flag(value: object) -> bool | None:
@@ -107,6 +111,14 @@ def _flag(value: object) -> bool | None:
   if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
     return False
   return None
+
+
+def _count(value: object) -> int:
+  """A configured number of lines (TOML's, or an ini file's text); -1 where unset."""
+  try:
+    return int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else -1
+  except ValueError:
+    return -1
 
 
 def _names(value: object) -> frozenset[str]:

@@ -29,7 +29,7 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
 
-from codemod import files, pmap_patches, repo_formatter, support_module
+from codemod import files, import_style, pmap_patches, repo_formatter, support_module
 from codemod.findings import FileResult, Finding, Severity, Totals
 from codemod.runner import Options, transform_file, write_result
 
@@ -303,13 +303,20 @@ def _unrun_formatters(results: list[FileResult]) -> list[str]:
 def _support_layout(root: str, name: str, users: list[str]) -> Callable[[str], str]:
   """How the support module's text is laid out where it is written: by the formatter its
   repository configures (its check covers the new file too) where that formatter had
-  formatted a file that imports it, else as the codemod has it. Called before the
+  formatted a file that imports it, else as the codemod has it, with the blank lines
+  after its imports that the repository's import sorter asks for. Called before the
   converted files are written: ``users`` are still the originals on disk."""
   path = support_module.path_for(root, name)
+  sorter = import_style.configured(path)
+  after = -1 if sorter is None else sorter.lines_after_imports
+
+  def spaced(text: str) -> str:  # the sorter's blank lines after the imports
+    return support_module.spaced_after_imports(text, after)
+
   formatter = repo_formatter.configured(path)
   if formatter is None or not repo_formatter.formats_any(formatter, users):
-    return lambda text: text
-  return lambda text: repo_formatter.reformatted(formatter, text, path) or text
+    return spaced
+  return lambda text: spaced(repo_formatter.reformatted(formatter, text, path) or text)
 
 
 def _display_path(path: str) -> str:

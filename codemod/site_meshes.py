@@ -324,7 +324,10 @@ class MeshPlan:
     out: list[cst.BaseStatement] = []
     for mesh in self._firsts().get(original, ()):
       axes = f"({', '.join(mesh.axes)},)" if len(mesh.axes) == 1 else f"({', '.join(mesh.axes)})"
-      call = edits.Call(MESH, (mesh.devices, axes))
+      # pmap_devices(...) is generated from names, so it may break like generated code.
+      devices = (edits.breakable(mesh.devices) if mesh.devices.startswith("pmap_devices(")
+                 else mesh.devices)
+      call = edits.Call(MESH, (devices, axes))
       if mesh.lazy:
         inner = indent + len(style.unit)
         text = (f"@{self._cache}\ndef {mesh.name}():\n{' ' * inner}return "

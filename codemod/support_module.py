@@ -250,6 +250,18 @@ def cut(names: frozenset[str]) -> str:
   return head + gap + "\n\n\n".join(t.strip("\n") for _, t in kept) + "\n"
 
 
+def spaced_after_imports(text: str, lines: int) -> str:
+  """``text`` with ``lines`` blank lines after its import block, where the repository's
+  sorter sets a number (``lines-after-imports``: ``lines`` >= 0)."""
+  if lines < 0:
+    return text
+  ends = [s.end_lineno for s in ast.parse(text).body if isinstance(s, (ast.Import, ast.ImportFrom))]
+  if not ends or ends[-1] is None:
+    return text
+  split = text.splitlines(keepends=True)
+  return "".join(split[:ends[-1]]) + "\n" * lines + "".join(split[ends[-1]:]).lstrip("\n")
+
+
 def _import_groups(imports: list[str]) -> str:
   """The kept import lines, standard library first, a blank line before third-party."""
   std = [i for i in imports if i.split()[1].split(".")[0] not in ("jax", "numpy")]

@@ -12,9 +12,10 @@ package keeps none (without PyPI, the copy has none: the row says so), JAX's
 (``../shared/jax_tests`` beside the repository), this project's ``examples/`` with its
 ``pyproject.toml``, and whole repositories as released on PyPI (RELEASES): the full
 extracted tree of the sdists of kfac-jax, jaxline, dm-haiku, chex, dm-acme, jraph,
-jumanji, evojax, neural-tangents, rlax and trax (sources, tests, examples and
-configuration files as shipped; rows "NAME VERSION (sdist)"), and objax, which PyPI
-serves only as a wheel, from its wheel (its package files only; "objax 1.8.0 (wheel)").
+jumanji, evojax, neural-tangents, rlax, trax, diffusers, equinox, blackjax, evosax,
+fedjax and flashbax (sources, tests, examples and configuration files as shipped; rows
+"NAME VERSION (sdist)"), and objax, qdax and clu, which PyPI serves only as wheels, from
+their wheels (their package files only; "objax 1.8.0 (wheel)").
 Those are downloaded only when selected (``--only sdist wheel`` selects just them), once,
 into the sdist cache; without PyPI, the row says "not downloaded" and is not measured.
 
@@ -93,7 +94,11 @@ RELEASES = (("kfac-jax", "0.0.8", "sdist"), ("jaxline", "0.0.8", "sdist"),
             ("dm-acme", "0.4.0", "sdist"), ("jraph", "0.0.6.dev0", "sdist"),
             ("jumanji", "1.1.2", "sdist"), ("evojax", "0.2.17", "sdist"),
             ("neural-tangents", "0.6.5", "sdist"), ("rlax", "0.1.9", "sdist"),
-            ("trax", "1.4.1", "sdist"), ("objax", "1.8.0", "wheel"))
+            ("trax", "1.4.1", "sdist"), ("objax", "1.8.0", "wheel"),
+            ("diffusers", "0.31.0", "sdist"), ("equinox", "0.12.2", "sdist"),
+            ("blackjax", "1.2.4", "sdist"), ("evosax", "0.1.6", "sdist"),
+            ("fedjax", "0.0.17", "sdist"), ("flashbax", "0.1.3", "sdist"),
+            ("qdax", "0.5.0", "wheel"), ("clu", "0.0.12", "wheel"))
 
 
 @dataclass

@@ -3,7 +3,7 @@ any position -- becomes placed_on(mesh, ...) over jax.jit over shard_map over pe
 with the same arguments, on a mesh the file builds before the site's statement."""
 import textwrap
 
-from codemod_testing import PmapCodemodTest
+from codemod_testing import PmapCodemodTest, rewrite
 
 TOP = """
 import jax
@@ -192,9 +192,21 @@ class CallFormsTest(PmapCodemodTest):
               'run(placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False))), data)')
 
   def test_partial_then_called(self):
-    self._one('g = functools.partial(jax.pmap, axis_name="i")(f)',
-              'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))',
-              prelude="import functools\n")
+    # The site read functools last: its import goes.
+    self.assertConverts(
+        'import functools\nimport jax\n\ng = functools.partial(jax.pmap, axis_name="i")(f)\n',
+        CALL_TOP + "\n" + MESH + 'g = placed_on(mesh, P("i"))(jax.jit(shard_map(per_device(f), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_rep=False)))\n')
+
+  def test_a_partial_import_goes_only_where_a_converted_site_read_it_last(self):
+    cases = [("h = partial(print, 1)\n", True),  # read elsewhere too
+             ("", False)]
+    for rest, kept in cases:
+      new, _ = rewrite("from functools import partial\nimport jax\n\n"
+                       f'g = partial(jax.pmap, axis_name="i")(f)\n{rest}')
+      self.assertEqual("from functools import partial" in new, kept, new)
+    # One nothing read before the rewrite is not the rewrite's to remove.
+    new, _ = rewrite('import functools\nimport jax\n\ng = jax.pmap(f, "i")\n')
+    self.assertIn("import functools\n", new)
 
   def test_parenthesised_site_keeps_parentheses(self):
     self._one('g = (jax.pmap(f, "i"))',

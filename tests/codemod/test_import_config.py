@@ -185,3 +185,19 @@ def test_a_support_module_in_the_files_own_package_is_first_party(tmp_path):
   assert any(line.startswith("from trainer._pmap_shard_map import ") for line in first_party), after
   check = _ruff_isort(root, package / "train.py")
   assert check.returncode == 0, check.stdout + "\n" + after
+
+
+@pytest.mark.parametrize("config", [
+    ("pyproject.toml", '[tool.ruff.lint]\nselect = ["I"]\n[tool.ruff.lint.isort]\n'
+                       'lines-after-imports = 2\n'),  # diffusers', equinox's
+    ("setup.cfg", "[isort]\nlines_after_imports = 2\n"),
+])
+def test_the_support_module_keeps_the_sorters_blank_lines_after_imports(tmp_path, config):
+  name, text = config
+  root = _repository(tmp_path, {name: text})
+  (root / "pkg" / "__init__.py").write_text("")
+  assert import_style.configured(str(root / "pkg" / "train.py")).lines_after_imports == 2
+  _convert(root)
+  support = root / "pkg" / "_pmap_shard_map.py"
+  check = _ruff_isort(root, support, "lint.isort.lines-after-imports = 2")
+  assert check.returncode == 0, check.stdout + "\n" + support.read_text()
