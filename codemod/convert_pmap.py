@@ -173,18 +173,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     sites = found.sites
     if set(refs.refs) - refs.metadata_only and self._leave_if_patched(text, found, refs):
       return False
-    if tables := transform_tables.inspected(node, self.get_metadata, found.values):
-      # Every value use stays jax.pmap, so the file's own comparisons with the table hold.
-      line = self._start_line(tables[0])
-      for ref in found.values:
-        self.sites_found += 1
-        self._report(ref, Severity.ERROR, "pmap left unchanged: " + (
-            "listed here with other JAX transforms, whose loop inspects them or what they "
-            "return (not only runs them), to compare with values made elsewhere, where "
-            "callers still have jax.pmap" if ref in tables else
-            f"pmap is in a table of JAX transforms at line {line}, which this value may be "
-            "compared with") + "; convert it by hand where it only runs pmap")
-      found.values.clear()
+    self._leave_tables(node, found)
     for ref in found.values:
       self.sites_found += 1
       self._value_use(ref, refs)
@@ -246,6 +235,24 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       span = self.get_metadata(PositionProvider, n)
       self._edited_lines.update(range(span.start.line, span.end.line + 1))
     return True
+
+  def _leave_tables(self, module: cst.Module, found: Found) -> None:
+    """Where pmap is in a table of JAX transforms that the code inspects, every value use
+    of pmap in the file stays jax.pmap (so its comparisons with the table hold) and is
+    reported; ``found`` then holds none to convert."""
+    tables = transform_tables.inspected(module, self.get_metadata, found.values)
+    if not tables:
+      return
+    line = self._start_line(tables[0])
+    for ref in found.values:
+      self.sites_found += 1
+      self._report(ref, Severity.ERROR, "pmap left unchanged: " + (
+          "listed here with other JAX transforms, whose loop inspects them or what they "
+          "return (not only runs them), to compare with values made elsewhere, where "
+          "callers still have jax.pmap" if ref in tables else
+          f"pmap is in a table of JAX transforms at line {line}, which this value may be "
+          "compared with") + "; convert it by hand where it only runs pmap")
+    found.values.clear()
 
   def _drop_partial_imports(self, module: cst.Module, converted: list[Site]) -> None:
     """``from functools import partial`` (or ``import functools``) that a converted site

@@ -484,9 +484,11 @@ class SiteForms:
     every = in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0")
     if static and not every:
       return None
-    listed = ["None" if i in static else "0" for i in range(len(call.args))]
-    axes = ("" if every and not static else f", in_axes={_code(in_axes)}" if not static
-            else f", in_axes=({', '.join(listed)}{',' if len(listed) == 1 else ''})")
+    if static:  # axis 0 for each argument but the static ones
+      listed = ["None" if i in static else "0" for i in range(len(call.args))]
+      axes = f", in_axes=({', '.join(listed)}{',' if len(listed) == 1 else ''})"
+    else:
+      axes = "" if every else f", in_axes={_code(in_axes)}"
     return f"{_BY_ROWS}{', '.join(_code(a.value) for a in call.args)}{axes})"
 
   def _build_plain(self, site: Site, names: list[str], roles: dict[str, Arg],
