@@ -24,13 +24,15 @@ import libcst as cst
 
 from codemod import config_files, files
 
-# 14: shorter pmap_devices and placed_on; 13: on_first_call(lambda: site) for call sites;
-# 12: pmap_devices(rows=n), a shorter per_device and placed_on; 11: the code for static
-# arguments, keyword arguments and shard_map < 0.7.2 only where sites need it; 10: shorter
-# first_rows and device_put_replicated; 9: a header that describes the module; 8:
-# pmap_via_shard_map over per_device and placed_on; 7: static arguments and on_first_call
-# in the plain form; 6: shorter plain-form helpers
-VERSION = 14
+# 15: one statement per line, so black and pyink keep a copy's length; pmap_via_shard_map
+# over pmap_devices, with legacy's checks of run-time options; 14: shorter pmap_devices and
+# placed_on; 13: on_first_call(lambda: site) for call sites; 12: pmap_devices(rows=n), a
+# shorter per_device and placed_on; 11: the code for static arguments, keyword arguments
+# and shard_map < 0.7.2 only where sites need it; 10: shorter first_rows and
+# device_put_replicated; 9: a header that describes the module; 8: pmap_via_shard_map over
+# per_device and placed_on; 7: static arguments and on_first_call in the plain form; 6:
+# shorter plain-form helpers
+VERSION = 15
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 
@@ -81,7 +83,9 @@ _V2_TREE_DIGESTS = frozenset({
 STATIC_ARGUMENTS = "STATIC_ARGUMENTS"  # a site with static_broadcasted_argnums
 KEYWORD_ARGUMENTS = "KEYWORD_ARGUMENTS"  # keyword arguments no position takes
 SHARD_MAP_BEFORE_0_7_2 = "SHARD_MAP_BEFORE_0_7_2"  # the repository admits such a jax
-FEATURES = frozenset({STATIC_ARGUMENTS, KEYWORD_ARGUMENTS, SHARD_MAP_BEFORE_0_7_2})
+RUN_TIME_OPTIONS = "RUN_TIME_OPTIONS"  # pmap_via_shard_map's checks of its options
+FEATURES = frozenset({STATIC_ARGUMENTS, KEYWORD_ARGUMENTS, SHARD_MAP_BEFORE_0_7_2,
+                      RUN_TIME_OPTIONS})
 # Functions that read their options at run time, so need every flag's code.
 _NEEDS_EVERY_FEATURE = frozenset({"pmap_via_shard_map"})
 

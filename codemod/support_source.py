@@ -10,11 +10,10 @@ PartitionSpec = jax.sharding.PartitionSpec
 
 # A repository's copy keeps the code under each flag only where its sites need
 # it (codemod/support_module.py cuts it): pmap's static_broadcasted_argnums;
-# keyword arguments no position takes; shard_map before jax 0.7.2.
+# keyword arguments no position takes; shard_map before jax 0.7.2; pmap's
+# options read at run time (pmap_via_shard_map), checked as legacy pmap did.
 STATIC_ARGUMENTS = KEYWORD_ARGUMENTS = SHARD_MAP_BEFORE_0_7_2 = True
-
-# Legacy pmap kept closed-over arrays as constants of device code, as jit does.
-_PMAP_EMBEDS_CONSTANTS = not getattr(jax.config, "jax_pmap_shmap_merge", True)
+RUN_TIME_OPTIONS = True
 
 
 @jax.tree_util.register_static
@@ -28,84 +27,102 @@ _Keywords = collections.namedtuple("_Keywords", "named")
 
 def per_device(fun, *, in_axes=0, out_axes=0):
   """``fun`` as pmap called it, in shard_map: no mapped axis in, and it out."""
+  # Legacy pmap kept closed-over arrays as constants of device code, as jit does
+  embeds = not getattr(jax.config, "jax_pmap_shmap_merge", True)
+
   def at_axes(change, axes, tree):  # change(leaf, axis) where an axis maps it
-    return jax.tree.map(lambda a, sub: sub if a is None else jax.tree.map(
-        lambda x: change(x, a), sub), axes, tree, is_leaf=lambda a: a is None)
+    def each(a, sub):
+      if RUN_TIME_OPTIONS:  # legacy pmap took a negative axis over no leaf only
+        if a is not None and a < 0 and jax.tree.leaves(sub):
+          raise ValueError(f"pmap axes must be >= 0 where they map leaves: {a}")
+      return sub if a is None else jax.tree.map(lambda x: change(x, a), sub)
+
+    return jax.tree.map(each, axes, tree, is_leaf=lambda a: a is None)
+
+  if SHARD_MAP_BEFORE_0_7_2:
+    def apart(_, tree):  # shard_map < 0.7.2 rebuilds trees from placeholders
+      leaves, structure = jax.tree.flatten(tree)
+      return jax.tree_util.Partial(structure.unflatten, leaves)
 
   @functools.wraps(fun)
   def body(*args):
-    args = at_axes(jax.numpy.squeeze, in_axes, args)
+    args, named, static = at_axes(jax.numpy.squeeze, in_axes, args), {}, []
     if KEYWORD_ARGUMENTS:
-      named = args[-1].named if args and isinstance(args[-1], _Keywords) else {}
-      args = args[:len(args) - bool(named)]
+      if args and isinstance(args[-1], _Keywords):
+        args, named = args[:-1], args[-1].named
     if STATIC_ARGUMENTS:
       static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
-      run = jax.jit(fun, static_argnums=static) if _PMAP_EMBEDS_CONSTANTS else fun
       args = [a[0] if i in static else a for i, a in enumerate(args)]
-    else:
-      run = jax.jit(fun) if _PMAP_EMBEDS_CONSTANTS else fun
-    if KEYWORD_ARGUMENTS:
-      run = functools.partial(run, **named)
-    out = at_axes(jax.numpy.expand_dims, out_axes, run(*args))
+    run = jax.jit(fun, static_argnums=static) if embeds else fun
+    out = at_axes(jax.numpy.expand_dims, out_axes, run(*args, **named))
     if SHARD_MAP_BEFORE_0_7_2:
-      # Leaves apart: shard_map < 0.7.2 rebuilds the tree with placeholder leaves.
-      out = jax.tree.map(lambda _, sub: jax.tree_util.Partial(jax.tree.structure(
-          sub).unflatten, jax.tree.leaves(sub)), out_axes, out,
-          is_leaf=lambda x: x is None)
+      out = jax.tree.map(apart, out_axes, out, is_leaf=lambda a: a is None)
     return out
 
   body.__name__ = getattr(getattr(fun, "func", fun), "__name__", "body")
   return body
 
 
-def pmap_devices(*args, in_axes=0, rows=None):
+def pmap_devices(*args, in_axes=0, rows=None, backend=None):
   """Legacy pmap's devices for ``args``: one per row (all, multi-process)."""
   axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
   for axis, sub in zip(axes, tree.flatten_up_to(args), strict=True):
     for x in [] if axis is None else jax.tree.leaves(sub):
+      if RUN_TIME_OPTIONS:  # legacy pmap took a negative axis over no leaf only
+        if axis < 0:
+          said = "pmap axes must be >= 0 where they map leaves: {}"
+          raise ValueError(said.format(axis))
       if axis >= jax.numpy.ndim(x):  # legacy pmap's words, which tests match
-        raise ValueError(f"pmap was requested to map its argument along axis "
-                         f"{axis}, which implies that its rank should be at "
-                         f"least {axis + 1}, but is only {jax.numpy.ndim(x)}")
+        said = "pmap was requested to map its argument along axis {}, which "
+        said += "implies that its rank should be at least {}, but is only {}"
+        raise ValueError(said.format(axis, axis + 1, jax.numpy.ndim(x)))
       rows = jax.numpy.shape(x)[axis] if rows is None else rows
-  return jax.devices()[:rows if jax.process_count() == 1 else None]
+      if RUN_TIME_OPTIONS:  # legacy pmap's words, which JAX's tests match
+        if jax.numpy.shape(x)[axis] != rows:
+          said = "pmap got inconsistent sizes for array axes to be mapped: {}"
+          raise ValueError(said.format([rows, jax.numpy.shape(x)[axis]]))
+  if RUN_TIME_OPTIONS:
+    if rows is None:
+      raise ValueError("pmap needs axis_size where no argument is mapped")
+    if rows > jax.local_device_count(backend):
+      said = "compiling computation that requires {} replicas, but only {} "
+      said += "devices are available to this process"
+      raise ValueError(said.format(rows, jax.local_device_count(backend)))
+  return jax.devices(backend)[:rows if jax.process_count() == 1 else None]
 
 
 def placed_on(mesh, in_specs, static_argnums=()):
   """Decorator for a site's jit: arguments and results placed as pmap did."""
   named = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), in_specs)
+  puts = jax.tree.map(lambda to: functools.partial(_put, to), named)
   from jax.experimental import multihost_utils as hosts
 
-  def place(args):
-    if STATIC_ARGUMENTS:
-      args = tuple(_Static((a,)) if i in static_argnums else a
-                   for i, a in enumerate(args))
+  def place(xs):
+    if STATIC_ARGUMENTS:  # pmap's static_broadcasted_argnums, held as they are
+      held = set(static_argnums)
+      xs = tuple(_Static((x,)) if i in held else x for i, x in enumerate(xs))
     if jax.process_count() > 1:
-      return hosts.host_local_array_to_global_array(args, mesh, in_specs)
-    return jax.tree.map(lambda s, a: jax.tree.map(lambda x: _put(s, x), a),
-                        named, args)
+      return hosts.host_local_array_to_global_array(xs, mesh, in_specs)
+    return jax.tree.map(jax.tree.map, puts, xs)  # each put over its leaves
 
   def decorate(jitted):
     @functools.wraps(jitted)
     def call(*args, **kwargs):
       if kwargs:  # shard_map takes positional arguments only
         bound = inspect.signature(jitted).bind(*args, **kwargs)
-        args = bound.args
-        if bound.kwargs:  # keyword-only, or after a parameter left unset
-          if KEYWORD_ARGUMENTS:
-            if not (isinstance(in_specs, jax.sharding.PartitionSpec)
-                    and len(in_specs) == 1):  # pmap mapped them over axis 0
-              raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
-            args = (*args, _Keywords(bound.kwargs))
-          else:  # no site here was seen called so: rerun pmap-to-shmap
-            raise TypeError(f"pass {', '.join(bound.kwargs)} by position")
+        args, kwargs = bound.args, bound.kwargs
+      if KEYWORD_ARGUMENTS:  # mapped over axis 0 as pmap did, for in_axes=0
+        axis_0 = isinstance(in_specs, PartitionSpec) and len(in_specs) == 1
+        if kwargs and axis_0:
+          args, kwargs = (*args, _Keywords(kwargs)), {}
+      if kwargs:  # keyword-only, or after a parameter left unset
+        raise TypeError(f"pass {', '.join(kwargs)} by position")
       out = jitted(*place(args))
-      if SHARD_MAP_BEFORE_0_7_2:
-        out = jax.tree.map(lambda part: part(), out, is_leaf=lambda x: isinstance(
-            x, jax.tree_util.Partial))
+      if SHARD_MAP_BEFORE_0_7_2:  # per_device's Partials: out's only callables
+        out = jax.tree.map(lambda part: part(), out, is_leaf=callable)
       if jax.process_count() > 1:  # this process's rows, as pmap gave them
-        out = jax.tree.map(lambda x: hosts.global_array_to_host_local_array(
-            x, mesh, x.sharding.spec), out)
+        specs = jax.tree.map(lambda x: x.sharding.spec, out)
+        out = hosts.global_array_to_host_local_array(out, mesh, specs)
       return out
 
     call.lower = lambda *args: jitted.lower(*place(args))
@@ -172,7 +189,7 @@ def _sharded(fun, shard_map_partial, drop_device_axis, axes, static_argnums,
       remaining = iter(dynamic)
       full = [args[i] if i in static_argnums else next(remaining)
               for i in range(len(args))]
-      if _PMAP_EMBEDS_CONSTANTS:
+      if not getattr(jax.config, "jax_pmap_shmap_merge", True):
         # jit keeps the arrays fun closes over as constants of the per-device
         # code, where pmap had them (shard_map alone passes them in as
         # operands, and XLA may then optimise loops over them differently,
@@ -290,35 +307,23 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
                        global_arg_shapes=None):
   """``jax.pmap`` for options known only at run time: ``jax.jit`` over
   shard_map of ``per_device(fun)``, on ``devices``, else on as many devices as
-  the arguments have rows (each process's first ones)."""
+  the arguments have rows (``pmap_devices``)."""
   if global_arg_shapes is not None:
     raise ValueError("global_arg_shapes is not supported: remove it from pmap")
   static = tuple(jax.tree.leaves(static_broadcasted_argnums))
   name = _UNNAMED if axis_name is None else axis_name
   in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+  body = per_device(fun, in_axes=in_axes, out_axes=out_axes)
+  jit_options = dict(static_argnums=static, donate_argnums=donate_argnums)
 
   def spec(axis):  # pmap's axis k: the mesh axis at dimension k
     if axis is not None and not isinstance(axis, int):
       raise ValueError(f"pmap axes must be ints or None, got {axis!r}")
-    return (PartitionSpec() if axis is None
-            else PartitionSpec(*[None] * max(axis, 0), name))
+    dims = [] if axis is None else [None] * max(axis, 0) + [name]
+    return PartitionSpec(*dims)
 
-  # Legacy pmap took a negative axis over no leaf only (equinox's filter_pmap).
-  def over_no_leaf(axis, tree):
-    if axis is not None and axis < 0 and jax.tree.leaves(tree):
-      raise ValueError(f"pmap axes must be >= 0 where they map values: {axis}")
-
-  in_specs, out_specs = (jax.tree.map(spec, a, is_leaf=lambda a: a is None)
-                         for a in (in_axes, out_axes))
-  if any(a < 0 for a in jax.tree.leaves(out_axes)):
-    unchecked = fun
-
-    @functools.wraps(unchecked)
-    def fun(*args, **kwargs):
-      out = unchecked(*args, **kwargs)
-      jax.tree.map(over_no_leaf, out_axes, out, is_leaf=lambda a: a is None)
-      return out
-
+  in_specs = jax.tree.map(spec, in_axes, is_leaf=lambda a: a is None)
+  out_specs = jax.tree.map(spec, out_axes, is_leaf=lambda a: a is None)
   if hasattr(jax, "shard_map"):
     shard_map = functools.partial(jax.shard_map, check_vma=False)
   else:
@@ -326,43 +331,17 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
     shard_map = functools.partial(experimental, check_rep=False)
 
   @functools.cache
-  def on(n):  # the site over n rows' devices, or over devices= for None
-    local = jax.local_devices(backend=backend)
-    if isinstance(n, frozenset):  # legacy pmap's wording, which tests match
-      raise ValueError("pmap got inconsistent sizes for array axes to be "
-                       f"mapped: {sorted(n)}" if n else "pmap needs axis_size "
-                       "where no argument is mapped")
-    if n is not None and (n > len(local) or (
-        jax.process_count() > 1 and n != len(local))):
-      raise ValueError(
-          f"compiling computation that requires {n} replicas, but only "
-          f"{len(local)} devices are available to this process (with several "
-          "processes, pmap maps over all of them)")
-    pool = (devices if n is None else local[:n] if jax.process_count() == 1
-            else sorted(jax.devices(backend), key=lambda d: d.process_index))
-    mesh = jax.sharding.Mesh(tuple(pool), (name,))
-    mapped = shard_map(per_device(fun, in_axes=in_axes, out_axes=out_axes),
-                       mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    return placed_on(mesh, in_specs, static)(jax.jit(
-        mapped, static_argnums=static, donate_argnums=donate_argnums))
+  def on(pool):  # the site over a tuple of devices
+    mesh = jax.sharding.Mesh(pool, (name,))
+    mapped = shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    return placed_on(mesh, in_specs, static)(jax.jit(mapped, **jit_options))
 
-  def site(args):
+  def site(xs):
     if devices is not None:
-      return on(None)
-    axes, tree = jax.tree.flatten(in_axes, is_leaf=lambda a: a is None)
-    held = tuple(_Static((a,)) if i in static else a
-                 for i, a in enumerate(args))
-    rows = set() if axis_size is None else {axis_size}
-    for a, sub in zip(axes, tree.flatten_up_to(held), strict=True):
-      over_no_leaf(a, sub)
-      for x in [] if a is None else jax.tree.leaves(sub):
-        if a >= np.ndim(x):
-          raise ValueError(
-              f"pmap was requested to map its argument along axis {a}, which "
-              f"implies that its rank should be at least {a + 1}, but is only "
-              f"{np.ndim(x)}")
-        rows.add(np.shape(x)[a])
-    return on(rows.pop() if len(rows) == 1 else frozenset(rows))
+      return on(tuple(devices))
+    held = tuple(_Static((x,)) if i in static else x for i, x in enumerate(xs))
+    rows = dict(in_axes=in_axes, rows=axis_size, backend=backend)
+    return on(tuple(pmap_devices(*held, **rows)))
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
@@ -380,10 +359,9 @@ def device_put_replicated(x, devices=None, axis_name="devices"):
   are, so its jit compiles once for the first step and the next ones."""
   devices = jax.local_devices() if devices is None else list(devices)
   if not devices:
-    raise ValueError(
-        "device_put_replicated needs a non-empty sequence of devices")
-  return jax.tree.map(lambda v: _stacked([v] * len(devices), devices,
-                                         axis_name), x)
+    raise ValueError("device_put_replicated needs a non-empty list of devices")
+  stack = functools.partial(_stacked, devices=devices, axis_name=axis_name)
+  return jax.tree.map(lambda v: stack([v] * len(devices)), x)
 
 
 def device_put_sharded(shards, devices):
@@ -391,8 +369,8 @@ def device_put_sharded(shards, devices):
   devices[i]."""
   devices = list(devices)
   if len(shards) != len(devices):
-    raise ValueError(f"device_put_sharded got {len(shards)} shards for "
-                     f"{len(devices)} devices")
+    said = "device_put_sharded got {} shards for {} devices"
+    raise ValueError(said.format(len(shards), len(devices)))
   return jax.tree.map(lambda *xs: _stacked(xs, devices), *shards)
 
 
@@ -400,12 +378,11 @@ def first_row(x):
   """``x[0]`` as legacy pmap gave it: row 0 read from a device holding it whole,
   every bit kept (``x[0]`` of an array split across devices adds up the rows,
   which turns -0.0 into 0.0)."""
-  if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-      and x.shape and x.shape[0]
-      and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)):
+  whole = isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+  whole = whole and x.ndim and x.size
+  if whole and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
     for shard in x.addressable_shards:
-      if (shard.index[0].start in (None, 0)
-          and shard.data.shape[1:] == x.shape[1:]):
+      if not shard.index[0].start and shard.data.shape[1:] == x.shape[1:]:
         return _row_zero(shard.data)
   return x[0]
 
@@ -424,17 +401,23 @@ def _stacked(values, devices, axis_name="devices"):
   program); Python numbers (weakly typed) and PRNG keys are stacked by JAX."""
   mesh = jax.sharding.Mesh(devices, (axis_name,))
   sharding = jax.sharding.NamedSharding(mesh, PartitionSpec(axis_name))
-  if all(isinstance(v, (np.ndarray, np.generic)) and v.dtype != object
-         or isinstance(v, jax.Array) and not isinstance(v, jax.core.Tracer)
-         and not jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended)
-         and not v.weak_type for v in values):
-    if all(v is values[0] for v in values):  # replicas: one host copy
-      row = np.asarray(values[0])[None]
-      return jax.device_put(np.broadcast_to(row, (len(values), *row.shape[1:])),
-                            sharding)
-    return jax.device_put(np.stack([np.asarray(v) for v in values]), sharding)
-  return jax.device_put(jax.numpy.stack([jax.numpy.asarray(v) for v in values]),
-                        sharding)
+  if not all(map(_stacks_on_host, values)):
+    stacked = jax.numpy.stack([jax.numpy.asarray(v) for v in values])
+  elif all(v is values[0] for v in values):  # replicas: one host copy
+    row = np.asarray(values[0])
+    stacked = np.broadcast_to(row, (len(values), *row.shape))
+  else:
+    stacked = np.stack([np.asarray(v) for v in values])
+  return jax.device_put(stacked, sharding)
+
+
+def _stacks_on_host(v):  # an array: not a Python number, tracer or PRNG key
+  if isinstance(v, (np.ndarray, np.generic)):
+    return v.dtype != object
+  if not isinstance(v, jax.Array) or isinstance(v, jax.core.Tracer):
+    return False
+  keys = jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended)
+  return not (keys or v.weak_type)
 
 
 def _is_spec(x):

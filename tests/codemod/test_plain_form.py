@@ -883,7 +883,7 @@ def test_pmap_via_shard_map_takes_a_negative_axis_over_no_leaf_as_legacy_did():
   for option in ("in_axes", "out_axes"):
     with pytest.raises(AssertionError):
       jax.pmap(lambda v: v * 2, **{option: -1})(x)
-    with pytest.raises(ValueError, match="must be >= 0 where they map values: -1"):
+    with pytest.raises(ValueError, match="must be >= 0 where they map leaves: -1"):
       helpers.pmap_via_shard_map(lambda v: v * 2, **{option: -1})(x)
 
 
@@ -933,9 +933,10 @@ def test_options_known_only_at_run_time_run_as_legacy_pmap():
     # legacy pmap's wording, which JAX's own pmap tests match
     ((np.ones(3), np.ones(4)), {}, "pmap got inconsistent sizes for array axes to be mapped"),
     ((np.ones(9),), {}, "requires 9 replicas, but only 8 devices are available"),
+    ((np.ones(16),), {}, "requires 16 replicas, but only 8 devices are available"),
     ((np.float32(1),), {}, "its rank should be at least 1, but is only 0"),
     ((), {}, "pmap needs axis_size where no argument is mapped"),
-    ((np.ones(3),), {"in_axes": -1}, "pmap axes must be >= 0 where they map values: -1"),
+    ((np.ones(3),), {"in_axes": -1}, "pmap axes must be >= 0 where they map leaves: -1"),
 ])
 def test_pmap_via_shard_map_names_what_is_wrong(args, options, says):
   with pytest.raises(ValueError) as raised:

@@ -2,6 +2,7 @@
 pmap-to-shmap's after the repository's formatter rewrote it (a rerun leaves a current
 copy as the formatter made it, replaces an older one, and refuses an edited one)."""
 import hashlib
+import itertools
 import pathlib
 import subprocess
 import sys
@@ -88,6 +89,26 @@ def test_the_written_module_has_its_imports_sorted(tmp_path, names):
   (tmp_path / NAME).write_text(support_module.source(names))
   proc = _ruff("check", "--no-cache", "--isolated", "--select", "I001", NAME, cwd=tmp_path)
   assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# The helpers plain sites call, with each combination of the flags a site may need.
+PLAIN_HELPERS = {"per_device", "placed_on", "pmap_devices", "on_first_call", "first_row",
+                 "first_rows", "device_put_replicated", "device_put_sharded"}
+PLAIN_FLAGS = sorted(support_module.FEATURES - {support_module.RUN_TIME_OPTIONS})
+
+
+@pytest.mark.parametrize("flags", [frozenset(c) for n in range(len(PLAIN_FLAGS) + 1)
+                                   for c in itertools.combinations(PLAIN_FLAGS, n)],
+                         ids=lambda flags: "+".join(sorted(flags)) or "no flags")
+@pytest.mark.parametrize("style", ["4 spaces, 88", "2 spaces, 80"])
+def test_black_and_pyink_keep_the_plain_helpers_as_written(tmp_path, style, flags):
+  """Each statement is one line a formatter leaves whole (black's style at its default
+  length, pyink's at 80), so a formatted copy is as long as the codemod's: black adds
+  only the blank line after the module's docstring. A statement written over two lines
+  would come back as three to eight."""
+  ours = support_module.source(PLAIN_HELPERS | flags)
+  formatted = _formatted(ours, STYLES[style], tmp_path)
+  assert len(formatted.splitlines()) == len(ours.splitlines()) + 1
 
 
 # ----- a formatter's rewrite is still ours -----
