@@ -24,7 +24,7 @@ import libcst as cst
 
 from codemod import config_files, files
 
-# 15: one statement per line, so black and pyink keep a copy's length; pmap_via_shard_map
+# 15: one statement per line, which black and pyink keep whole; pmap_via_shard_map
 # over pmap_devices, with legacy's checks of run-time options; 14: shorter pmap_devices and
 # placed_on; 13: on_first_call(lambda: site) for call sites; 12: pmap_devices(rows=n), a
 # shorter per_device and placed_on; 11: the code for static arguments, keyword arguments

@@ -36,7 +36,6 @@ def per_device(fun, *, in_axes=0, out_axes=0):
         if a is not None and a < 0 and jax.tree.leaves(sub):
           raise ValueError(f"pmap axes must be >= 0 where they map leaves: {a}")
       return sub if a is None else jax.tree.map(lambda x: change(x, a), sub)
-
     return jax.tree.map(each, axes, tree, is_leaf=lambda a: a is None)
 
   if SHARD_MAP_BEFORE_0_7_2:
@@ -58,7 +57,6 @@ def per_device(fun, *, in_axes=0, out_axes=0):
     if SHARD_MAP_BEFORE_0_7_2:
       out = jax.tree.map(apart, out_axes, out, is_leaf=lambda a: a is None)
     return out
-
   body.__name__ = getattr(getattr(fun, "func", fun), "__name__", "body")
   return body
 
@@ -91,9 +89,9 @@ def pmap_devices(*args, in_axes=0, rows=None, backend=None):
   return jax.devices(backend)[:rows if jax.process_count() == 1 else None]
 
 
-def placed_on(mesh, in_specs, static_argnums=()):
+def placed_on(mesh, specs, static_argnums=()):
   """Decorator for a site's jit: arguments and results placed as pmap did."""
-  named = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), in_specs)
+  named = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs)
   puts = jax.tree.map(lambda to: functools.partial(_put, to), named)
   from jax.experimental import multihost_utils as hosts
 
@@ -102,7 +100,7 @@ def placed_on(mesh, in_specs, static_argnums=()):
       held = set(static_argnums)
       xs = tuple(_Static((x,)) if i in held else x for i, x in enumerate(xs))
     if jax.process_count() > 1:
-      return hosts.host_local_array_to_global_array(xs, mesh, in_specs)
+      return hosts.host_local_array_to_global_array(xs, mesh, specs)
     return jax.tree.map(jax.tree.map, puts, xs)  # each put over its leaves
 
   def decorate(jitted):
@@ -112,8 +110,7 @@ def placed_on(mesh, in_specs, static_argnums=()):
         bound = inspect.signature(jitted).bind(*args, **kwargs)
         args, kwargs = bound.args, bound.kwargs
       if KEYWORD_ARGUMENTS:  # mapped over axis 0 as pmap did, for in_axes=0
-        axis_0 = isinstance(in_specs, PartitionSpec) and len(in_specs) == 1
-        if kwargs and axis_0:
+        if kwargs and isinstance(specs, PartitionSpec) and len(specs) == 1:
           args, kwargs = (*args, _Keywords(kwargs)), {}
       if kwargs:  # keyword-only, or after a parameter left unset
         raise TypeError(f"pass {', '.join(kwargs)} by position")
@@ -121,13 +118,11 @@ def placed_on(mesh, in_specs, static_argnums=()):
       if SHARD_MAP_BEFORE_0_7_2:  # per_device's Partials: out's only callables
         out = jax.tree.map(lambda part: part(), out, is_leaf=callable)
       if jax.process_count() > 1:  # this process's rows, as pmap gave them
-        specs = jax.tree.map(lambda x: x.sharding.spec, out)
-        out = hosts.global_array_to_host_local_array(out, mesh, specs)
+        laid = jax.tree.map(lambda x: x.sharding.spec, out)
+        out = hosts.global_array_to_host_local_array(out, mesh, laid)
       return out
-
     call.lower = lambda *args: jitted.lower(*place(args))
     return call
-
   return decorate
 
 
@@ -346,7 +341,6 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
   @functools.wraps(fun)
   def call(*args, **kwargs):
     return site(args)(*args, **kwargs)
-
   call.lower = lambda *args: site(args).lower(*args)
   return call
 
@@ -531,6 +525,5 @@ def on_first_call(build):
 
   def call(*args, **kwargs):
     return site()(*args, **kwargs)
-
   call.lower = lambda *args, **kwargs: site().lower(*args, **kwargs)
   return call

@@ -1,6 +1,6 @@
 """The support module's flags: a repository's copy keeps the code for static arguments,
-keyword arguments no position takes, and shard_map before jax 0.7.2 only where its sites
-need it (``support_module.FEATURES``); the code without a flag's part runs those sites as
+keyword arguments no position takes, shard_map before jax 0.7.2, and legacy pmap's checks
+of options read at run time only where its sites need it (``support_module.FEATURES``); the code without a flag's part runs those sites as
 the whole module does, and a rerun keeps what a copy holds."""
 import itertools
 import json
@@ -22,7 +22,8 @@ FLAG_SETS = [frozenset(c) for n in range(len(support_module.FEATURES) + 1)
 # What each flag's code defines or calls: present exactly where the flag is.
 MARKS = {support_module.STATIC_ARGUMENTS: "class _Static",
          support_module.KEYWORD_ARGUMENTS: "_Keywords = ",
-         support_module.SHARD_MAP_BEFORE_0_7_2: "jax.tree_util.Partial("}
+         support_module.SHARD_MAP_BEFORE_0_7_2: "jax.tree_util.Partial(",
+         support_module.RUN_TIME_OPTIONS: "must be >= 0 where they map leaves"}
 
 
 def _ruff(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
@@ -43,7 +44,7 @@ def test_a_cut_keeps_each_flags_code_only_where_asked(tmp_path, flags):
                "pmap_shard_map.py", cwd=tmp_path)
   assert proc.returncode == 0, proc.stdout
   # A parameter only a dropped part read goes with it.
-  assert ("def placed_on(mesh, in_specs, static_argnums=()):" in text) == (
+  assert ("def placed_on(mesh, specs, static_argnums=()):" in text) == (
       support_module.STATIC_ARGUMENTS in flags)
 
 
