@@ -45,15 +45,16 @@ def per_device(fun, *, in_axes=0, out_axes=0):
 
   @functools.wraps(fun)
   def body(*args):
-    args, named, static = at_axes(jax.numpy.squeeze, in_axes, args), {}, []
-    if KEYWORD_ARGUMENTS:
-      if args and isinstance(args[-1], _Keywords):
-        args, named = args[:-1], args[-1].named
-    if STATIC_ARGUMENTS:
+    args = at_axes(jax.numpy.squeeze, in_axes, args)
+    run = jax.jit(fun) if embeds else fun
+    if STATIC_ARGUMENTS:  # jit holds them static, as pmap did
       static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
       args = [a[0] if i in static else a for i, a in enumerate(args)]
-    run = jax.jit(fun, static_argnums=static) if embeds else fun
-    out = at_axes(jax.numpy.expand_dims, out_axes, run(*args, **named))
+      run = jax.jit(fun, static_argnums=static) if embeds else fun
+    if KEYWORD_ARGUMENTS:  # the last argument holds them, if any
+      if args and isinstance(args[-1], _Keywords):
+        args, run = args[:-1], functools.partial(run, **args[-1].named)
+    out = at_axes(jax.numpy.expand_dims, out_axes, run(*args))
     if SHARD_MAP_BEFORE_0_7_2:
       out = jax.tree.map(apart, out_axes, out, is_leaf=lambda a: a is None)
     return out
