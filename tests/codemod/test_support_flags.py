@@ -1,7 +1,8 @@
 """The support module's flags: a repository's copy keeps the code for static arguments,
 keyword arguments no position takes, shard_map before jax 0.7.2, and legacy pmap's checks
-of options read at run time only where its sites need it (``support_module.FEATURES``); the code without a flag's part runs those sites as
-the whole module does, and a rerun keeps what a copy holds."""
+of options read at run time only where its sites need it (``support_module.FEATURES``);
+the code without a flag's part runs those sites as the whole module does, and a rerun
+keeps what a copy holds."""
 import itertools
 import json
 import pathlib
