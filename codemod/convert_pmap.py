@@ -441,6 +441,8 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     value_pmap = site_forms.VALUE_PMAP
     self._renames.replace(ref, cst.Name(value_pmap), self._start_line(ref))
     self._add_imports([value_pmap])
+    # Whoever calls it may pass any of pmap's options.
+    self._support_flags |= site_forms.via_flags(self._choice, static=True)
     self._report(ref, Severity.INFO,
                  f"pmap used as a value here rewritten to {value_pmap} (support module): "
                  "pmap's signature over jax.jit and shard_map, converting each pmap it makes "

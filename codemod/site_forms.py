@@ -47,6 +47,9 @@ from codemod.source_text import SourceText
 DEFAULT_AXIS = "devices"
 # What a pmap handed around as a value becomes (the support module's function).
 VALUE_PMAP = "pmap_via_shard_map"
+# In_specs longer than this (in characters) are bound to a name before the site, which
+# placed_on and shard_map both read, instead of written out twice.
+_LONG_SPECS = 40
 _TRANSFORM = ("as pmap partially applied (a lambda of pmap on its parameter): the calls, whose "
               "rows legacy pmap chose its devices by, are not in view")
 # A mesh device list that counts the rows of the call's arguments, as legacy pmap did.
@@ -425,6 +428,9 @@ class SiteForms:
       self._layout.decorator_site(site, [decorator], fallback, indent)
     self._via[site.node] = why or "for options known only at run time"
     self._uses([VALUE_PMAP])
+    static = site.options.get("static_broadcasted_argnums")
+    self.support_flags |= via_flags(self._choice, site.options.starred or (
+        static is not None and not is_none(static)))
 
   def _pmap_named_in(self, site: Site) -> cst.CSTNode | None:
     """The expression naming pmap in the site's call (``jax.pmap(f, ...)``,
@@ -509,6 +515,10 @@ class SiteForms:
     literal = (given is None or is_none(given) or isinstance(given, cst.SimpleString)
                or self._module_constant(given))
     mesh = self._meshes.mesh_for(site.node, names, literal, devices, lazy)
+    if literal and len(in_specs) > _LONG_SPECS:  # placed_on and shard_map read one tuple
+      in_specs = self._meshes.specs_name(site.node, in_specs,
+                                         site.fundef.name.value if site.fundef else "")
+      in_arg.value = breakable(f"in_specs={in_specs}")
     # Comments on devices= / backend= go with the mesh statement, which says them now.
     chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
               if devices is not None and options.get(name) is not None]
@@ -557,10 +567,10 @@ class SiteForms:
     self._meshes.comment(site.node, site_layout.comments_of(chosen))
     self.support_flags |= {flag for flag, needed in (
         (support_module.STATIC_ARGUMENTS, bool(static)),
+        (support_module.KEYWORD_CALLS, not self._called_by_position(site)),
         (support_module.KEYWORD_ARGUMENTS,  # the cheaper question first
          not self._called_by_position(site) and not self._bound_by_position(site)),
-        (support_module.SHARD_MAP_BEFORE_0_7_2,
-         self._choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES))) if needed}
+        (support_module.SHARD_MAP_BEFORE_0_7_2, _before_0_7_2(self._choice))) if needed}
     self._uses(["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
                + (["pmap_devices"] if self._plain[site.node][1].startswith(_BY_ROWS) else []))
 
@@ -600,9 +610,10 @@ class SiteForms:
                for fun in funs)
 
   def _module_constant(self, node: cst.BaseExpression) -> bool:
-    """Whether ``node`` is a name the module binds once, to a string literal, and nothing
-    binds again (no ``global`` rebinding, no local of that name where it is read): it
-    means the same wherever the file reads it, as a literal does."""
+    """Whether ``node`` is a name one statement of the module's own body binds (an
+    import, or ``NAME = value``) and nothing binds again (no ``global`` rebinding, no
+    local of that name where it is read): once the module is loaded it means the same
+    wherever the file reads it, as a literal does."""
     if not isinstance(node, cst.Name):
       return False
     scope = self.get_metadata(ScopeProvider, node, None)
@@ -614,9 +625,8 @@ class SiteForms:
       return False
     bound = assignments[0].node
     return any(isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1
-               and isinstance(st.body[0], cst.Assign) and len(st.body[0].targets) == 1
-               and st.body[0].targets[0].target is bound
-               and isinstance(st.body[0].value, cst.SimpleString)
+               and (st.body[0] is bound or isinstance(st.body[0], cst.Assign)
+                    and len(st.body[0].targets) == 1 and st.body[0].targets[0].target is bound)
                for st in self._module.body)
 
   def _specs(self, levels: list[Site], names: list[str], what: str) -> str | None:
@@ -640,6 +650,18 @@ class SiteForms:
       if isinstance(expr, cst.Call):
         return _code(expr.func)
     return "functools.partial"
+
+
+def via_flags(choice: targets.Choice, static: bool) -> set[str]:
+  """The support flags a call of pmap_via_shard_map needs beyond those it always has:
+  ``static`` where it may be given static_broadcasted_argnums."""
+  return {flag for flag, needed in ((support_module.STATIC_ARGUMENTS, static),
+                                    (support_module.SHARD_MAP_BEFORE_0_7_2,
+                                     _before_0_7_2(choice))) if needed}
+
+
+def _before_0_7_2(choice: targets.Choice) -> bool:
+  return choice.admits_before(targets.SHARD_MAP_KEEPS_OUTPUT_TREES)
 
 
 def _tuple_source(values: tuple[int, ...]) -> str:

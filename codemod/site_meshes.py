@@ -8,7 +8,7 @@ a try's block) holds all the mesh's sites, before the first statement there that
 one, and so on down (a loop's body is not entered). Building it there, not at the top of
 the module, keeps a converted library from starting JAX's backend when it is imported
 (which would come before a program's ``jax.distributed.initialize``). Sites of one body with the same
-literal axis names (or module constants bound once to a string) share one mesh, built
+literal axis names (or module names bound once: a constant, an import) share one mesh, built
 before the first of them, and a pmap without ``axis_name`` (an axis its function cannot
 name) runs on the body's first mesh over ``jax.devices()``, where there is one (sites
 with named axes are planned first). A shared mesh spans ``pmap_devices(rows=n)`` instead
@@ -43,6 +43,13 @@ MESH = "jax.sharding.Mesh"
 
 
 @dataclass
+class _Specs:
+  """A site's in_specs, bound to a name that placed_on and shard_map both read."""
+  name: str
+  source: str
+
+
+@dataclass
 class _Mesh:
   name: str
   axes: tuple[str, ...]  # the axis names' source
@@ -73,7 +80,8 @@ class MeshPlan:
     self._get = get_metadata
     self._taken = set(identifiers)  # every identifier the file's code uses
     self._meshes: dict[tuple, _Mesh] = {}
-    self._before: dict[cst.CSTNode, list[_Mesh]] | None = None
+    self._before: dict[cst.CSTNode, list[_Mesh | _Specs]] | None = None
+    self._specs: dict[cst.BaseStatement, list[_Specs]] = {}  # by the statement they go before
     self._places: dict[cst.CSTNode, tuple[cst.CSTNode, cst.BaseStatement]] = {}
     self._of_site: dict[cst.CSTNode, _Mesh] = {}
 
@@ -101,6 +109,23 @@ class MeshPlan:
     self._of_site[node] = mesh
     self._before = None
     return mesh.name
+
+  def specs_name(self, node: cst.CSTNode, source: str, made: str = "") -> str:
+    """The name the site at ``node`` reads its in_specs (``source``) by: bound just before
+    the innermost statement holding the site (``_innermost``), after a mesh built there,
+    and named after what the site makes (``made``, a def's name, else the target of the
+    assignment holding it: ``<made>_specs``, private at module level)."""
+    owner, statement = self._place(node)
+    first = self._innermost(statement, [node])
+    made = (made or _made_name(first, node, self._inside)).lstrip("_") or "in"
+    prefix = "_" if isinstance(owner, cst.Module) else ""
+    named = {specs.name for held in self._specs.values() for specs in held}
+    for name in [f"{prefix}{made}_specs"] + [f"{prefix}{made}_specs_{i}" for i in range(2, 100)]:
+      if name not in self._taken and name not in named:
+        self._specs.setdefault(first, []).append(_Specs(name, source))
+        self._before = None
+        return name
+    raise Unconvertible("no free name for the site's in_specs")
 
   def _same_devices(self, owner: cst.CSTNode, statement: cst.BaseStatement,
                     axes: tuple[str, ...], devices: str) -> tuple | None:
@@ -292,7 +317,7 @@ class MeshPlan:
     """Whether mesh statements go before ``original`` (cheap: asked of every statement)."""
     return original in self._firsts()
 
-  def _firsts(self) -> dict[cst.CSTNode, list[_Mesh]]:
+  def _firsts(self) -> dict[cst.CSTNode, list[_Mesh | _Specs]]:
     if self._before is None:
       self._before = {}
       for mesh in self._meshes.values():
@@ -300,6 +325,8 @@ class MeshPlan:
         if not mesh.lazy:  # a def making the mesh stays in the owner's body
           first = self._innermost(first, mesh.sites)
         self._before.setdefault(first, []).append(mesh)
+      for statement, held in self._specs.items():
+        self._before.setdefault(statement, []).extend(held)
     return self._before
 
   def _innermost(self, statement: cst.BaseStatement, sites: list[cst.CSTNode]
@@ -323,6 +350,11 @@ class MeshPlan:
     """The mesh statements that go before ``original`` (a statement of the source)."""
     out: list[cst.BaseStatement] = []
     for mesh in self._firsts().get(original, ()):
+      if isinstance(mesh, _Specs):
+        value = edits.render(edits.breakable(mesh.source), indent + len(mesh.name) + 3,
+                             indent, style)
+        out.append(edits.parse_simple_statement(f"{mesh.name} = {value}\n"))
+        continue
       axes = f"({', '.join(mesh.axes)},)" if len(mesh.axes) == 1 else f"({', '.join(mesh.axes)})"
       # pmap_devices(...) is generated from names, so it may break like generated code.
       devices = (edits.breakable(mesh.devices) if mesh.devices.startswith("pmap_devices(")
@@ -468,6 +500,22 @@ class _Loops(cst.CSTVisitor):
 
   def visit_While(self, node: cst.While) -> None:
     self.found.append(node)
+
+
+def _made_name(statement: cst.BaseStatement, node: cst.CSTNode,
+               inside: Callable[[cst.CSTNode, cst.CSTNode], bool]) -> str:
+  """The name the statement holding the site at ``node`` gives what the site makes: the
+  one target's (``self.step`` -> ``step``) of an assignment whose value holds it; ""
+  where there is none."""
+  if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+    return ""
+  small = statement.body[0]
+  if not (isinstance(small, cst.Assign) and len(small.targets) == 1
+          and inside(node, small.value)):
+    return ""
+  target = small.targets[0].target
+  return (target.value if isinstance(target, cst.Name)
+          else target.attr.value if isinstance(target, cst.Attribute) else "")
 
 
 def _assigned_after(statement: cst.CSTNode) -> list[cst.CSTNode]:

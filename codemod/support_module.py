@@ -24,7 +24,8 @@ import libcst as cst
 
 from codemod import config_files, files
 
-# 15: one statement per line, which black and pyink keep whole; pmap_via_shard_map
+# 16: the code for keyword calls, and pmap_via_shard_map's for static arguments and
+# shard_map < 0.6.1, only where sites need it; 15: one statement per line, which black and pyink keep whole; pmap_via_shard_map
 # over pmap_devices, with legacy's checks of run-time options; 14: shorter pmap_devices and
 # placed_on; 13: on_first_call(lambda: site) for call sites; 12: pmap_devices(rows=n), a
 # shorter per_device and placed_on; 11: the code for static arguments, keyword arguments
@@ -32,7 +33,7 @@ from codemod import config_files, files
 # device_put_replicated; 9: a header that describes the module; 8: pmap_via_shard_map over
 # per_device and placed_on; 7: static arguments and on_first_call in the plain form; 6:
 # shorter plain-form helpers
-VERSION = 15
+VERSION = 16
 DEFAULT_NAME = "pmap_shard_map"
 NAMES_KEY = "pmap_to_shmap.support_names"  # context.scratch: the support names a file uses
 
@@ -81,13 +82,17 @@ _V2_TREE_DIGESTS = frozenset({
 # The flags ``support_source.py`` tests (``if FLAG:``, ``a if FLAG else b``): a copy
 # keeps the code a flag guards only where the repository's sites need it.
 STATIC_ARGUMENTS = "STATIC_ARGUMENTS"  # a site with static_broadcasted_argnums
+KEYWORD_CALLS = "KEYWORD_CALLS"  # a site some call may pass keywords
 KEYWORD_ARGUMENTS = "KEYWORD_ARGUMENTS"  # keyword arguments no position takes
 SHARD_MAP_BEFORE_0_7_2 = "SHARD_MAP_BEFORE_0_7_2"  # the repository admits such a jax
 RUN_TIME_OPTIONS = "RUN_TIME_OPTIONS"  # pmap_via_shard_map's checks of its options
-FEATURES = frozenset({STATIC_ARGUMENTS, KEYWORD_ARGUMENTS, SHARD_MAP_BEFORE_0_7_2,
-                      RUN_TIME_OPTIONS})
-# Functions that read their options at run time, so need every flag's code.
-_NEEDS_EVERY_FEATURE = frozenset({"pmap_via_shard_map"})
+FEATURES = frozenset({STATIC_ARGUMENTS, KEYWORD_CALLS, KEYWORD_ARGUMENTS,
+                      SHARD_MAP_BEFORE_0_7_2, RUN_TIME_OPTIONS})
+# The flags a function's code always needs: pmap_via_shard_map reads pmap's options, and
+# its function's keyword arguments, only at run time.
+_ALWAYS_WITH = {"pmap_via_shard_map": frozenset({RUN_TIME_OPTIONS, KEYWORD_CALLS,
+                                                  KEYWORD_ARGUMENTS}),
+                KEYWORD_ARGUMENTS: frozenset({KEYWORD_CALLS})}
 
 
 def body(names: Collection[str] | None = None) -> str:
@@ -123,9 +128,16 @@ class _Decided(cst.CSTTransformer):
 
   def leave_If(self, original_node: cst.If, updated_node: cst.If
                ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel:
-    flag = self._flag(updated_node.test)
+    test = updated_node.test
+    rest: cst.BaseExpression | None = None
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+      rest = test.right  # ``if FLAG and x:``
+      test = test.left
+    flag = self._flag(test)
     if flag is None:
       return updated_node
+    if flag in self.on and rest is not None:
+      return updated_node.with_changes(test=rest)
     block = (updated_node.body if flag in self.on
              else updated_node.orelse.body if isinstance(updated_node.orelse, cst.Else)
              else None)
@@ -161,11 +173,17 @@ class _Decided(cst.CSTTransformer):
     read = {n.value for n in _names_in(updated_node.body)}
     params = updated_node.params
     kept = [p for p in params.params if p.default is None or p.name.value in read]
-    if len(kept) == len(params.params):
+    named = [p for p in params.kwonly_params if p.default is None or p.name.value in read]
+    if len(kept) + len(named) == len(params.params) + len(params.kwonly_params):
       return updated_node
-    if kept and not params.kwonly_params and isinstance(params.star_arg, cst.MaybeSentinel):
-      kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    return updated_node.with_changes(params=params.with_changes(params=kept))
+    star = params.star_arg
+    if not named and isinstance(star, cst.ParamStar):
+      star = cst.MaybeSentinel.DEFAULT  # a bare * needs a parameter after it
+    last = named or (kept if isinstance(star, cst.MaybeSentinel) else [])
+    if last:  # no comma after the last parameter
+      last[-1] = last[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return updated_node.with_changes(params=params.with_changes(
+        params=kept, star_arg=star, kwonly_params=named))
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
@@ -239,7 +257,7 @@ def needed(names: Collection[str], text: str | None = None) -> list[tuple[ast.st
 def cut(names: frozenset[str]) -> str:
   """The module for files that call the functions among ``names`` with the flags among
   them: its docstring, the imports the kept definitions read, and those definitions."""
-  features = FEATURES if names & _NEEDS_EVERY_FEATURE else names & FEATURES
+  features = _with_always(names) & FEATURES
   text = resolved(frozenset(features))
   kept = needed(names - FEATURES, text)
   reads = set().union(*(used(s) for s, _ in kept))
@@ -252,6 +270,10 @@ def cut(names: frozenset[str]) -> str:
   # class, else one.
   gap = "\n\n" if kept and isinstance(kept[0][0], (ast.FunctionDef, ast.ClassDef)) else "\n"
   return head + gap + "\n\n\n".join(t.strip("\n") for _, t in kept) + "\n"
+
+
+def _with_always(names: frozenset[str]) -> frozenset[str]:
+  return names.union(*(_ALWAYS_WITH.get(name, ()) for name in names))
 
 
 def spaced_after_imports(text: str, lines: int) -> str:
@@ -294,7 +316,7 @@ def held_with_flags(text: str) -> frozenset[str] | None:
   for n in range(len(FEATURES) + 1):
     for flags in itertools.combinations(sorted(FEATURES), n):
       if digest == _tree_digest_cached(cut(has | frozenset(flags))):
-        return has | frozenset(flags)
+        return _with_always(has | frozenset(flags))
   return None
 
 

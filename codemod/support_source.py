@@ -10,10 +10,11 @@ PartitionSpec = jax.sharding.PartitionSpec
 
 # A repository's copy keeps the code under each flag only where its sites need
 # it (codemod/support_module.py cuts it): pmap's static_broadcasted_argnums;
-# keyword arguments no position takes; shard_map before jax 0.7.2; pmap's
-# options read at run time (pmap_via_shard_map), checked as legacy pmap did.
-STATIC_ARGUMENTS = KEYWORD_ARGUMENTS = SHARD_MAP_BEFORE_0_7_2 = True
-RUN_TIME_OPTIONS = True
+# calls that may pass keywords; keyword arguments no position takes; shard_map
+# before jax 0.7.2; pmap's options read at run time (pmap_via_shard_map),
+# checked as legacy pmap did.
+STATIC_ARGUMENTS = KEYWORD_CALLS = KEYWORD_ARGUMENTS = True
+SHARD_MAP_BEFORE_0_7_2 = RUN_TIME_OPTIONS = True
 
 
 @jax.tree_util.register_static
@@ -46,18 +47,20 @@ def per_device(fun, *, in_axes=0, out_axes=0):
   @functools.wraps(fun)
   def body(*args):
     args = at_axes(jax.numpy.squeeze, in_axes, args)
-    run = jax.jit(fun) if embeds else fun
     if STATIC_ARGUMENTS:  # jit holds them static, as pmap did
       static = [i for i, a in enumerate(args) if isinstance(a, _Static)]
       args = [a[0] if i in static else a for i, a in enumerate(args)]
       run = jax.jit(fun, static_argnums=static) if embeds else fun
+    else:
+      run = jax.jit(fun) if embeds else fun
     if KEYWORD_ARGUMENTS:  # the last argument holds them, if any
       if args and isinstance(args[-1], _Keywords):
         args, run = args[:-1], functools.partial(run, **args[-1].named)
-    out = at_axes(jax.numpy.expand_dims, out_axes, run(*args))
     if SHARD_MAP_BEFORE_0_7_2:
-      out = jax.tree.map(apart, out_axes, out, is_leaf=lambda a: a is None)
-    return out
+      out = at_axes(jax.numpy.expand_dims, out_axes, run(*args))
+      return jax.tree.map(apart, out_axes, out, is_leaf=lambda a: a is None)
+    else:
+      return at_axes(jax.numpy.expand_dims, out_axes, run(*args))
   body.__name__ = getattr(getattr(fun, "func", fun), "__name__", "body")
   return body
 
@@ -107,13 +110,13 @@ def placed_on(mesh, specs, static_argnums=()):
   def decorate(jitted):
     @functools.wraps(jitted)
     def call(*args, **kwargs):
-      if kwargs:  # shard_map takes positional arguments only
+      if KEYWORD_CALLS and kwargs:  # to the positions they name
         bound = inspect.signature(jitted).bind(*args, **kwargs)
         args, kwargs = bound.args, bound.kwargs
       if KEYWORD_ARGUMENTS:  # mapped over axis 0 as pmap did, for in_axes=0
         if kwargs and isinstance(specs, PartitionSpec) and len(specs) == 1:
           args, kwargs = (*args, _Keywords(kwargs)), {}
-      if kwargs:  # keyword-only, or after a parameter left unset
+      if kwargs:  # shard_map takes positional arguments only
         raise TypeError(f"pass {', '.join(kwargs)} by position")
       out = jitted(*place(args))
       if SHARD_MAP_BEFORE_0_7_2:  # per_device's Partials: out's only callables
@@ -298,19 +301,21 @@ def pmap_mesh(axes, sizes, devices=None, backend=None, across_hosts=False):
 
 
 def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
-                       static_broadcasted_argnums=(), devices=None,
-                       backend=None, axis_size=None, donate_argnums=(),
-                       global_arg_shapes=None):
+                       devices=None, backend=None, axis_size=None,
+                       donate_argnums=(), global_arg_shapes=None,
+                       static_broadcasted_argnums=()):
   """``jax.pmap`` for options known only at run time: ``jax.jit`` over
   shard_map of ``per_device(fun)``, on ``devices``, else on as many devices as
   the arguments have rows (``pmap_devices``)."""
   if global_arg_shapes is not None:
     raise ValueError("global_arg_shapes is not supported: remove it from pmap")
-  static = tuple(jax.tree.leaves(static_broadcasted_argnums))
   name = _UNNAMED if axis_name is None else axis_name
   in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
   body = per_device(fun, in_axes=in_axes, out_axes=out_axes)
-  jit_options = dict(static_argnums=static, donate_argnums=donate_argnums)
+  jit_options = dict(donate_argnums=donate_argnums)
+  if STATIC_ARGUMENTS:
+    static = tuple(jax.tree.leaves(static_broadcasted_argnums))
+    jit_options.update(static_argnums=static)
 
   def spec(axis):  # pmap's axis k: the mesh axis at dimension k
     if axis is not None and not isinstance(axis, int):
@@ -320,24 +325,28 @@ def pmap_via_shard_map(fun, axis_name=None, *, in_axes=0, out_axes=0,
 
   in_specs = jax.tree.map(spec, in_axes, is_leaf=lambda a: a is None)
   out_specs = jax.tree.map(spec, out_axes, is_leaf=lambda a: a is None)
-  if hasattr(jax, "shard_map"):
-    shard_map = functools.partial(jax.shard_map, check_vma=False)
-  else:
+  if SHARD_MAP_BEFORE_0_7_2 and not hasattr(jax, "shard_map"):
     from jax.experimental.shard_map import shard_map as experimental
     shard_map = functools.partial(experimental, check_rep=False)
+  else:
+    shard_map = functools.partial(jax.shard_map, check_vma=False)
 
   @functools.cache
   def on(pool):  # the site over a tuple of devices
     mesh = jax.sharding.Mesh(pool, (name,))
     mapped = shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    return placed_on(mesh, in_specs, static)(jax.jit(mapped, **jit_options))
+    if STATIC_ARGUMENTS:
+      return placed_on(mesh, in_specs, static)(jax.jit(mapped, **jit_options))
+    else:
+      return placed_on(mesh, in_specs)(jax.jit(mapped, **jit_options))
 
   def site(xs):
     if devices is not None:
       return on(tuple(devices))
-    held = tuple(_Static((x,)) if i in static else x for i, x in enumerate(xs))
+    if STATIC_ARGUMENTS:  # no rows, as leaves of no tree
+      xs = tuple(_Static((x,)) if i in static else x for i, x in enumerate(xs))
     rows = dict(in_axes=in_axes, rows=axis_size, backend=backend)
-    return on(tuple(pmap_devices(*held, **rows)))
+    return on(tuple(pmap_devices(*xs, **rows)))
 
   @functools.wraps(fun)
   def call(*args, **kwargs):

@@ -13,6 +13,8 @@ from codemod import pmap_to_shmap, support_module
 # jax 0.6.0 runs the codemod here and the trees declare no jax: copies keep the code a
 # shard_map before 0.7.2 needs.
 BEFORE_0_7_2 = support_module.SHARD_MAP_BEFORE_0_7_2
+# The sites these tests convert are public names, which any call may pass keywords.
+KEYWORDS = support_module.KEYWORD_CALLS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
@@ -77,7 +79,7 @@ def test_in_place_then_second_run_changes_nothing(tree, capsys):
   assert "from pmap_shard_map import per_device, placed_on" in written
   # The script's own copy, next to it, with what it calls.
   support = (tree / "pkg" / "pmap_shard_map.py").read_text()
-  assert support == support_module.source({"per_device", "placed_on", BEFORE_0_7_2})
+  assert support == support_module.source({"per_device", "placed_on", BEFORE_0_7_2, KEYWORDS})
   assert not list((tree / "pkg").glob(".pmap-to-shmap-*"))
   code, out, err = run_cli("--check", tree, capsys=capsys)
   assert code == 0 and out == "", out
@@ -251,7 +253,7 @@ def test_support_module_location_and_name_follow_the_flags(tree, capsys):
                        tree / "pkg", capsys=capsys)
   assert code == 0
   assert (root / "shared" / "smap.py").read_text() == support_module.source(
-      {"per_device", "placed_on", BEFORE_0_7_2})
+      {"per_device", "placed_on", BEFORE_0_7_2, KEYWORDS})
   assert "from shared.smap import per_device, placed_on" in (tree / "pkg" / "site.py").read_text()
 
 

@@ -19,6 +19,8 @@ from codemod import pmap_to_shmap, support_module
 # jax 0.6.0 runs the codemod here and the trees declare no jax: copies keep the code a
 # shard_map before 0.7.2 needs.
 BEFORE_0_7_2 = support_module.SHARD_MAP_BEFORE_0_7_2
+# The sites these tests convert are public names, which any call may pass keywords.
+KEYWORDS = support_module.KEYWORD_CALLS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
@@ -111,7 +113,7 @@ def test_read_only_directory_is_an_error_for_its_files_and_the_run_goes_on(tmp_p
                        "1 reported; 2 errors, 0 warnings; 2 paths could not be read or written")
   for written in ("a_first", "c_last"):
     assert (tree / written / "pmap_shard_map.py").read_text() == support_module.source(
-        {"per_device", "placed_on", BEFORE_0_7_2})
+        {"per_device", "placed_on", BEFORE_0_7_2, KEYWORDS})
   assert not _temp_files(tree, *tree.iterdir())
   # --check writes nothing, so the same tree is "changes pending", not a failure.
   assert _cli("--check", tree, prefix=_unprivileged()).returncode == 1
@@ -313,7 +315,7 @@ def test_temp_file_left_by_sigkill_is_removed_by_the_next_run_and_never_read(tmp
   (temp,) = _temp_files(tree)
   assert f"-{child.pid}-" in temp.name and temp.name.endswith(".tmp")
   # Full size, as the issue saw: what the site calls.
-  assert temp.read_text() == support_module.source({"per_device", "placed_on", BEFORE_0_7_2})
+  assert temp.read_text() == support_module.source({"per_device", "placed_on", BEFORE_0_7_2, KEYWORDS})
   assert (tree / "site.py").read_text() == SITE  # never half-written
   assert not (tree / "pmap_shard_map.py").exists()
 
@@ -328,7 +330,7 @@ def test_temp_file_left_by_sigkill_is_removed_by_the_next_run_and_never_read(tmp
   assert f"{temp}:1:1 INFO removed the temporary file left by an interrupted" in r.stderr
   assert (tree / "site.py").read_text() == expected
   assert (tree / "pmap_shard_map.py").read_text() == support_module.source(
-      {"per_device", "placed_on", BEFORE_0_7_2})
+      {"per_device", "placed_on", BEFORE_0_7_2, KEYWORDS})
 
 
 def test_temp_files_of_a_live_run_or_an_older_version_are_left_alone(tmp_path):

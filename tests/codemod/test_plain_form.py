@@ -195,15 +195,20 @@ def test_a_script_main_blocks_mesh_is_not_said_to_be_built_at_import():
   assert not [f for f in findings if "built when the module is imported" in f.message]
 
 
+@pytest.mark.parametrize("bound", ['_PMAP_AXIS_NAME = "i"',
+                                   "_PMAP_AXIS_NAME = layers.PMAP_AXIS_NAME",
+                                   "from layers import PMAP_AXIS_NAME as _PMAP_AXIS_NAME"])
 @pytest.mark.parametrize("rebinds", [False, True])
-def test_sites_with_the_same_module_constant_axis_share_a_mesh(rebinds):
-  """An axis name held in a module constant means the same at each site, as a literal
-  does: one mesh per function, named after the constant. A constant something rebinds
-  (``global``) gets a mesh before each site's own statement."""
+def test_sites_with_the_same_module_constant_axis_share_a_mesh(rebinds, bound):
+  """An axis name held in a module constant (a string, or a value another module gives
+  once) means the same at each site, as a literal does: one mesh per function, named
+  after the constant. A constant something rebinds (``global``) gets a mesh before each
+  site's own statement."""
   new = _converted('''\
       import jax
+      import layers
 
-      _PMAP_AXIS_NAME = "i"
+      ''' + bound + '''
 
 
       def train(f, g, x, flag):
@@ -1157,3 +1162,62 @@ def test_keywords_no_position_takes_with_per_argument_axes_name_the_fix():
   assert load(source, "keywords_axes_legacy").run().shape[1:] == (3,)
   with pytest.raises(TypeError, match="pass key by position"):
     load(_converted(source), "keywords_axes_converted").run()
+
+
+LONG_SPECS = '''\
+import functools
+
+import jax
+import numpy as np
+
+
+@functools.partial(jax.pmap, axis_name="batch", in_axes=(None, 0, 0, None, 0))
+def mix(w, x, y, z, v):
+  return w * x - y + z * v
+
+
+class Trainer:
+
+  def __init__(self):
+    self.scale = jax.pmap(lambda w, x, y, z, v: w * x * y * z - v,
+                          in_axes=(None, 0, 0, None, 0))
+
+  @functools.partial(jax.pmap, axis_name="batch", in_axes=(None, None, 0, 0, 0),
+                     static_broadcasted_argnums=(0,))
+  def step(self, w, x, y, z):
+    return w + jax.lax.pmean(x + y * z, "batch")
+
+
+def run():
+  n = jax.local_device_count()
+  x = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
+
+  @functools.partial(jax.pmap, axis_name="batch", in_axes=(0, None, 0, 0, None))
+  def local(x, w, y, z, v):
+    return jax.lax.psum(x, "batch") * w + y - z * v
+
+  trainer = Trainer()
+  return [mix(2.0, x, -x, 1.0, x), trainer.scale(2.0, x, x, 3.0, -x),
+          trainer.step(1.5, x, x, -x), local(x, 0.5, x, x, 2.0), local(x, 0.5, x, x, 2.0)]
+'''
+
+
+def test_long_in_specs_are_named_once_where_the_site_is_built():
+  """In_specs too long to read twice are bound to a name just before the statement that
+  builds the site (after its mesh), which placed_on and shard_map both read: named after
+  the def or the target, private at module level. Results and compiles are legacy's."""
+  new = _converted(LONG_SPECS)
+  named = {line.split(" = ")[0].strip(): line.split(" = ")[1]
+           for line in new.splitlines() if "_specs = " in line}
+  assert list(named) == ["_mix_specs", "_step_specs", "scale_specs", "local_specs"], new
+  for name, spec in named.items():
+    assert new.count(spec) == 1, (spec, new)  # written once, read by name twice
+    assert new.count(f"in_specs={name}") == 1 and new.count(f", {name}") == 1, new
+  assert "@placed_on(mesh, _mix_specs)" in new, new
+  assert "  local_specs = " in new and "\n\n  @placed_on(mesh, local_specs)" in new, new
+  legacy, legacy_compiles = _run_counting(load(LONG_SPECS, "long_specs_legacy"))
+  ours, our_compiles = _run_counting(load(new, "long_specs_converted"))
+  assert_trees_equal(legacy, ours)
+  for name in ("mix", "step", "local", "lambda"):
+    assert (len([n for n in our_compiles if name in n])
+            == len([n for n in legacy_compiles if name in n])), (legacy_compiles, our_compiles)

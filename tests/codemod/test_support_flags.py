@@ -6,6 +6,7 @@ keeps what a copy holds."""
 import itertools
 import json
 import pathlib
+import pickle
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from codemod_testing import load, rewrite_with_support
 from support.compare import assert_trees_equal
+from support.venvs import NEWEST, run_python
 
 from codemod import support_module
 
@@ -22,6 +24,7 @@ FLAG_SETS = [frozenset(c) for n in range(len(support_module.FEATURES) + 1)
              for c in itertools.combinations(sorted(support_module.FEATURES), n)]
 # What each flag's code defines or calls: present exactly where the flag is.
 MARKS = {support_module.STATIC_ARGUMENTS: "class _Static",
+         support_module.KEYWORD_CALLS: "inspect.signature(",
          support_module.KEYWORD_ARGUMENTS: "_Keywords = ",
          support_module.SHARD_MAP_BEFORE_0_7_2: "jax.tree_util.Partial(",
          support_module.RUN_TIME_OPTIONS: "must be >= 0 where they map leaves"}
@@ -35,8 +38,11 @@ def _ruff(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("flags", FLAG_SETS, ids=lambda f: "+".join(sorted(f)) or "none")
 def test_a_cut_keeps_each_flags_code_only_where_asked(tmp_path, flags):
   text = support_module.source(PLAIN | flags)
+  # Keyword arguments no position takes come through a call that passes keywords.
+  held = flags | ({support_module.KEYWORD_CALLS}
+                  if support_module.KEYWORD_ARGUMENTS in flags else set())
   for flag, mark in MARKS.items():
-    assert (mark in text) == (flag in flags), (flag, text)
+    assert (mark in text) == (flag in held), (flag, text)
   assert not any(flag in text for flag in support_module.FEATURES)
   assert max(map(len, text.splitlines())) <= 80
   # Nothing left unused or undefined, and the imports sorted, as written.
@@ -49,11 +55,28 @@ def test_a_cut_keeps_each_flags_code_only_where_asked(tmp_path, flags):
       support_module.STATIC_ARGUMENTS in flags)
 
 
-def test_the_whole_module_and_run_time_options_keep_every_flags_code():
-  for names in (None, {"pmap_via_shard_map"}):
-    text = support_module.source(names)
-    assert all(mark in text for mark in MARKS.values()), names
-    assert not any(flag in text for flag in support_module.FEATURES)
+def test_the_whole_module_keeps_every_flags_code():
+  text = support_module.source()
+  assert all(mark in text for mark in MARKS.values())
+  assert not any(flag in text for flag in support_module.FEATURES)
+
+
+@pytest.mark.parametrize("flags", [frozenset(), frozenset({support_module.STATIC_ARGUMENTS}),
+                                   frozenset({support_module.SHARD_MAP_BEFORE_0_7_2})],
+                         ids=lambda f: "+".join(sorted(f)) or "none")
+def test_pmap_via_shard_map_always_keeps_run_time_options_and_keywords(flags):
+  """It reads pmap's options, and its function's keyword arguments, when it runs; static
+  arguments and the older shard_map only where asked."""
+  text = support_module.source({"pmap_via_shard_map"} | flags)
+  always = {support_module.RUN_TIME_OPTIONS, support_module.KEYWORD_CALLS,
+            support_module.KEYWORD_ARGUMENTS}
+  for flag, mark in MARKS.items():
+    assert (mark in text) == (flag in flags | always), (flag, text)
+  assert ("static_broadcasted_argnums=()" in text) == (
+      support_module.STATIC_ARGUMENTS in flags)
+  assert ("jax.experimental.shard_map" in text) == (
+      support_module.SHARD_MAP_BEFORE_0_7_2 in flags)
+  assert max(map(len, text.splitlines())) <= 80
 
 
 def test_a_copy_is_current_for_the_flags_it_holds_and_a_rerun_keeps_them():
@@ -71,26 +94,30 @@ def test_a_copy_is_current_for_the_flags_it_holds_and_a_rerun_keeps_them():
   assert support_module.wanted(older, PLAIN) >= support_module.FEATURES
 
 
+CALLS = {support_module.KEYWORD_CALLS}
+KEYWORDS = {support_module.KEYWORD_CALLS, support_module.KEYWORD_ARGUMENTS}
 SITES = {
-    "a def taking positions": ("def f(x):\n  return x\n\n\ng = jax.pmap(f, 'i')\n", set()),
-    "a lambda": ("g = jax.pmap(lambda x, y: x + y)\n", set()),
+    # A keyword reaches a position: the binding code only, where a call may pass one.
+    "a def taking positions": ("def f(x):\n  return x\n\n\ng = jax.pmap(f, 'i')\n", CALLS),
+    "a lambda": ("g = jax.pmap(lambda x, y: x + y)\n", CALLS),
     "a name the site rebinds": ("def main():\n  def f(x, y):\n    return x + y\n\n"
-                                "  f = jax.pmap(f, 'i')\n  return f\n", set()),
+                                "  f = jax.pmap(f, 'i')\n  return f\n", CALLS),
     "a def or a partial": ("def f(x, y):\n  return x + y\n\n\nif len(__name__) > 3:\n"
                            "  f = functools.partial(f, y=1.0)\ng = jax.pmap(f)\n",
-                           {support_module.KEYWORD_ARGUMENTS}),
+                           KEYWORDS),
     "static arguments": ("@functools.partial(jax.pmap, static_broadcasted_argnums=1)\n"
-                         "def f(x, n):\n  return x * n\n", {support_module.STATIC_ARGUMENTS}),
+                         "def f(x, n):\n  return x * n\n",
+                         {support_module.STATIC_ARGUMENTS, *CALLS}),
     "a keyword-only parameter": ("def f(x, *, y):\n  return x + y\n\n\ng = jax.pmap(f)\n",
-                                 {support_module.KEYWORD_ARGUMENTS}),
+                                 KEYWORDS),
     "a default": ("def f(x, y=1.0):\n  return x + y\n\n\ng = jax.pmap(f)\n",
-                  {support_module.KEYWORD_ARGUMENTS}),
+                  KEYWORDS),
     "a partial": ("def f(x, y):\n  return x + y\n\n\n"
                   "g = jax.pmap(functools.partial(f, y=1.0))\n",
-                  {support_module.KEYWORD_ARGUMENTS}),
+                  KEYWORDS),
     "a function from elsewhere": ("g = jax.pmap(jax.numpy.sin)\n",
-                                  {support_module.KEYWORD_ARGUMENTS}),
-    # Whatever the function, no call passing keywords leaves the keyword code unused.
+                                  KEYWORDS),
+    # Whatever the function, where no call passes keywords, no keyword code.
     "called where it is made": ("def run(x):\n  return jax.pmap(jax.numpy.sin)(x + 1)\n", set()),
     "a local only called by position": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n"
                                         "  return g(x), [g(y) for y in x]\n", set()),
@@ -99,15 +126,31 @@ SITES = {
     "a private def with a default": ("@jax.pmap\ndef _f(x, y=1.0):\n  return x + y\n\n\n"
                                      "def run(x):\n  return _f(x)\n", set()),
     "a local called with a keyword": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n"
-                                      "  return g(x=x)\n", {support_module.KEYWORD_ARGUMENTS}),
+                                      "  return g(x=x)\n", KEYWORDS),
     "a local called with **": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n"
-                               "  return g(**x)\n", {support_module.KEYWORD_ARGUMENTS}),
+                               "  return g(**x)\n", KEYWORDS),
     "a local handed on": ("def run(x):\n  g = jax.pmap(jax.numpy.sin)\n  g(x)\n  return g\n",
-                          {support_module.KEYWORD_ARGUMENTS}),
+                          KEYWORDS),
     "a private def another decorator wraps": (
         "@functools.lru_cache\n@jax.pmap\ndef _f(x, y=1.0):\n  return x + y\n\n\n"
-        "def run(x):\n  return _f(x)\n", {support_module.KEYWORD_ARGUMENTS}),
+        "def run(x):\n  return _f(x)\n", KEYWORDS),
 }
+
+
+RUN_TIME = {support_module.RUN_TIME_OPTIONS, *KEYWORDS}
+# pmap_via_shard_map's sites: static argument code only where static_broadcasted_argnums
+# may reach it.
+VIA_SITES = {
+    "a transform": ("t = lambda f: jax.pmap(f, 'i')\n", RUN_TIME),
+    "a decorator factory": ("def par(**kw):\n  return functools.partial(jax.pmap, **kw)\n",
+                            RUN_TIME | {support_module.STATIC_ARGUMENTS}),
+    "static arguments known at run time": (
+        "def make(f, n):\n  return jax.pmap(f, 'i', static_broadcasted_argnums=n)\n",
+        RUN_TIME | {support_module.STATIC_ARGUMENTS}),
+    "pmap as a value": ("ps = list(map(jax.pmap, [abs, len]))\n",
+                        RUN_TIME | {support_module.STATIC_ARGUMENTS}),
+}
+SITES.update(VIA_SITES)
 
 
 @pytest.mark.parametrize("declared, old_jax", [(">=0.7.2", False), (">=0.6.1", True)])
@@ -123,7 +166,8 @@ def test_the_copy_holds_the_flags_its_sites_need(tmp_path, site, declared, old_j
   assert proc.returncode == 0 and "1 converted" in proc.stderr, proc.stderr
   body = (tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2]
   expected = set(flags) | ({support_module.SHARD_MAP_BEFORE_0_7_2} if old_jax else set())
-  assert support_module.held_with_flags(body) == PLAIN | expected
+  functions = PLAIN | {"pmap_devices", "pmap_via_shard_map"} if site in VIA_SITES else PLAIN
+  assert support_module.held_with_flags(body) == functions | expected
 
 
 HEAD = """\
@@ -156,14 +200,22 @@ def run():
 SITE_RUNS = {
     "add": ('  p_add = jax.pmap(add, axis_name="i")\n'
             "  out = [p_add(x, x), p_add(y=x, x=x), -np.zeros_like(x) * p_add(x, y=x)]\n",
-            set()),
+            CALLS),
     "scale": ("  p_scale = jax.pmap(scale)\n  out = [p_scale(x, by=x), p_scale(-x, by=x)]\n",
-              {support_module.KEYWORD_ARGUMENTS}),
+              KEYWORDS),
     "partial": ("  p_part = jax.pmap(functools.partial(scale, by=2.0))\n"
                 "  out = [p_part(x), p_part(-x)]\n", set()),
     "repeat": ('  p_repeat = jax.pmap(repeat, axis_name="i", static_broadcasted_argnums=1)\n'
                "  out = [p_repeat(x, 2), p_repeat(x, 3), p_repeat(x, 2)]\n",
                {support_module.STATIC_ARGUMENTS}),
+    # pmap_via_shard_map's: keyword arguments always, static ones where they may come.
+    "transform": ('  p_tr = (lambda f: jax.pmap(f, axis_name="i"))(add)\n'
+                  "  out = [p_tr(x, x), p_tr(-x, y=x), p_tr(x[:2], x[:2])]\n",
+                  KEYWORDS),
+    "late_static": ("  times = 1\n"
+                    '  p_late = jax.pmap(repeat, "i", static_broadcasted_argnums=times)\n'
+                    "  out = [p_late(x, 2), p_late(x, 3), p_late(x, 2)]\n",
+                    {*KEYWORDS, support_module.STATIC_ARGUMENTS}),
 }
 
 
@@ -177,6 +229,7 @@ def test_sites_on_the_copy_written_for_them_give_legacy_results(monkeypatch, sit
   new, written = rewrite_with_support(program, target="experimental")
   flags = set().union(*(SITE_RUNS[name][1] for name in chosen))
   for flag, defined in ((support_module.STATIC_ARGUMENTS, "_Static"),
+                        (support_module.KEYWORD_CALLS, "inspect"),
                         (support_module.KEYWORD_ARGUMENTS, "_Keywords")):
     assert (defined in vars(written)) == (flag in flags), (flag, sorted(vars(written)))
   monkeypatch.setitem(sys.modules, support_module.DEFAULT_NAME, written)
@@ -199,7 +252,8 @@ def test_a_notebooks_sites_give_their_flags_to_the_copy_beside_it(tmp_path):
                         timeout=120, check=False)
   assert proc.returncode == 0 and "1 converted" in proc.stderr, proc.stderr
   body = (tmp_path / "pmap_shard_map.py").read_text().partition("\n")[2]
-  assert support_module.held_with_flags(body) == PLAIN | {support_module.STATIC_ARGUMENTS}
+  assert support_module.held_with_flags(body) == PLAIN | {support_module.STATIC_ARGUMENTS,
+                                                           *CALLS}
 
 
 KEYWORD_LATER = """\
@@ -222,16 +276,46 @@ def run():
 
 def test_a_copy_without_the_keyword_code_refuses_what_it_cannot_pass_on(monkeypatch):
   """A site only ever called by position gets a copy without the keyword code; a later
-  edit that calls it with a keyword that leaves a parameter before it unset gets an error
-  naming the argument (rerunning the codemod then adds the code), never the parameter's
-  default in its place."""
+  edit that calls it with keywords gets an error naming them (rerunning the codemod then
+  adds the code), never a keyword dropped or a parameter's default in its place."""
   new, written = rewrite_with_support(KEYWORD_LATER, target="experimental")
-  assert "_Keywords" not in vars(written)
+  assert "_Keywords" not in vars(written) and "inspect" not in vars(written)
   monkeypatch.setitem(sys.modules, support_module.DEFAULT_NAME, written)
   converted = load(new, "flags_keyword_refused")
   assert_trees_equal(load(KEYWORD_LATER, "flags_keyword_legacy").run(), converted.run())
   x, scale = np.ones((8, 3), np.float32), np.full((8, 1), 2.0, np.float32)
-  assert_trees_equal(load(KEYWORD_LATER, "flags_keyword_legacy2")._p_shift(x, scale, by=x),
-                     converted._p_shift(x, scale, by=x))  # every parameter before it given
   with pytest.raises(TypeError, match="pass by by position"):
-    converted._p_shift(x, by=x)
+    converted._p_shift(x, scale, by=x)
+  with pytest.raises(TypeError, match="pass scale, by by position"):
+    converted._p_shift(x, scale=scale, by=x)
+
+
+def test_run_time_sites_on_a_copy_for_jax_0_7_2_on_match_the_newest_jax_pmap(tmp_path):
+  """A repository that declares jax>=0.7.2 gets pmap_via_shard_map without the older
+  shard_map's code: on the newest JAX its sites give what that JAX's own jax.pmap gives
+  on the unconverted program, bit for bit."""
+  runs = ("transform", "late_static")
+  body = "".join(SITE_RUNS[name][0].replace("out = ", f"out_{name} = ") for name in runs)
+  program = HEAD + body + f"  return [{', '.join(f'out_{name}' for name in runs)}]\n"
+  original, converted = tmp_path / "original", tmp_path / "converted"
+  for directory in (original, converted):
+    directory.mkdir()
+    (directory / "sites.py").write_text(program)
+  (converted / "pyproject.toml").write_text(
+      '[project]\nname = "p"\ndependencies = ["jax>=0.7.2"]\n')
+  proc = subprocess.run([sys.executable, "-m", "codemod.pmap_to_shmap", "--in-place",
+                         str(converted)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode == 0 and "2 converted" in proc.stderr, proc.stderr
+  copy = (converted / "pmap_shard_map.py").read_text()
+  assert support_module.held_with_flags(copy.partition("\n")[2]) == PLAIN | {
+      "pmap_devices", "pmap_via_shard_map", support_module.STATIC_ARGUMENTS, *RUN_TIME}
+  results = []
+  for directory in (original, converted):
+    out = tmp_path / f"{directory.name}.pkl"
+    ran = run_python(NEWEST, [str(ROOT / "tests" / "codemod" / "run_programs.py"),
+                              str(directory), str(out), "sites"], timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    results.append(pickle.loads(out.read_bytes())["sites"])
+  assert results[0][0] == "ok", results[0]
+  assert results[1] == results[0]

@@ -15,8 +15,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SITE = 'import jax\n\n\ndef f(x):\n    return x\n\n\ng = jax.pmap(f, axis_name="i")\n'
 NAME = "pmap_shard_map.py"
 # What the converted SITE calls: the copy written next to it holds just those helpers,
-# in a repository that declares a jax whose shard_map keeps output trees (DECLARED).
-SITE_NAMES = {"per_device", "placed_on"}
+# in a repository that declares a jax whose shard_map keeps output trees (DECLARED), with
+# the code for keyword calls of a public name.
+SITE_NAMES = {"per_device", "placed_on", "KEYWORD_CALLS"}
 DECLARED = '[project]\nname = "tree"\ndependencies = ["jax>=0.7.2"]\n'
 
 
