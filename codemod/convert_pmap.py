@@ -112,6 +112,7 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     self._imports_requested = False
     self._support_names: list[str] = []
     self._support_flags: set[str] = set()  # support_module.FEATURES the sites need
+    self._shard_map = "shard_map"  # how --target experimental's sites call it
     self._pmap_imports: list[tuple[str, str | None]] = []
     self._pmap_module_imports: list[tuple[str, str | None]] = []
     self._unreplicate = unreplicate.Rewrites()
@@ -187,8 +188,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       except Unconvertible:
         pass
     calls = site_calls.SiteCalls(self.get_metadata, refs.calls)
+    identifiers = {t.string for t in self._text.tokens if t.type == tokenize.NAME}
     self._meshes = site_meshes.MeshPlan(
-        node, self.get_metadata, {t.string for t in self._text.tokens if t.type == tokenize.NAME},
+        node, self.get_metadata, identifiers,
         by_axis=len(axes) > 1, cache=_cache_spelling(node, self.get_metadata),
         placed=placed_devices.PlacedDevices(node, self.get_metadata, refs.calls),
         sites=[s.node for s in sites if not s.absorbed],
@@ -201,10 +203,12 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
             support_module.package_of(path) is not None
             or os.path.dirname(os.path.abspath(path)) in self._run_names))
         or _INITIALIZE.search(self._text.text))
+    self._shard_map = site_forms.shard_map_name(self.get_metadata, sites, identifiers)
     forms = site_forms.SiteForms(
         module=node, get_metadata=self.get_metadata, text=self._text, layout=self._layout,
         meshes=self._meshes, renames=self._renames, choice=self._choice,
-        spec=site_forms.spec_name(self.get_metadata, sites), report=self._report,
+        spec=site_forms.spec_name(self.get_metadata, sites),
+        shard_map=self._shard_map, report=self._report,
         library_module=(public_api.module_name(path) if path and os.path.isfile(path)
                         else None),
         imported_before_jax_starts=imported_before_jax_starts, calls=calls)
@@ -331,8 +335,11 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
     """The imports the new code uses that the module does not bind yet."""
     text = self._written()
     candidates = [imports.Wanted("jax"), imports.Wanted("functools"),
-                  imports.Wanted("jax.sharding", "PartitionSpec", "P"),
-                  imports.Wanted("jax.experimental.shard_map", "shard_map")]
+                  imports.Wanted("jax.sharding", "PartitionSpec", "P")]
+    if "." not in self._shard_map:  # not through the module the file binds
+      candidates.append(imports.Wanted(site_forms.EXPERIMENTAL_SHARD_MAP, "shard_map",
+                                       None if self._shard_map == "shard_map"
+                                       else self._shard_map))
     if "@cache" in self._meshes.decorators():
       candidates.append(imports.Wanted("functools", "cache"))
     support = support_module.import_of(self.support_module)

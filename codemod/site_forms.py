@@ -64,6 +64,10 @@ _INNER_FORBIDDEN = ("static_broadcasted_argnums", "donate_argnums", "devices", "
                     "axis_size")
 _SHARD_MAP = {"experimental": ("shard_map", "check_rep=False"),
               "jax": ("jax.shard_map", "check_vma=False")}
+EXPERIMENTAL_SHARD_MAP = "jax.experimental.shard_map"  # the module, and its function's name
+# --target experimental's name for shard_map where the file binds ``shard_map`` to
+# something else.
+SHARD_MAP_ALIAS = "experimental_shard_map"
 
 
 def _forwarded_global_arg_shapes(levels: list[Site]) -> list[cst.BaseExpression]:
@@ -91,6 +95,24 @@ def spec_name(get_metadata: Callable, sites: list[Site]) -> str:
     if names - _SPEC_NAMES:
       return "jax.sharding.PartitionSpec"
   return "P"
+
+
+def shard_map_name(get_metadata: Callable, sites: list[Site], taken: set[str]) -> str:
+  """How the sites call jax.experimental's shard_map (``--target experimental``):
+  ``shard_map``, imported from its module, unless a site's scope binds that name to
+  something else: then through the module where that is what it binds (``from
+  jax.experimental import shard_map`` -> ``shard_map.shard_map``), else under
+  SHARD_MAP_ALIAS, numbered where the file uses that (``taken``: its identifiers)."""
+  function = f"{EXPERIMENTAL_SHARD_MAP}.shard_map"
+  for site in sites:
+    scope = get_metadata(ScopeProvider, site.node, None)
+    names = {q.name for q in scope.get_qualified_names_for("shard_map")} if scope else set()
+    if names == {EXPERIMENTAL_SHARD_MAP}:
+      return "shard_map.shard_map"
+    if names - {function}:
+      return next(alias for i in range(1, len(taken) + 2)
+                  if (alias := SHARD_MAP_ALIAS + (f"_{i}" if i > 1 else "")) not in taken)
+  return "shard_map"
 
 
 def unnamed(site: Site) -> bool:
@@ -124,6 +146,7 @@ class SiteForms:
   def __init__(self, *, module: cst.Module, get_metadata: Callable, text: SourceText,
                layout: site_layout.SiteLayout, meshes: site_meshes.MeshPlan,
                renames: removed_apis.Renames, choice: targets.Choice, spec: str,
+               shard_map: str,
                report: Callable[[cst.CSTNode, Severity, str], None],
                library_module: str | None, imported_before_jax_starts: bool,
                calls: site_calls.SiteCalls) -> None:
@@ -135,6 +158,7 @@ class SiteForms:
     self._renames = renames  # a site whose call only changes pmap's name
     self._choice = choice
     self._spec_name = spec
+    self._shard_map = shard_map  # how --target experimental calls it (shard_map_name)
     self._report = report
     self._library_module = library_module  # the dotted name of a public library module
     # A module-level mesh then waits for the site's first call (see convert_pmap).
@@ -318,7 +342,7 @@ class SiteForms:
       self._build_via(site, indent, partial, _TRANSFORM)
       return
     assert in_specs is not None and out_specs is not None  # nested: literal or reported
-    shard_map, check = _SHARD_MAP[self._choice.target]
+    shard_map, check = self._shard_map_call()
     # Each generated argument is an Arg, so the comments around the pmap argument it
     # replaces can be attached to it (``_attach_comments``).
     roles: dict[str, Arg] = {}
@@ -387,6 +411,11 @@ class SiteForms:
       self._layout.decorator_site(site, list(reversed(decorators)), fallback, indent)
     # Nested pmaps (axes known only at run time are reported there, see _specs).
     self._uses(["on_pmap_mesh", "host_local_io"])
+
+  def _shard_map_call(self) -> tuple[str, str]:
+    """(shard_map as the sites call it, its keyword turning the replication check off)."""
+    shard_map, check = _SHARD_MAP[self._choice.target]
+    return (self._shard_map if self._choice.target == "experimental" else shard_map), check
 
   def _is_pmap_transform(self, site: Site) -> bool:
     """Whether the site is a lambda's whole body mapping the lambda's parameter,
@@ -484,7 +513,7 @@ class SiteForms:
       return None
     for arg in call.args:
       if (arg.keyword is not None or arg.star or not isinstance(arg.value, cst.Name)
-          or not self._meshes.hoistable(site.node, arg.value, mutable=False)):
+          or not self._meshes.hoistable(site.node, arg.value, mutable=False, own=True)):
         return None
     in_axes = site.options.get("in_axes")
     every = in_axes is None or (isinstance(in_axes, cst.Integer) and in_axes.value == "0")
@@ -514,7 +543,8 @@ class SiteForms:
     given = options.get("axis_name")
     literal = (given is None or is_none(given) or isinstance(given, cst.SimpleString)
                or self._module_constant(given))
-    mesh = self._meshes.mesh_for(site.node, names, literal, devices, lazy)
+    own = devices is not None and devices.startswith(_BY_ROWS)  # the rows of its call
+    mesh = self._meshes.mesh_for(site.node, names, literal, devices, lazy, own)
     if literal and len(in_specs) > _LONG_SPECS:  # placed_on and shard_map read one tuple
       in_specs = self._meshes.specs_name(site.node, in_specs,
                                          site.fundef.name.value if site.fundef else "")
@@ -523,7 +553,7 @@ class SiteForms:
     chosen = [roles.setdefault(name, Arg("")) for name in ("devices", "backend", "axis_size")
               if devices is not None and options.get(name) is not None]
     self._plain[site.node] = (mesh, self._meshes.devices_of(site.node)[0], ", ".join(names))
-    shard_map, check = _SHARD_MAP[self._choice.target]
+    shard_map, check = self._shard_map_call()
     axes_kw = [self._layout.copied(value, f"{name}=") for name in ("in_axes", "out_axes")
                if (value := options.get(name)) is not None
                and not (isinstance(value, cst.Integer) and value.value == "0")]

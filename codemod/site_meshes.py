@@ -86,15 +86,17 @@ class MeshPlan:
     self._of_site: dict[cst.CSTNode, _Mesh] = {}
 
   def mesh_for(self, node: cst.CSTNode, axes: list[str], literal: bool,
-               devices: str | None = None, lazy: bool = False) -> str:
+               devices: str | None = None, lazy: bool = False, own: bool = False) -> str:
     """The name of the mesh the site at ``node`` (a call, or a def's decorator) runs on:
     over ``jax.devices()``, or over ``devices`` (source of pmap's ``devices=`` list, or
     ``jax.devices(backend)``), evaluated where the mesh is built (``hoistable``); a
     ``lazy`` one is a function, cached (``@functools.cache``), over that statement's
-    value."""
+    value. An ``own`` mesh (over the rows of the site's call) is built right before the
+    innermost statement holding the site, and shared with no site of another."""
     owner, statement = self._place(node)
     shared = literal and devices is None
-    key = (id(owner) if shared else id(statement), tuple(axes), devices, lazy)
+    at = self._innermost(statement, [node]) if own else statement
+    key = (id(owner) if shared else id(at), tuple(axes), devices, lazy)
     if literal and devices is not None and not lazy:
       key = self._same_devices(owner, statement, tuple(axes), devices) or key
     mesh = self._meshes.get(key)
@@ -207,17 +209,20 @@ class MeshPlan:
     the mesh statement that now says it (after it when one fits there, else above)."""
     self._of_site[node].comments.extend(comments)
 
-  def hoistable(self, node: cst.CSTNode, value: cst.CSTNode, mutable: bool = True) -> bool:
+  def hoistable(self, node: cst.CSTNode, value: cst.CSTNode, mutable: bool = True,
+                own: bool = False) -> bool:
     """Whether ``value``, part of the site at ``node``, means the same before the
     statement holding the site, where the mesh is built: it is in that statement's scope
     (no comprehension or lambda of it), the statement binds none of the names it reads
     (in a block, a loop, a walrus) before the site runs (``state, out = site(state)``
     binds after), and, for a ``mutable`` value (a device list), none of them is handed to
-    a call or has a method called on it elsewhere in the statement."""
+    a call or has a method called on it elsewhere in the statement. For the site's
+    ``own`` mesh (``mesh_for``), the statement is the innermost one holding the site."""
     try:
       statement = self._place(node)[1]
     except Unconvertible:
       return False
+    statement = self._innermost(statement, [node]) if own else statement
     scope = self._get(ScopeProvider, value, None)
     if scope is None or scope is not self._get(ScopeProvider, statement, None):
       return False

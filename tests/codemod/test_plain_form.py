@@ -158,8 +158,10 @@ def test_a_mesh_goes_into_the_branch_that_holds_its_sites_not_into_a_loop():
   rows = 'mesh = jax.sharding.Mesh(pmap_devices(x), ("devices",))'
   assert f'  elif method == "parallel":\n    {rows}\n    # one chain per device\n' in new, new
   assert f'precision("float32"):\n      {rows}\n      a = placed_on(' in new, new
-  # a, bound in the same if statement, and x, bound by the loop, are not there yet
-  assert f'      devices_{mesh}\n      out = a, placed_on(' in new, new
+  # a, bound in the same branch, is there right before the statement that reads it
+  rows_of_a = 'devices_mesh = jax.sharding.Mesh(pmap_devices(a), ("devices",))'
+  assert f'      {rows_of_a}\n      out = a, placed_on(' in new, new
+  # x, bound by the loop, is not there before it
   assert f'def each(f, xs):\n  {mesh}\n  for x in xs:' in new, new
   assert new.count("jax.sharding.Mesh(") == 4, new
   outputs = load(source, "branch_legacy"), load(new, "branch_converted")
@@ -420,6 +422,17 @@ def run_state(state):
   # brax's replay buffer: the statement rebinds state, after the site has read it
   state, out = jax.pmap(lambda s: (s + 1, s * 2))(state)
   return state, out
+
+
+def run_branch(w, parallel=True):
+  # MJX's renderer: the branch makes the arguments, then calls a pmap on them; each
+  # site's mesh goes right before its own statement, after what it reads
+  if parallel:
+    x = w * 2
+    first = jax.pmap(lambda v: v - 1)(x)
+    x = np.concatenate([x, x]) if len(x) * 2 <= jax.device_count() else x[:1]
+    return first, jax.pmap(lambda v: v + 1)(x)
+  return None
 """
 
 
@@ -433,11 +446,13 @@ def test_a_site_called_where_it_is_made_maps_as_many_devices_as_rows(rows):
   assert 'jax.sharding.Mesh(pmap_devices(map_args), ("i",))' in new
   assert "pmap_devices(a, b, in_axes=(None, 0))" in new
   assert 'jax.sharding.Mesh(pmap_devices(state), ("devices",))' in new
-  assert new.count("pmap_devices(") == 3, new  # not run_each's: x is the loop's
+  assert new.count("pmap_devices(x)") == 2, new  # run_branch's, each before its site
+  assert new.count("pmap_devices(") == 5, new  # not run_each's: x is the loop's
   legacy, ours = load(ROWS, f"rows_legacy_{rows}"), load(new, f"rows_converted_{rows}")
   tree = {"w": np.arange(rows * 3, dtype=np.float32).reshape(rows, 3),
           "n": np.arange(rows, dtype=np.int32)}
   for name, args in (("run", (tree,)), ("run_state", (tree["w"],)),
+                     ("run_branch", (tree["w"],)),
                      ("run_pair", (np.float32(-0.0), np.linspace(-1, 1, rows * 2,
                                                                   dtype=np.float32).reshape(rows, 2)))):
     want, got = getattr(legacy, name)(*args), getattr(ours, name)(*args)
@@ -1221,3 +1236,27 @@ def test_long_in_specs_are_named_once_where_the_site_is_built():
   for name in ("mix", "step", "local", "lambda"):
     assert (len([n for n in our_compiles if name in n])
             == len([n for n in legacy_compiles if name in n])), (legacy_compiles, our_compiles)
+
+
+@pytest.mark.parametrize("binding, called", [
+    ("from jax.experimental import shard_map", "shard_map.shard_map("),
+    ("def shard_map(x):\n  return x", "experimental_shard_map("),
+])
+def test_a_file_binding_shard_map_keeps_its_binding(binding, called):
+  """Where the file binds ``shard_map`` to something other than jax.experimental's
+  function, the sites reach it through the module the file binds, else under a name of
+  their own: the file's ``shard_map`` keeps what it was. Results are legacy's."""
+  source = (f"import jax\nimport numpy as np\n\n{binding}\n\n\n"
+            "def run():\n  x = np.arange(jax.local_device_count() * 2.0).reshape(-1, 2)\n"
+            "  return jax.pmap(lambda v: jax.lax.psum(v, 'i'), 'i')(x), shard_map\n")
+  new = _converted(source)
+  assert called in new and new.count(binding) == 1, new
+  assert "from jax.experimental.shard_map import shard_map\n" not in new, new
+  if called.startswith("experimental"):
+    assert ("from jax.experimental.shard_map import shard_map as experimental_shard_map"
+            in new), new
+  (legacy, bound), (ours, kept) = load(source, "bound_legacy").run(), load(new, "bound_ours").run()
+  assert_trees_equal(legacy, ours)
+  # The module, or the file's own def (not jax's function of that name).
+  assert type(kept) is type(bound) and kept.__name__ == bound.__name__
+  assert getattr(kept, "__module__", "bound_ours") == "bound_ours"
