@@ -370,7 +370,9 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
       return
     known = len(self._renames.findings)
     removed_apis.plan(refs, lambda node: self.get_metadata(PositionProvider, node),
-                      self.support_module, into=self._renames)
+                      self.support_module, functools.partial(support_module.taken,
+                                                             self.get_metadata),
+                      into=self._renames)
     for finding in self._renames.findings[known:]:
       self._warn(finding.line, finding.column, finding.severity, finding.message)
     for name in self._renames.support_names:
@@ -444,8 +446,13 @@ class ConvertPmapCommand(VisitorBasedCodemodCommand):
                    "pmap is bound or deleted here, not applied to a function: convert it by "
                    "hand or use --strategy shim")
       return
-    self.sites_converted += 1
     value_pmap = site_forms.VALUE_PMAP
+    if support_module.taken(self.get_metadata, ref, [value_pmap]):
+      self._report(ref, Severity.ERROR,
+                   f"pmap left unchanged: the file binds {value_pmap}, which would replace "
+                   "it from the support module: rename it, then rerun")
+      return
+    self.sites_converted += 1
     self._renames.replace(ref, cst.Name(value_pmap), self._start_line(ref))
     self._add_imports([value_pmap])
     # Whoever calls it may pass any of pmap's options.

@@ -19,6 +19,7 @@ command.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import cast
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
-from libcst.metadata import CodeRange, PositionProvider, QualifiedNameProvider
+from libcst.metadata import CodeRange, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from codemod import edits, file_style, imports, related, removed_names, support_module, together
 from codemod.findings import Finding, Severity
@@ -73,23 +74,36 @@ class Renames:
 
 
 def plan(patterns: related.RelatedPatterns, position: Callable[[cst.CSTNode], CodeRange],
-         support_spelling: str | None, into: Renames | None = None) -> Renames:
+         support_spelling: str | None,
+         taken: Callable[[cst.CSTNode, list[str]], list[str]],
+         into: Renames | None = None) -> Renames:
   """The rewrite of the removed names ``patterns`` found (walked with ``target='jax'``;
   what it reports stays in its findings), added to ``into`` where given;
-  ``support_spelling``: the dotted name the support module is imported by."""
+  ``support_spelling``: the dotted name the support module is imported by; ``taken``:
+  which of the support names the scope at a node binds otherwise
+  (``support_module.taken``), where a call keeps JAX's name and is reported."""
   renames = Renames() if into is None else into
   renames.removed_imports.extend(patterns.removed_imports)
   planned = [(node, edits.parse_expression(new_name),
               f"{_code(node)} rewritten to {new_name}, which newest JAX keeps")
              for node, new_name in patterns.renames]
-  planned += [(node, cst.Name(support_name), removed_names.SUPPORT_CALL_MESSAGE.format(
-      old=_code(node), new=support_name, module=support_spelling or support_module.DEFAULT_NAME))
-              for node, support_name in patterns.support_calls]
+  calls = []
+  for node, support_name in patterns.support_calls:
+    at = position(node).start
+    if taken(node, [support_name]):
+      renames.findings.append(Finding(at.line, at.column + 1, Severity.WARNING, (
+          f"{_code(node)} left as is: the file binds {support_name}, which the support "
+          f"module's replacement would be imported as; rename it, then rerun")))
+      continue
+    calls.append(support_name)
+    planned.append((node, cst.Name(support_name), removed_names.SUPPORT_CALL_MESSAGE.format(
+        old=_code(node), new=support_name,
+        module=support_spelling or support_module.DEFAULT_NAME)))
   for node, new, message in planned:
     at = position(node).start
     renames.replace(node, new, at.line)
     renames.findings.append(Finding(at.line, at.column + 1, Severity.INFO, message))
-  for _, support_name in patterns.support_calls:
+  for support_name in calls:
     if support_name not in renames.support_names:
       renames.support_names.append(support_name)
   return renames
@@ -104,7 +118,7 @@ class RemovedApisCommand(VisitorBasedCodemodCommand):
 
   DESCRIPTION = ("Rewrite jax.tree_map and the rest of the names newest JAX removed into what "
                  "it keeps.")
-  METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
+  METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider, ScopeProvider)
 
   @staticmethod
   def add_args(arg_parser: argparse.ArgumentParser) -> None:
@@ -124,7 +138,8 @@ class RemovedApisCommand(VisitorBasedCodemodCommand):
     patterns = related.RelatedPatterns(self.get_metadata, "jax", removed_only=True)
     together.walk(node, [patterns])
     self._renames = plan(patterns, lambda n: self.get_metadata(PositionProvider, n),
-                         self.support_module)
+                         self.support_module,
+                         functools.partial(support_module.taken, self.get_metadata))
     for finding in sorted(patterns.findings + self._renames.findings,
                           key=lambda f: (f.line, f.column)):
       self.warn(finding.format_warning())

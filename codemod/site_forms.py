@@ -115,6 +115,10 @@ def shard_map_name(get_metadata: Callable, sites: list[Site], taken: set[str]) -
   return "shard_map"
 
 
+# The support module's functions a converted site may call.
+_SITE_SUPPORT_NAMES = ("per_device", "placed_on", "pmap_devices", "on_first_call", VALUE_PMAP)
+
+
 def unnamed(site: Site) -> bool:
   """Whether the site is one pmap whose axis has no name its function could read: it may
   run on a mesh other sites of its body built (``site_meshes.MeshPlan.joinable``)."""
@@ -301,6 +305,11 @@ class SiteForms:
     return axis_names(site, self._text.style.quote)
 
   def _build(self, site: Site) -> None:
+    taken = support_module.taken(self.get_metadata, site.node, _SITE_SUPPORT_NAMES)
+    if taken:
+      raise Unconvertible(f"the file binds {', '.join(taken)}, which the converted site "
+                          "would call from the support module: rename "
+                          f"{'it' if len(taken) == 1 else 'them'}, then rerun")
     levels = site.levels()
     outer = levels[0].options
     if any(level.options.starred for level in levels):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from codemod import config_files, files
 
@@ -659,6 +660,15 @@ def wanted(text: str | None, names: Collection[str] | None) -> frozenset[str] | 
   body_text = text.partition("\n")[2]
   # An older version's copy served its files with every flag's code.
   return frozenset(names) | (held_with_flags(body_text) or held(body_text) | FEATURES)
+
+
+def taken(get_metadata: Callable, node: cst.CSTNode, names: Iterable[str]) -> list[str]:
+  """The ``names`` (support functions) that the scope at ``node`` binds to something else
+  (the file's own def, a parameter): an import of ours would not reach code there, or
+  would hide the file's."""
+  scope = get_metadata(ScopeProvider, node, None)
+  return [name for name in names if scope is not None and name in scope
+          and not all(map(is_import_of_support, scope[name]))]
 
 
 def is_import_of_support(assignment) -> bool:

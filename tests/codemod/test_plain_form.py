@@ -1260,3 +1260,20 @@ def test_a_file_binding_shard_map_keeps_its_binding(binding, called):
   # The module, or the file's own def (not jax's function of that name).
   assert type(kept) is type(bound) and kept.__name__ == bound.__name__
   assert getattr(kept, "__module__", "bound_ours") == "bound_ours"
+
+
+@pytest.mark.parametrize("binding", ["def per_device(x):\n  return x\n\n\n",
+                                     "placed_on = print\n\n\n"])
+def test_a_file_binding_a_support_name_keeps_its_site_and_says_so(binding):
+  """The import of ``per_device`` / ``placed_on`` would hide the file's own (or a
+  parameter would hide the import): the site stays pmap, and the report names the one
+  to rename."""
+  source = f"import jax\n\n\n{binding}def run(x):\n  return jax.pmap(abs)(x)\n"
+  new, findings = rewrite(source, target="experimental")
+  assert new == source
+  name = binding.split("(")[0].split(" ")[-1] if binding.startswith("def") else "placed_on"
+  [error] = [f.message for f in findings if f.severity.name == "ERROR"]
+  assert error == (f"pmap left unchanged: the file binds {name}, which the converted site "
+                   "would call from the support module: rename it, then rerun"), findings
+  local = "def run(x, per_device=1):\n  return jax.pmap(abs)(x) * per_device\n"
+  assert rewrite(f"import jax\n\n\n{local}", target="experimental")[0].endswith(local)

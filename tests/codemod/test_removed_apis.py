@@ -41,6 +41,24 @@ class RemovedApisTest(CodemodTest):
             "7:5 INFO tu.tree_multimap rewritten to jax.tree_util.tree_map, which newest "
             "JAX keeps"])
 
+  def test_a_device_put_the_file_defines_is_not_hidden_by_the_support_import(self):
+    # chex inlined its own device_put_replicated: the import would replace it
+    source = """
+        import jax
+
+
+        def device_put_replicated(x, devices):
+          return [jax.device_put(x, d) for d in devices]
+
+
+        r = jax.device_put_replicated(x, jax.local_devices())
+        s = device_put_replicated(x, jax.local_devices())
+        """
+    self.assertCodemod(source, source, expected_warnings=[
+        "8:5 WARNING jax.device_put_replicated left as is: the file binds "
+        "device_put_replicated, which the support module's replacement would be imported "
+        "as; rename it, then rerun"])
+
   def test_device_put_calls_import_the_support_functions_in_their_group(self):
     self.assertCodemod("""
         import jax
