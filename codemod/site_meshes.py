@@ -352,13 +352,15 @@ class MeshPlan:
 
   def statements_before(self, original: cst.CSTNode, style: file_style.FileStyle,
                         indent: int) -> list[cst.BaseStatement]:
-    """The mesh statements that go before ``original`` (a statement of the source)."""
+    """The mesh statements (and named in_specs) that go before ``original`` (a statement
+    of the source)."""
     out: list[cst.BaseStatement] = []
     for mesh in self._firsts().get(original, ()):
-      if isinstance(mesh, _Specs):
-        value = edits.render(edits.breakable(mesh.source), indent + len(mesh.name) + 3,
+      if isinstance(mesh, _Specs):  # a site's in_specs, after the meshes
+        specs = mesh
+        value = edits.render(edits.breakable(specs.source), indent + len(specs.name) + 3,
                              indent, style)
-        out.append(edits.parse_simple_statement(f"{mesh.name} = {value}\n"))
+        out.append(edits.parse_simple_statement(f"{specs.name} = {value}\n"))
         continue
       axes = f"({', '.join(mesh.axes)},)" if len(mesh.axes) == 1 else f"({', '.join(mesh.axes)})"
       # pmap_devices(...) is generated from names, so it may break like generated code.

@@ -257,7 +257,7 @@ def _obstacle(get_metadata: Callable, node: cst.CSTNode, kind: str) -> str | Non
   if scope is None:
     return "its scope is unknown"
   name = _SUPPORT[kind]
-  if name in scope and not all(map(support_module.is_import_of_support, scope[name])):
+  if support_module.taken(get_metadata, node, [name]):
     return f"the name {name} is bound to something else here"
   removed: list[cst.CSTNode] = [node]
   if kind == "flax":
