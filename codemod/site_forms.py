@@ -604,11 +604,11 @@ class SiteForms:
           jit_decorator if isinstance(jit_decorator, Call) else None)
       self._layout.decorator_site(site, decorators, fallback, indent, chosen)
     self._meshes.comment(site.node, site_layout.comments_of(chosen))
+    keywords = not self._called_by_position(site)  # the cheaper question first
     self.support_flags |= {flag for flag, needed in (
         (support_module.STATIC_ARGUMENTS, bool(static)),
-        (support_module.KEYWORD_CALLS, not self._called_by_position(site)),
-        (support_module.KEYWORD_ARGUMENTS,  # the cheaper question first
-         not self._called_by_position(site) and not self._bound_by_position(site)),
+        (support_module.KEYWORD_CALLS, keywords),
+        (support_module.KEYWORD_ARGUMENTS, keywords and not self._bound_by_position(site)),
         (support_module.SHARD_MAP_BEFORE_0_7_2, _before_0_7_2(self._choice))) if needed}
     self._uses(["per_device", "placed_on"] + (["on_first_call"] if first_call else [])
                + (["pmap_devices"] if self._plain[site.node][1].startswith(_BY_ROWS) else []))

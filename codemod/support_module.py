@@ -26,8 +26,9 @@ from libcst.metadata import ScopeProvider
 from codemod import config_files, files
 
 # 16: the code for keyword calls, and pmap_via_shard_map's for static arguments and
-# shard_map < 0.6.1, only where sites need it; 15: one statement per line, which black and pyink keep whole; pmap_via_shard_map
-# over pmap_devices, with legacy's checks of run-time options; 14: shorter pmap_devices and
+# shard_map < 0.6.1, only where sites need it; 15: one statement per line, which black and
+# pyink keep whole; pmap_via_shard_map over pmap_devices, with legacy's checks of run-time
+# options; 14: shorter pmap_devices and
 # placed_on; 13: on_first_call(lambda: site) for call sites; 12: pmap_devices(rows=n), a
 # shorter per_device and placed_on; 11: the code for static arguments, keyword arguments
 # and shard_map < 0.7.2 only where sites need it; 10: shorter first_rows and
@@ -89,8 +90,9 @@ SHARD_MAP_BEFORE_0_7_2 = "SHARD_MAP_BEFORE_0_7_2"  # the repository admits such 
 RUN_TIME_OPTIONS = "RUN_TIME_OPTIONS"  # pmap_via_shard_map's checks of its options
 FEATURES = frozenset({STATIC_ARGUMENTS, KEYWORD_CALLS, KEYWORD_ARGUMENTS,
                       SHARD_MAP_BEFORE_0_7_2, RUN_TIME_OPTIONS})
-# The flags a function's code always needs: pmap_via_shard_map reads pmap's options, and
-# its function's keyword arguments, only at run time.
+# The flags a function's (or a flag's) code always needs: pmap_via_shard_map reads pmap's
+# options, and its function's keyword arguments, only at run time; keyword arguments no
+# position takes come through a call that passes keywords.
 _ALWAYS_WITH = {"pmap_via_shard_map": frozenset({RUN_TIME_OPTIONS, KEYWORD_CALLS,
                                                   KEYWORD_ARGUMENTS}),
                 KEYWORD_ARGUMENTS: frozenset({KEYWORD_CALLS})}
